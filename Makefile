@@ -1,0 +1,43 @@
+# caddy-webhook-idempotency — everything a fresh machine needs goes through here.
+SHELL := /bin/bash
+GO    ?= go
+BIN   := bin/caddy
+export STRIPE_WEBHOOK_SECRET ?= whsec_demo_not_a_real_secret
+
+.PHONY: run demo test test-short build accept fuzz vet clean
+
+## build: the custom Caddy binary (what xcaddy builds) into bin/caddy
+build:
+	$(GO) build -o $(BIN) ./xcaddy
+
+## run: the gateway on the embedded default storage in front of the demo upstream
+run: build
+	@bash scripts/run-demo.sh
+
+## demo: with `make run` going in another terminal, deliver one event five times
+demo:
+	$(GO) run ./examples/send -n 5
+	@echo "--- what the legacy upstream did:"
+	@curl -s http://127.0.0.1:9000/stats; echo
+
+## test: every test, on the local PostgreSQL (started if stopped) and SQLite
+test:
+	@bash scripts/test.sh
+
+## test-short: the fast loop, no PostgreSQL, no in-process Caddy
+test-short:
+	$(GO) test -race -short ./...
+
+## accept: the black-box acceptance suite in ../shared/accept against this checkout
+accept:
+	@DSN=$$(bash scripts/postgres.sh) && cd ../shared/accept && DATABASE_URL="$$DSN" $(GO) run . -repo $(CURDIR)
+
+## fuzz: each fuzz target for FUZZTIME (default 30s)
+fuzz:
+	@bash scripts/fuzz.sh $${FUZZTIME:-30s}
+
+vet:
+	gofmt -l . | (! grep .) && $(GO) vet ./...
+
+clean:
+	rm -rf bin

@@ -1,0 +1,180 @@
+// Package eventid extracts a provider's event ID from a verified delivery:
+// from a header, a JSON path over the raw body (gjson, no full unmarshal) or a
+// form field of a form-encoded body. Several parts can be combined into one
+// composite key for providers that have no single per-event ID.
+package eventid
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/tidwall/gjson"
+)
+
+// MaxLen is the longest accepted event ID, in bytes (after joining parts).
+const MaxLen = 255
+
+// Errors returned by Extract; each names why a delivery has no usable ID.
+var (
+	ErrMissing   = errors.New("event id missing")
+	ErrEmpty     = errors.New("event id empty")
+	ErrNotScalar = errors.New("event id is not a string or number")
+	ErrTooLong   = errors.New("event id longer than 255 bytes")
+	ErrAmbiguous = errors.New("event id given more than once")
+	ErrBadBody   = errors.New("body is not valid for the event id source")
+)
+
+// Kind is where a part of the ID is read from.
+type Kind string
+
+// Kinds of Source.
+const (
+	Header Kind = "header" // a request header, by case-insensitive name
+	JSON   Kind = "json"   // a gjson path over a JSON body, e.g. "data.object.id"
+	Form   Kind = "form"   // a field of an application/x-www-form-urlencoded body
+)
+
+// Source is one place an ID part is read from.
+type Source struct {
+	Kind Kind   `json:"from"`
+	Name string `json:"name"`
+}
+
+func (s Source) String() string { return string(s.Kind) + " " + s.Name }
+
+// ParseSource parses "header X-Name", "json path" or "form field".
+func ParseSource(kind, name string) (Source, error) {
+	s := Source{Kind: Kind(kind), Name: name}
+	switch s.Kind {
+	case Header, JSON, Form:
+	default:
+		return Source{}, fmt.Errorf("unknown event id source %q (want header, json or form)", kind)
+	}
+	if name == "" {
+		return Source{}, fmt.Errorf("event id source %s needs a name", kind)
+	}
+	return s, nil
+}
+
+// Extractor reads the event ID of a delivery. Parts are joined into one
+// composite key; each part is a list of alternatives, the first present one
+// wins (Shopify: X-Shopify-Event-Id, else X-Shopify-Webhook-Id).
+type Extractor struct {
+	parts [][]Source
+}
+
+// New returns an Extractor whose key joins every part. With one part of one
+// alternative the ID is the value itself; composite keys are encoded as a JSON
+// array of the parts' values, which cannot be confused with another split.
+func New(parts [][]Source) (*Extractor, error) {
+	if len(parts) == 0 {
+		return nil, errors.New("no event id source")
+	}
+	for _, alts := range parts {
+		if len(alts) == 0 {
+			return nil, errors.New("empty event id part")
+		}
+	}
+	return &Extractor{parts: parts}, nil
+}
+
+// Parts returns the extractor's configuration.
+func (e *Extractor) Parts() [][]Source { return e.parts }
+
+// Extract returns the event ID of a delivery whose (decoded) body and headers
+// are given. The errors are ErrMissing, ErrEmpty, ErrNotScalar, ErrTooLong,
+// ErrAmbiguous and ErrBadBody, wrapped with the source's name.
+func (e *Extractor) Extract(body []byte, h http.Header) (string, error) {
+	var form url.Values
+	vals := make([]string, 0, len(e.parts))
+	for _, alts := range e.parts {
+		var (
+			v   string
+			err error
+		)
+		for _, s := range alts {
+			v, err = extractOne(s, body, h, &form)
+			if !errors.Is(err, ErrMissing) {
+				break
+			}
+		}
+		if err != nil {
+			return "", err
+		}
+		vals = append(vals, v)
+	}
+	id := vals[0]
+	if len(vals) > 1 {
+		b, _ := json.Marshal(vals)
+		id = string(b)
+	}
+	if len(id) > MaxLen {
+		return "", ErrTooLong
+	}
+	return id, nil
+}
+
+func extractOne(s Source, body []byte, h http.Header, form *url.Values) (string, error) {
+	switch s.Kind {
+	case Header:
+		vs := h.Values(s.Name)
+		switch {
+		case len(vs) == 0:
+			return "", fmt.Errorf("header %s: %w", s.Name, ErrMissing)
+		case len(vs) > 1:
+			return "", fmt.Errorf("header %s: %w", s.Name, ErrAmbiguous)
+		}
+		return checkValue("header "+s.Name, strings.TrimSpace(vs[0]))
+	case JSON:
+		if !gjson.ValidBytes(body) {
+			return "", fmt.Errorf("json %s: %w: not JSON", s.Name, ErrBadBody)
+		}
+		r := gjson.GetBytes(body, s.Name)
+		switch r.Type {
+		case gjson.String:
+			return checkValue("json "+s.Name, r.Str)
+		case gjson.Number:
+			// Keyed by the exact decimal text, so 2^63+1 is not rounded.
+			return checkValue("json "+s.Name, r.Raw)
+		case gjson.Null:
+			if !r.Exists() {
+				return "", fmt.Errorf("json %s: %w", s.Name, ErrMissing)
+			}
+			return "", fmt.Errorf("json %s: %w", s.Name, ErrNotScalar)
+		default:
+			return "", fmt.Errorf("json %s: %w", s.Name, ErrNotScalar)
+		}
+	case Form:
+		if *form == nil {
+			f, err := url.ParseQuery(string(bytes.TrimSpace(body)))
+			if err != nil {
+				return "", fmt.Errorf("form %s: %w: not form-encoded", s.Name, ErrBadBody)
+			}
+			*form = f
+		}
+		vs := (*form)[s.Name]
+		switch {
+		case len(vs) == 0:
+			return "", fmt.Errorf("form %s: %w", s.Name, ErrMissing)
+		case len(vs) > 1:
+			return "", fmt.Errorf("form %s: %w", s.Name, ErrAmbiguous)
+		}
+		return checkValue("form "+s.Name, vs[0])
+	}
+	return "", fmt.Errorf("unknown event id source %q", s.Kind)
+}
+
+func checkValue(src, v string) (string, error) {
+	switch {
+	case v == "":
+		return "", fmt.Errorf("%s: %w", src, ErrEmpty)
+	case len(v) > MaxLen:
+		return "", fmt.Errorf("%s: %w", src, ErrTooLong)
+	}
+	return v, nil
+}

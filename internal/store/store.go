@@ -1,0 +1,158 @@
+// Package store defines where the gateway records its claims on webhook
+// events: one row per (scope, event ID), claimed atomically before a delivery
+// is forwarded and settled after the upstream answers.
+//
+// Implementations live in the postgres and sqlite sub-packages; both pass the
+// shared conformance suite in storetest.
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// State is the lifecycle state of an event row.
+type State string
+
+const (
+	// StateProcessing: a gateway holds the claim and is forwarding the
+	// delivery; the claim is live until LeaseUntil.
+	StateProcessing State = "processing"
+	// StateCompleted: the upstream answered 2xx; later deliveries are
+	// duplicates answered at the edge.
+	StateCompleted State = "completed"
+	// StateReleased: the forward failed (non-2xx, proxy error); the next
+	// delivery may claim the event again.
+	StateReleased State = "released"
+	// StateHeld: the outcome of a forward is unknown (the gateway died or the
+	// forward timed out) and the route says on_ambiguous hold; deliveries are
+	// refused until an operator releases or completes the event.
+	StateHeld State = "held"
+)
+
+// Outcome is what a Claim call decided.
+type Outcome int
+
+const (
+	// Claimed: the caller owns the claim and must forward, then settle with
+	// Complete or Release using Claim.Token.
+	Claimed Outcome = iota + 1
+	// Duplicate: the event is completed; answer at the edge.
+	Duplicate
+	// InFlight: another claim on the event is live; answer 409 and let the
+	// provider retry after Claim.RetryAfter.
+	InFlight
+	// Held: the event is parked in StateHeld.
+	Held
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Claimed:
+		return "claimed"
+	case Duplicate:
+		return "duplicate"
+	case InFlight:
+		return "in_flight"
+	case Held:
+		return "held"
+	}
+	return "unknown"
+}
+
+// ClaimParams are the inputs of one claim.
+type ClaimParams struct {
+	Scope   string // namespace of event IDs, e.g. "stripe"
+	EventID string // the provider's event ID, at most 255 bytes
+	// Lease is how long the claim stays live without a heartbeat. The expiry
+	// is computed with the database's clock, never the caller's.
+	Lease time.Duration
+	// HoldOnExpiry: a processing row whose lease has expired is moved to
+	// StateHeld (on_ambiguous hold) instead of being claimed again.
+	HoldOnExpiry bool
+}
+
+// Claim is the result of Store.Claim.
+type Claim struct {
+	Outcome Outcome
+	// Token identifies this claim; Heartbeat, Complete and Release need it,
+	// so a gateway that lost its claim cannot settle another's. Set only
+	// when Outcome is Claimed.
+	Token string
+	// Attempts counts how many times the event has been claimed, this claim
+	// included (Claimed) or so far (otherwise).
+	Attempts int
+	// RetryAfter is the time left on the live lease (InFlight); at least 1s.
+	RetryAfter time.Duration
+	// Status is the upstream status recorded when the event completed
+	// (Duplicate).
+	Status int
+}
+
+// Event is a stored row, as seen by operators.
+type Event struct {
+	Scope       string
+	EventID     string
+	State       State
+	Attempts    int
+	FirstSeen   time.Time
+	UpdatedAt   time.Time
+	LeaseUntil  time.Time // zero unless processing
+	CompletedAt time.Time // zero unless completed
+	Status      int       // upstream status when completed, else 0
+}
+
+// Errors returned by stores. Driver errors never escape a store: anything
+// else a method returns means the store is unreachable or failing, and the
+// gateway answers 503 (fail closed).
+var (
+	// ErrNotFound: no row for (scope, event ID).
+	ErrNotFound = errors.New("event not found")
+	// ErrLeaseLost: the row is no longer held with this token (the lease
+	// expired and another gateway claimed it, or an operator changed it).
+	ErrLeaseLost = errors.New("claim lease lost")
+)
+
+// Store records claims. All methods are safe for concurrent use, also from
+// several processes sharing one database.
+type Store interface {
+	// Claim claims (scope, event ID) in one atomic statement: it succeeds
+	// when there is no row, the row is released, or the row is processing
+	// with an expired lease (unless HoldOnExpiry). Otherwise it reports
+	// Duplicate, InFlight or Held.
+	Claim(ctx context.Context, p ClaimParams) (Claim, error)
+	// Heartbeat extends a live claim's lease to now + lease (database clock).
+	// It returns ErrLeaseLost if the token no longer holds the row.
+	Heartbeat(ctx context.Context, scope, eventID, token string, lease time.Duration) error
+	// Complete marks the claimed event completed with the upstream status.
+	// It returns ErrLeaseLost if the token no longer holds the row.
+	Complete(ctx context.Context, scope, eventID, token string, status int) error
+	// Release gives the claim up so the next delivery is forwarded again.
+	// It returns ErrLeaseLost if the token no longer holds the row.
+	Release(ctx context.Context, scope, eventID, token string) error
+	// Get returns one event, or ErrNotFound.
+	Get(ctx context.Context, scope, eventID string) (Event, error)
+	// Forget deletes one event so the provider's next delivery is forwarded
+	// again. It returns ErrNotFound when there is no such row.
+	Forget(ctx context.Context, scope, eventID string) error
+	// List returns events in a state whose UpdatedAt is before olderThan
+	// (zero: any), ordered by UpdatedAt then scope, event ID, at most limit,
+	// starting after the (scope, event ID) cursor when given.
+	List(ctx context.Context, q ListQuery) ([]Event, error)
+	// DeleteBefore deletes at most limit rows whose FirstSeen is before
+	// cutoff and that are not processing, and reports how many it deleted.
+	DeleteBefore(ctx context.Context, cutoff time.Time, limit int) (int, error)
+	// Close releases the store's resources.
+	Close() error
+}
+
+// ListQuery selects events for List.
+type ListQuery struct {
+	State      State // "" = any
+	Scope      string
+	OlderThan  time.Time // zero = any
+	AfterScope string    // paging cursor (exclusive), with AfterEventID
+	AfterID    string
+	Limit      int // default 100, at most 1000
+}

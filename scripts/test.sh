@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The project's whole test run: what `make test` and CI execute.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v go >/dev/null 2>&1; then
+	echo "test.sh: Go is not installed (need go 1.26+ on PATH)" >&2
+	exit 1
+fi
+
+TEST_DATABASE_URL="$(bash scripts/postgres.sh)"
+export TEST_DATABASE_URL
+
+echo "== gofmt / go vet"
+unformatted="$(gofmt -l .)"
+if [ -n "$unformatted" ]; then
+	echo "gofmt needed on:" >&2
+	echo "$unformatted" >&2
+	exit 1
+fi
+go vet ./...
+
+echo "== go build ./xcaddy"
+go build -o bin/caddy ./xcaddy
+
+echo "== go test -race ./... (PostgreSQL: ${TEST_DATABASE_URL%%\?*})"
+go test -race -count=1 -timeout 20m ./...
+
+echo "== short fuzz runs"
+bash scripts/fuzz.sh 5s
