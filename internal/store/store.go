@@ -138,7 +138,9 @@ type Store interface {
 	Forget(ctx context.Context, scope, eventID string) error
 	// List returns events in a state whose UpdatedAt is before olderThan
 	// (zero: any), ordered by UpdatedAt then scope, event ID, at most limit,
-	// starting after the (scope, event ID) cursor when given.
+	// starting after the (scope, event ID) cursor when given. The cursor
+	// must name an existing event (normally the last of the previous page):
+	// List returns ErrNotFound when it does not.
 	List(ctx context.Context, q ListQuery) ([]Event, error)
 	// DeleteBefore deletes at most limit rows whose FirstSeen is before
 	// cutoff and that are not processing, and reports how many it deleted.

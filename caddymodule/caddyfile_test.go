@@ -1,0 +1,128 @@
+package caddymodule
+
+import (
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/stretchr/testify/require"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/eventid"
+)
+
+func intPtr(n int) *int { return &n }
+
+func TestUnmarshalCaddyfile(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		input   string
+		want    Handler
+		wantErr string
+	}{
+		{
+			name: "stripe minimal",
+			input: `webhook_idempotency {
+				provider stripe
+				secret whsec_a
+			}`,
+			want: Handler{Provider: "stripe", Secrets: []string{"whsec_a"}},
+		},
+		{
+			name: "everything",
+			input: `webhook_idempotency {
+				provider hmac
+				secret s1
+				secret {env.S2}
+				tolerance 2m
+				url https://hooks.example.test/x
+				event_id json data.id
+				event_id header X-Topic
+				scope shop-a
+				storage postgres "postgres://u@127.0.0.1/db"
+				table hooks
+				lease 10s
+				retention 7d
+				max_body 1KB
+				cache 0
+				forward_timeout 1m
+				on_ambiguous hold
+				on_missing_id forward
+				hmac {
+					header X-Signature
+					algorithm sha512
+					encoding base64
+					prefix sha512=
+				}
+			}`,
+			want: Handler{
+				Provider: "hmac", Secrets: []string{"s1", "{env.S2}"},
+				Tolerance: caddy.Duration(120e9), URL: "https://hooks.example.test/x",
+				EventID: []eventid.Source{{Kind: eventid.JSON, Name: "data.id"}, {Kind: eventid.Header, Name: "X-Topic"}},
+				Scope:   "shop-a",
+				Storage: &Storage{Backend: "postgres", DSN: "postgres://u@127.0.0.1/db", Table: "hooks"},
+				Lease:   caddy.Duration(10e9), Retention: caddy.Duration(7 * 24 * 3600e9),
+				MaxBody: 1000, Cache: intPtr(0), ForwardTimeout: caddy.Duration(60e9),
+				OnAmbiguous: "hold", OnMissingID: "forward",
+				HMAC: &HMACConfig{Header: "X-Signature", Algorithm: "sha512", Encoding: "base64", Prefix: "sha512="},
+			},
+		},
+		{
+			name: "composite json paths",
+			input: `webhook_idempotency {
+				provider github
+				secret s
+				event_id json a b
+				storage sqlite /tmp/x.db
+				allow_sha1
+			}`,
+			want: Handler{
+				Provider: "github", Secrets: []string{"s"}, AllowSHA1: true,
+				EventID: []eventid.Source{{Kind: eventid.JSON, Name: "a"}, {Kind: eventid.JSON, Name: "b"}},
+				Storage: &Storage{Backend: "sqlite", Path: "/tmp/x.db"},
+			},
+		},
+		{name: "no secret", input: "webhook_idempotency {\n provider stripe\n}", wantErr: "secret"},
+		{name: "no provider", input: "webhook_idempotency {\n secret s\n}", wantErr: "provider"},
+		{name: "unknown subdirective", input: "webhook_idempotency {\n provider stripe\n secret s\n frobnicate 1\n}", wantErr: `unknown subdirective "frobnicate"`},
+		{name: "repeated tolerance", input: "webhook_idempotency {\n provider stripe\n secret s\n tolerance 1m\n tolerance 2m\n}", wantErr: "tolerance already specified"},
+		{name: "bad duration", input: "webhook_idempotency {\n provider stripe\n secret s\n lease soon\n}", wantErr: "lease: invalid duration"},
+		{name: "bad size", input: "webhook_idempotency {\n provider stripe\n secret s\n max_body lots\n}", wantErr: "max_body: invalid size"},
+		{name: "bad cache", input: "webhook_idempotency {\n provider stripe\n secret s\n cache -1\n}", wantErr: "cache:"},
+		{name: "hmac without header", input: "webhook_idempotency {\n provider hmac\n secret s\n event_id json id\n}", wantErr: "hmac"},
+		{name: "hmac bad algorithm", input: "webhook_idempotency {\n provider hmac\n secret s\n hmac {\n header X\n algorithm md5\n }\n}", wantErr: "hmac algorithm"},
+		{name: "bad event_id source", input: "webhook_idempotency {\n provider stripe\n secret s\n event_id query id\n}", wantErr: "event_id"},
+		{name: "bad storage", input: "webhook_idempotency {\n provider stripe\n secret s\n storage redis x\n}", wantErr: "storage"},
+		{name: "bad on_ambiguous", input: "webhook_idempotency {\n provider stripe\n secret s\n on_ambiguous maybe\n}", wantErr: "on_ambiguous"},
+		{name: "args on directive", input: "webhook_idempotency foo {\n provider stripe\n secret s\n}", wantErr: "wrong argument count"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var h Handler
+			err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input))
+			if tc.wantErr != "" {
+				require.ErrorContains(t, err, tc.wantErr)
+				require.ErrorContains(t, err, "Testfile:") // errors carry file and line
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.want, h)
+		})
+	}
+}
+
+func FuzzUnmarshalCaddyfile(f *testing.F) {
+	for _, s := range []string{
+		"webhook_idempotency {\n provider stripe\n secret s\n}",
+		"webhook_idempotency {\n provider hmac\n secret s\n hmac {\n header X\n }\n event_id json a b\n}",
+		"webhook_idempotency {\n cache 1\n max_body 1KB\n lease 1s\n}",
+		"webhook_idempotency {",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, input string) {
+		var h Handler
+		_ = h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(input)) // must not panic
+	})
+}

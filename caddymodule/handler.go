@@ -1,0 +1,776 @@
+// Package caddymodule is the Caddy v2 HTTP handler webhook_idempotency: it
+// verifies a webhook delivery's signature over the raw body, claims the
+// provider's event ID in a store before forwarding, forwards the delivery to
+// the next handler (normally reverse_proxy) once, and answers redeliveries of
+// completed events at the edge.
+package caddymodule
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/cache"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/eventid"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// Defaults applied in Provision when a field is zero.
+const (
+	defaultTolerance      = 5 * time.Minute
+	defaultLease          = 30 * time.Second
+	defaultRetention      = 30 * 24 * time.Hour
+	defaultMaxBody        = 5_000_000 // 5MB, as humanize parses "5MB"
+	defaultCache          = 100_000
+	defaultForwardTimeout = 5 * time.Minute
+	// storeTimeout bounds every store call on the request path.
+	storeTimeout = 5 * time.Second
+	// unavailableRetryAfter is the Retry-After of a 503 when the store fails.
+	unavailableRetryAfter = 5 * time.Second
+	// minRetention: providers retry for days (Stripe about 3 days); a shorter
+	// retention would forget an event while its redeliveries still come.
+	minRetention = 72 * time.Hour
+	// retentionBatch is the most rows one retention statement deletes.
+	retentionBatch = 1000
+)
+
+// Handler makes a non-idempotent webhook endpoint safe against at-least-once
+// delivery. See DESIGN.md for the behaviour contract.
+type Handler struct {
+	// Provider names the signature scheme and the default event ID source:
+	// stripe, github, shopify, standard, slack, paddle, square, hmac, and the
+	// other presets of the signature package. Required.
+	Provider string `json:"provider,omitempty"`
+
+	// Secrets are the signing secrets; a delivery is accepted when any one of
+	// them verifies it, so a secret can be rotated without downtime. Use
+	// {env.NAME} placeholders: they are expanded at provision time and never
+	// stored in the config the admin API shows. Never logged. Required.
+	Secrets []string `json:"secrets,omitempty"`
+
+	// Tolerance is how far a signed timestamp may be from the gateway's clock,
+	// in the past or the future, for schemes that sign one. Default: the
+	// provider's own (5m for most).
+	Tolerance caddy.Duration `json:"tolerance,omitempty"`
+
+	// URL is the public URL the provider delivers to, for schemes that sign
+	// it (square, twilio). The request's Host and X-Forwarded-* headers are
+	// never used instead.
+	URL string `json:"url,omitempty"`
+
+	// EventID lists where the event ID is read from; several sources form one
+	// composite key. Default: the provider's own ID (required for hmac).
+	EventID []eventid.Source `json:"event_id,omitempty"`
+
+	// Scope namespaces event IDs, so two routes (or two shops) with the same
+	// IDs don't collide. Default: the provider name.
+	Scope string `json:"scope,omitempty"`
+
+	// Storage says where claims are recorded. Default: an SQLite file in
+	// Caddy's data directory (single instance only); use postgres to run
+	// several instances.
+	Storage *Storage `json:"storage,omitempty"`
+
+	// Lease is how long a claim stays live without a heartbeat; the gateway
+	// renews it while the forward runs, so it expires only when the gateway
+	// holding it died. Default: 30s.
+	Lease caddy.Duration `json:"lease,omitempty"`
+
+	// Retention is how long event rows are kept. Must be at least 72h, the
+	// retry window of the providers. Default: 30 days.
+	Retention caddy.Duration `json:"retention,omitempty"`
+
+	// MaxBody is the largest accepted body, in bytes, after decoding a gzip
+	// body. Larger deliveries get 413. Default: 5000000 (5MB).
+	MaxBody int64 `json:"max_body,omitempty"`
+
+	// Cache is how many completed event IDs are held in memory to answer
+	// duplicates without a store round trip; nil means 100000, 0 disables
+	// the cache. Entries live at most 1 minute, the longest another instance can
+	// answer an event forgotten through the admin API as a duplicate.
+	Cache *int `json:"cache,omitempty"`
+
+	// ForwardTimeout bounds one forward to the upstream; the forward is not
+	// cancelled when the provider disconnects. Default: 5m.
+	ForwardTimeout caddy.Duration `json:"forward_timeout,omitempty"`
+
+	// OnAmbiguous is what happens to an event whose forward had no known
+	// outcome (forward_timeout ended it, or its gateway died): "reforward"
+	// (default) lets the next delivery forward again; "hold" parks it in the
+	// held state, answered 503, until an operator releases or completes it.
+	OnAmbiguous string `json:"on_ambiguous,omitempty"`
+
+	// OnMissingID is what happens to a verified delivery without a usable
+	// event ID: "reject" (default, 400) or "forward" (forwarded without
+	// deduplication, and logged).
+	OnMissingID string `json:"on_missing_id,omitempty"`
+
+	// DedupeBody also keys deliveries on the SHA-256 of the body, within the
+	// scope, so a replayed body under a fresh event ID is answered at the edge
+	// instead of forwarded. Default: on for providers whose event ID is not
+	// covered by the signature and that sign no timestamp (github, shopify,
+	// ...), off for the others.
+	DedupeBody *bool `json:"dedupe_body,omitempty"`
+
+	// HMAC describes the scheme of provider hmac.
+	HMAC *HMACConfig `json:"hmac,omitempty"`
+
+	// AllowSHA1 lets provider github accept the legacy X-Hub-Signature
+	// (HMAC-SHA1) header when X-Hub-Signature-256 is absent. Default false.
+	AllowSHA1 bool `json:"allow_sha1,omitempty"`
+
+	dedupeBody bool
+	verifier   signature.Verifier
+	preset     signature.Preset
+	extractor  *eventid.Extractor
+	backend    *backend
+	completed  *cache.Completed // nil when Cache is 0
+	poolKey    string
+	logger     *zap.Logger
+	counters   map[string]prometheus.Counter
+	ctx        caddy.Context
+	wg         *sync.WaitGroup
+}
+
+// Storage selects the store backend.
+type Storage struct {
+	// Backend is "postgres" or "sqlite".
+	Backend string `json:"backend,omitempty"`
+	// DSN is the PostgreSQL connection string (postgres). {env.NAME}
+	// placeholders are expanded; its password is never logged.
+	DSN string `json:"dsn,omitempty"`
+	// Path is the SQLite database file (sqlite).
+	Path string `json:"path,omitempty"`
+	// Table is the name of the events table, so the gateway can share a
+	// database with the application. Default: webhook_events.
+	Table string `json:"table,omitempty"`
+}
+
+// HMACConfig is the custom scheme of provider hmac: an HMAC of the raw body.
+type HMACConfig struct {
+	// Header carries the signature, e.g. X-Webhook-Signature. Required.
+	Header string `json:"header,omitempty"`
+	// Algorithm is sha1, sha256 (default) or sha512.
+	Algorithm string `json:"algorithm,omitempty"`
+	// Encoding is hex (default) or base64.
+	Encoding string `json:"encoding,omitempty"`
+	// Prefix precedes the encoded signature, e.g. "sha256=".
+	Prefix string `json:"prefix,omitempty"`
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.webhook_idempotency",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Provision applies defaults, builds the verifier and event ID extractor, and
+// opens (or shares) the store.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.ctx = ctx
+	h.logger = ctx.Logger()
+	repl := caddy.NewReplacer()
+
+	preset, ok := signature.Lookup(h.Provider)
+	if !ok {
+		return fmt.Errorf("provider: unknown provider %q (known: %s)", h.Provider, strings.Join(signature.Providers(), ", "))
+	}
+	h.preset = preset
+	h.dedupeBody = preset.DedupeBody
+	if h.DedupeBody != nil {
+		h.dedupeBody = *h.DedupeBody
+	}
+	if h.Scope == "" {
+		h.Scope = h.Provider
+	}
+	if h.Lease == 0 {
+		h.Lease = caddy.Duration(defaultLease)
+	}
+	if h.Retention == 0 {
+		h.Retention = caddy.Duration(defaultRetention)
+	}
+	if h.MaxBody == 0 {
+		h.MaxBody = defaultMaxBody
+	}
+	if h.ForwardTimeout == 0 {
+		h.ForwardTimeout = caddy.Duration(defaultForwardTimeout)
+	}
+	if h.OnAmbiguous == "" {
+		h.OnAmbiguous = "reforward"
+	}
+	if h.OnMissingID == "" {
+		h.OnMissingID = "reject"
+	}
+
+	secrets := make([]string, 0, len(h.Secrets))
+	for _, s := range h.Secrets {
+		s = repl.ReplaceAll(s, "")
+		if s == "" {
+			// An {env.X} that is unset would otherwise verify with an empty key.
+			return errors.New("secret: a secret is empty (is its environment variable set?)")
+		}
+		secrets = append(secrets, s)
+	}
+	if len(secrets) == 0 {
+		return errors.New("secret: at least one secret is required")
+	}
+	opts := signature.Options{
+		Secrets:   secrets,
+		Tolerance: time.Duration(h.Tolerance),
+		URL:       repl.ReplaceAll(h.URL, ""),
+		AllowSHA1: h.AllowSHA1,
+	}
+	if h.HMAC != nil {
+		opts.HMAC = signature.HMACOptions{
+			Header:    h.HMAC.Header,
+			Algorithm: h.HMAC.Algorithm,
+			Encoding:  h.HMAC.Encoding,
+			Prefix:    h.HMAC.Prefix,
+		}
+	}
+	v, err := signature.New(h.Provider, opts)
+	if err != nil {
+		return fmt.Errorf("provider %s: %w", h.Provider, err)
+	}
+	h.verifier = v
+
+	var parts [][]eventid.Source
+	if len(h.EventID) > 0 {
+		for _, s := range h.EventID {
+			parts = append(parts, []eventid.Source{s})
+		}
+	} else {
+		var alts []eventid.Source
+		for _, spec := range preset.EventID {
+			kind, name, _ := strings.Cut(spec, " ")
+			s, err := eventid.ParseSource(kind, name)
+			if err != nil {
+				return fmt.Errorf("provider %s: default event_id: %w", h.Provider, err)
+			}
+			alts = append(alts, s)
+		}
+		if len(alts) == 0 {
+			return fmt.Errorf("event_id: provider %s has no event ID of its own; configure event_id header|json|form", h.Provider)
+		}
+		parts = [][]eventid.Source{alts}
+	}
+	if h.extractor, err = eventid.New(parts); err != nil {
+		return fmt.Errorf("event_id: %w", err)
+	}
+
+	st := Storage{Backend: "sqlite", Path: filepath.Join(caddy.AppDataDir(), "webhook_idempotency", "events.db")}
+	if h.Storage != nil {
+		st = *h.Storage
+		st.DSN = repl.ReplaceAll(st.DSN, "")
+		st.Path = repl.ReplaceAll(st.Path, "")
+	}
+	entries := defaultCache
+	if h.Cache != nil {
+		entries = *h.Cache
+	}
+	b, _, err := openBackend(st, entries)
+	if err != nil {
+		return fmt.Errorf("storage %s: %w", st.Backend, err)
+	}
+	h.backend, h.poolKey = b, st.poolKey()
+	registerScope(h.Scope, b)
+	if entries > 0 {
+		h.completed = b.completed
+	}
+
+	if err := initMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("registering metrics: %w", err)
+	}
+	h.counters = make(map[string]prometheus.Counter)
+	for _, o := range allOutcomes {
+		h.counters[o] = metrics.deliveries.WithLabelValues(h.Scope, h.Provider, o)
+	}
+
+	h.wg = new(sync.WaitGroup)
+	h.wg.Add(1)
+	go h.sweepRetention(ctx)
+	return nil
+}
+
+// deliveries returns the counter of an outcome, prepared at provision time so
+// the request path does no label lookup.
+func (h *Handler) deliveries(outcome string) prometheus.Counter {
+	if c, ok := h.counters[outcome]; ok {
+		return c
+	}
+	return metrics.deliveries.WithLabelValues(h.Scope, h.Provider, outcome)
+}
+
+// Validate checks the configuration; Provision has applied defaults.
+func (h *Handler) Validate() error {
+	switch h.OnAmbiguous {
+	case "reforward", "hold":
+	default:
+		return fmt.Errorf("on_ambiguous: want reforward or hold, got %q", h.OnAmbiguous)
+	}
+	switch h.OnMissingID {
+	case "reject", "forward":
+	default:
+		return fmt.Errorf("on_missing_id: want reject or forward, got %q", h.OnMissingID)
+	}
+	if h.Lease < caddy.Duration(time.Second) {
+		return fmt.Errorf("lease: must be at least 1s, got %s", time.Duration(h.Lease))
+	}
+	if h.Retention < caddy.Duration(minRetention) {
+		return fmt.Errorf("retention: must be at least %s (providers retry for days), got %s", minRetention, time.Duration(h.Retention))
+	}
+	if h.MaxBody < 0 {
+		return errors.New("max_body: must be positive")
+	}
+	if h.Cache != nil && *h.Cache < 0 {
+		return errors.New("cache: must be 0 or more")
+	}
+	return nil
+}
+
+// Cleanup releases this handler's use of the shared store.
+func (h *Handler) Cleanup() error {
+	if h.wg != nil {
+		h.wg.Wait() // the sweeper ends with the config's context
+	}
+	if h.backend != nil {
+		unregisterScope(h.Scope, h.backend)
+	}
+	if h.poolKey != "" {
+		_, err := backends.Delete(h.poolKey)
+		return err
+	}
+	return nil
+}
+
+// ServeHTTP verifies, claims, forwards once and settles. See DESIGN.md,
+// "Request path".
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	start := time.Now()
+	d := delivery{h: h, start: start}
+	defer d.log()
+
+	// The body buffer is pooled for deliveries answered at the edge. Once a
+	// request is forwarded the transport may still read its body after the
+	// next handler returns, so that buffer is left to the garbage collector.
+	buf := bufPool.Get().(*bytes.Buffer)
+	buf.Reset()
+	forwarded := false
+	defer func() {
+		if !forwarded && buf.Cap() <= maxPooledBuf {
+			bufPool.Put(buf)
+		}
+	}()
+
+	raw, signed, status, reason := h.readBody(r, buf)
+	if status != 0 {
+		d.outcome = outcomeFor(status)
+		respondError(w, status, reason, 0)
+		return nil
+	}
+	if err := h.verifier.Verify(signed, r.Header); err != nil {
+		d.outcome = outcomeInvalidSignature
+		respondError(w, http.StatusBadRequest, signatureReason(err), 0)
+		return nil
+	}
+	// The upstream gets the bytes exactly as they arrived.
+	forwardable := func() *http.Request {
+		forwarded = true
+		r.Body = io.NopCloser(bytes.NewReader(raw))
+		r.ContentLength = int64(len(raw))
+		return r
+	}
+
+	if h.preset.Handshake != nil && h.preset.Handshake(signed, r.Header) {
+		d.outcome = outcomeHandshake
+		return next.ServeHTTP(w, forwardable())
+	}
+
+	id, err := h.extractor.Extract(signed, r.Header)
+	if err != nil {
+		if h.OnMissingID == "forward" {
+			d.outcome = outcomeForwardedNoID
+			h.logger.Warn("delivery has no usable event id; forwarded without deduplication (on_missing_id forward)",
+				zap.String("scope", h.Scope), zap.String("reason", eventIDReason(err)))
+			return next.ServeHTTP(w, forwardable())
+		}
+		d.outcome = outcomeBadRequest
+		respondError(w, http.StatusBadRequest, eventIDReason(err), 0)
+		return nil
+	}
+	d.eventID = id
+
+	if h.completed != nil {
+		if status, ok := h.completed.Has(h.Scope, id); ok {
+			metrics.cacheHits.WithLabelValues(h.Scope).Inc()
+			d.outcome, d.status, d.cached = outcomeDuplicate, status, true
+			respondDuplicate(w)
+			return nil
+		}
+		metrics.cacheMiss.WithLabelValues(h.Scope).Inc()
+	}
+
+	cctx, cancel := context.WithTimeout(r.Context(), storeTimeout)
+	t0 := time.Now()
+	claim, err := h.backend.Claim(cctx, store.ClaimParams{
+		Scope:        h.Scope,
+		EventID:      id,
+		Lease:        time.Duration(h.Lease),
+		HoldOnExpiry: h.OnAmbiguous == "hold",
+	})
+	metrics.store.WithLabelValues("claim").Observe(time.Since(t0).Seconds())
+	cancel()
+	if err != nil {
+		d.outcome = outcomeStoreError
+		h.logger.Warn("claiming event failed; answered 503, nothing forwarded",
+			zap.String("scope", h.Scope), zap.String("event_id", id), zap.Error(err))
+		respondError(w, http.StatusServiceUnavailable, "event store unavailable", unavailableRetryAfter)
+		return nil
+	}
+	d.attempt = claim.Attempts
+	switch claim.Outcome {
+	case store.Duplicate:
+		d.outcome, d.status = outcomeDuplicate, claim.Status
+		h.completed.Add(h.Scope, id, claim.Status)
+		if h.dedupeBody {
+			h.checkSameBody(r.Context(), id, signed)
+		}
+		respondDuplicate(w)
+		return nil
+	case store.InFlight:
+		d.outcome = outcomeInFlight
+		respondError(w, http.StatusConflict, "event is being processed by another delivery; retry later", claim.RetryAfter)
+		return nil
+	case store.Held:
+		d.outcome = outcomeHeld
+		respondError(w, http.StatusServiceUnavailable, "event is held after an ambiguous forward; an operator must release it", unavailableRetryAfter)
+		return nil
+	case store.Claimed:
+	default:
+		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("unexpected claim outcome %v", claim.Outcome))
+	}
+
+	claims := []claimRef{{h.Scope, id, claim.Token}}
+	if h.dedupeBody {
+		bc, ok := h.claimBody(w, r, signed, claims[0], &d)
+		if !ok {
+			return nil
+		}
+		claims = append(claims, bc)
+	}
+	return h.forward(w, forwardable(), next, claims, &d)
+}
+
+// claimRef is one claim this delivery holds: the event ID's, and with
+// dedupe_body the body hash's.
+type claimRef struct {
+	scope, id, token string
+}
+
+// forward runs the next handler with the claims held, renewing their leases,
+// and settles them on the upstream's answer. The forward is detached from the
+// provider's connection and bounded by ForwardTimeout instead.
+func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, claims []claimRef, d *delivery) error {
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), time.Duration(h.ForwardTimeout))
+	defer cancel()
+
+	hbDone := make(chan struct{})
+	hbStopped := make(chan struct{})
+	go h.heartbeat(fctx, claims, hbDone, hbStopped)
+
+	gauge := metrics.inFlight.WithLabelValues(h.Scope)
+	gauge.Inc()
+	rec := caddyhttp.NewResponseRecorder(w, nil, nil)
+	upstart := time.Now()
+	err := next.ServeHTTP(rec, r.WithContext(fctx))
+	d.upstream = time.Since(upstart)
+	close(hbDone)
+	<-hbStopped
+	gauge.Dec()
+	metrics.upstream.WithLabelValues(h.Scope, h.Provider).Observe(d.upstream.Seconds())
+
+	status := rec.Status()
+	d.status = status
+	timedOut := errors.Is(fctx.Err(), context.DeadlineExceeded) && status == 0
+
+	switch {
+	case status >= 200 && status < 300:
+		d.outcome = outcomeCompleted
+		h.settle(r.Context(), claims, status, "complete")
+		h.completed.Add(claims[0].scope, claims[0].id, status)
+	case timedOut && h.OnAmbiguous == "hold":
+		// The upstream may or may not have done the work: leave the claim to
+		// expire, and the next claim parks it as held.
+		d.outcome = outcomeAmbiguous
+		h.logger.Warn("forward timed out with no answer; the event will be held (on_ambiguous hold)",
+			zap.String("scope", h.Scope), zap.String("event_id", claims[0].id))
+	default:
+		d.outcome = outcomeReleased
+		h.settle(r.Context(), claims, status, "release")
+	}
+	return err
+}
+
+// settle completes or releases every claim, with a context detached from
+// the provider's connection.
+func (h *Handler) settle(parent context.Context, claims []claimRef, status int, op string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), storeTimeout)
+	defer cancel()
+	for _, c := range claims {
+		t0 := time.Now()
+		var err error
+		if op == "complete" {
+			err = h.backend.Complete(ctx, c.scope, c.id, c.token, status)
+		} else {
+			err = h.backend.Release(ctx, c.scope, c.id, c.token)
+		}
+		metrics.store.WithLabelValues(op).Observe(time.Since(t0).Seconds())
+		switch {
+		case errors.Is(err, store.ErrLeaseLost):
+			h.logger.Warn("claim lease lost before settling; another delivery may have been forwarded",
+				zap.String("scope", c.scope), zap.String("event_id", c.id), zap.String("settle", op))
+		case err != nil:
+			h.logger.Warn("settling event failed; its lease will expire",
+				zap.String("scope", c.scope), zap.String("event_id", c.id), zap.String("settle", op), zap.Error(err))
+		}
+	}
+}
+
+// heartbeat renews the claims' leases every third of the lease until done is
+// closed or the forward's context ends.
+func (h *Handler) heartbeat(ctx context.Context, claims []claimRef, done <-chan struct{}, stopped chan<- struct{}) {
+	defer close(stopped)
+	lease := time.Duration(h.Lease)
+	t := time.NewTicker(lease / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, c := range claims {
+			hctx, cancel := context.WithTimeout(ctx, lease/3)
+			t0 := time.Now()
+			err := h.backend.Heartbeat(hctx, c.scope, c.id, c.token, lease)
+			metrics.store.WithLabelValues("heartbeat").Observe(time.Since(t0).Seconds())
+			cancel()
+			switch {
+			case errors.Is(err, store.ErrLeaseLost):
+				h.logger.Warn("claim lease lost while forwarding", zap.String("scope", c.scope), zap.String("event_id", c.id))
+			case err != nil:
+				h.logger.Warn("renewing claim lease failed", zap.String("scope", c.scope),
+					zap.String("event_id", c.id), zap.Error(err))
+			}
+		}
+	}
+}
+
+// bodyScope is the scope of body-hash keys (dedupe_body): a scope of its
+// own, so no event ID a sender chooses can collide with a body hash.
+func (h *Handler) bodyScope() string { return h.Scope + "#body" }
+
+func bodyKey(body []byte) string {
+	sum := sha256.Sum256(body)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// claimBody claims the SHA-256 of the body next to the event ID (dedupe_body),
+// so a replayed body under a fresh, unsigned ID is not forwarded again. When
+// it returns false it has answered the delivery and released idClaim.
+func (h *Handler) claimBody(w http.ResponseWriter, r *http.Request, body []byte, idClaim claimRef, d *delivery) (claimRef, bool) {
+	key := bodyKey(body)
+	ctx, cancel := context.WithTimeout(r.Context(), storeTimeout)
+	t0 := time.Now()
+	bc, err := h.backend.Claim(ctx, store.ClaimParams{
+		Scope: h.bodyScope(), EventID: key, Lease: time.Duration(h.Lease), HoldOnExpiry: h.OnAmbiguous == "hold",
+	})
+	metrics.store.WithLabelValues("claim").Observe(time.Since(t0).Seconds())
+	cancel()
+	if err == nil && bc.Outcome == store.Claimed {
+		return claimRef{h.bodyScope(), key, bc.Token}, true
+	}
+	h.settle(r.Context(), []claimRef{idClaim}, 0, "release")
+	switch {
+	case err != nil:
+		d.outcome = outcomeStoreError
+		h.logger.Warn("claiming body hash failed; answered 503, nothing forwarded",
+			zap.String("scope", h.Scope), zap.String("event_id", idClaim.id), zap.Error(err))
+		respondError(w, http.StatusServiceUnavailable, "event store unavailable", unavailableRetryAfter)
+	case bc.Outcome == store.Duplicate:
+		d.outcome = outcomeBodyReplay
+		h.logger.Warn("body already delivered under another event id; answered as a duplicate, not forwarded (dedupe_body)",
+			zap.String("scope", h.Scope), zap.String("event_id", idClaim.id))
+		respondDuplicate(w)
+	case bc.Outcome == store.InFlight:
+		d.outcome = outcomeInFlight
+		respondError(w, http.StatusConflict, "the same body is being processed under another event id; retry later", bc.RetryAfter)
+	default:
+		d.outcome = outcomeHeld
+		respondError(w, http.StatusServiceUnavailable, "event is held after an ambiguous forward; an operator must release it", unavailableRetryAfter)
+	}
+	return claimRef{}, false
+}
+
+// checkSameBody warns when a completed event ID comes again with a body that
+// was never delivered: the provider changed the payload, or someone reuses
+// IDs. The delivery is still answered as a duplicate.
+func (h *Handler) checkSameBody(parent context.Context, id string, body []byte) {
+	ctx, cancel := context.WithTimeout(parent, storeTimeout)
+	defer cancel()
+	_, err := h.backend.Get(ctx, h.bodyScope(), bodyKey(body))
+	if errors.Is(err, store.ErrNotFound) {
+		metrics.bodyMismatch.WithLabelValues(h.Scope).Inc()
+		h.logger.Warn("completed event id arrived with a different body; answered as a duplicate",
+			zap.String("scope", h.Scope), zap.String("event_id", id))
+	}
+}
+
+// readBody reads the raw body, at most MaxBody bytes, into buf. It returns
+// the raw bytes (what the upstream gets) and the bytes the provider signed
+// (the decoded body when Content-Encoding is gzip). A non-zero status means
+// the delivery is refused with that status and reason.
+func (h *Handler) readBody(r *http.Request, buf *bytes.Buffer) (raw, signed []byte, status int, reason string) {
+	enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding")))
+	if enc != "" && enc != "identity" && enc != "gzip" {
+		return nil, nil, http.StatusUnsupportedMediaType, "unsupported Content-Encoding (only gzip and identity)"
+	}
+	if r.ContentLength > h.MaxBody {
+		return nil, nil, http.StatusRequestEntityTooLarge, "body exceeds max_body"
+	}
+	n, err := buf.ReadFrom(io.LimitReader(r.Body, h.MaxBody+1))
+	if err != nil {
+		return nil, nil, http.StatusBadRequest, "reading body failed"
+	}
+	if n > h.MaxBody {
+		return nil, nil, http.StatusRequestEntityTooLarge, "body exceeds max_body"
+	}
+	raw = buf.Bytes()
+	if enc != "gzip" {
+		return raw, raw, 0, ""
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(raw))
+	if err != nil {
+		return nil, nil, http.StatusBadRequest, "gzip body is malformed"
+	}
+	var dec bytes.Buffer
+	m, err := dec.ReadFrom(io.LimitReader(zr, h.MaxBody+1))
+	if m > h.MaxBody {
+		return nil, nil, http.StatusRequestEntityTooLarge, "decoded body exceeds max_body"
+	}
+	if err != nil {
+		return nil, nil, http.StatusBadRequest, "gzip body is malformed"
+	}
+	return raw, dec.Bytes(), 0, ""
+}
+
+// sweepRetention deletes rows older than Retention in bounded batches until
+// the config is unloaded. Any instance may run it; batches don't conflict.
+func (h *Handler) sweepRetention(ctx caddy.Context) {
+	defer h.wg.Done()
+	t := time.NewTicker(retentionInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		cutoff := time.Now().Add(-time.Duration(h.Retention))
+		for i := 0; i < 100; i++ { // at most 100 batches a tick
+			dctx, cancel := context.WithTimeout(ctx, storeTimeout)
+			n, err := h.backend.DeleteBefore(dctx, cutoff, retentionBatch)
+			cancel()
+			if err != nil {
+				h.logger.Warn("retention sweep failed", zap.Error(err))
+				break
+			}
+			if n < retentionBatch {
+				break
+			}
+		}
+	}
+}
+
+// retentionInterval is how often the retention sweep runs.
+var retentionInterval = 10 * time.Minute
+
+const maxPooledBuf = 1 << 20
+
+var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// delivery collects what the per-delivery log line reports.
+type delivery struct {
+	h        *Handler
+	start    time.Time
+	eventID  string
+	outcome  string
+	attempt  int
+	status   int
+	cached   bool
+	upstream time.Duration
+}
+
+func outcomeFor(status int) string {
+	switch status {
+	case http.StatusRequestEntityTooLarge:
+		return outcomeTooLarge
+	case http.StatusUnsupportedMediaType:
+		return outcomeUnsupported
+	}
+	return outcomeBadRequest
+}
+
+// log counts the delivery's outcome and writes one info line per delivery:
+// never a body, header, signature or secret.
+func (d *delivery) log() {
+	d.h.deliveries(d.outcome).Inc()
+	if c := d.h.logger.Check(zapcore.InfoLevel, "delivery"); c != nil {
+		c.Write(
+			zap.String("scope", d.h.Scope),
+			zap.String("provider", d.h.Provider),
+			zap.String("event_id", d.eventID),
+			zap.String("outcome", d.outcome),
+			zap.Int("attempt", d.attempt),
+			zap.Int("status", d.status),
+			zap.Bool("cached", d.cached),
+			zap.Duration("duration", time.Since(d.start)),
+			zap.Duration("upstream", d.upstream),
+		)
+	}
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.Validator             = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
+	_ caddyfile.Unmarshaler       = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+)

@@ -1,0 +1,78 @@
+package caddymodule
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/eventid"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
+)
+
+// The answers DESIGN.md fixes, in one place. Every answer the gateway gives
+// itself (not the upstream's) is JSON.
+
+var duplicateBody = []byte(`{"received":true,"duplicate":true}` + "\n")
+
+// respondDuplicate answers a redelivery of a completed event at the edge.
+func respondDuplicate(w http.ResponseWriter) {
+	hdr := w.Header()
+	hdr["Content-Type"] = []string{"application/json"}
+	hdr["Idempotent-Replayed"] = []string{"true"}
+	hdr["Content-Length"] = []string{strconv.Itoa(len(duplicateBody))}
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(duplicateBody)
+}
+
+// respondError writes {"error": msg} with the status, and Retry-After (whole
+// seconds, at least 1) when retryAfter > 0.
+func respondError(w http.ResponseWriter, status int, msg string, retryAfter time.Duration) {
+	b, _ := json.Marshal(struct {
+		Error string `json:"error"`
+	}{msg})
+	b = append(b, '\n')
+	hdr := w.Header()
+	hdr.Set("Content-Type", "application/json")
+	hdr.Set("Content-Length", strconv.Itoa(len(b)))
+	if retryAfter > 0 {
+		hdr.Set("Retry-After", strconv.Itoa(retrySeconds(retryAfter)))
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+// retrySeconds rounds up to whole seconds, at least 1.
+func retrySeconds(d time.Duration) int {
+	s := int((d + time.Second - 1) / time.Second)
+	if s < 1 {
+		s = 1
+	}
+	return s
+}
+
+// signatureReason turns a verification error into the reason the provider
+// (and the operator reading its dashboard) sees. It never includes a secret
+// or a signature: the signature package's errors don't carry them.
+func signatureReason(err error) string {
+	switch {
+	case errors.Is(err, signature.ErrMissingHeader),
+		errors.Is(err, signature.ErrMalformedHeader),
+		errors.Is(err, signature.ErrNoMatchingSignature),
+		errors.Is(err, signature.ErrTimestampOutOfTolerance):
+		return err.Error()
+	}
+	return "signature verification failed"
+}
+
+// eventIDReason explains why a delivery has no usable event ID.
+func eventIDReason(err error) string {
+	for _, e := range []error{eventid.ErrMissing, eventid.ErrEmpty, eventid.ErrNotScalar,
+		eventid.ErrTooLong, eventid.ErrAmbiguous, eventid.ErrBadBody} {
+		if errors.Is(err, e) {
+			return err.Error()
+		}
+	}
+	return "no usable event id"
+}

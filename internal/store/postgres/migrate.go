@@ -1,0 +1,117 @@
+package postgres
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+)
+
+// Migrations are goose Go migrations rather than embedded .sql files because
+// the table name is configurable: each statement is built from the validated,
+// quoted identifier. Append new versions; never edit a released one.
+func migrations(ident pgx.Identifier) []*goose.Migration {
+	table := ident.Sanitize()
+	name := ident[len(ident)-1]
+	idx := func(suffix string) string { return pgx.Identifier{name + suffix}.Sanitize() }
+	return []*goose.Migration{
+		goose.NewGoMigration(1,
+			&goose.GoFunc{RunTx: execAll(
+				`CREATE TABLE IF NOT EXISTS `+table+` (
+					scope        text COLLATE "C" NOT NULL,
+					event_id     text COLLATE "C" NOT NULL,
+					state        text        NOT NULL
+						CHECK (state IN ('processing', 'completed', 'released', 'held')),
+					token        text        NOT NULL DEFAULT '',
+					attempts     integer     NOT NULL DEFAULT 1,
+					lease_until  timestamptz,
+					first_seen   timestamptz NOT NULL DEFAULT now(),
+					updated_at   timestamptz NOT NULL DEFAULT now(),
+					completed_at timestamptz,
+					status       integer     NOT NULL DEFAULT 0,
+					PRIMARY KEY (scope, event_id)
+				)`,
+				// Retention sweeps (DeleteBefore).
+				`CREATE INDEX IF NOT EXISTS `+idx("_first_seen_idx")+` ON `+table+` (first_seen)`,
+				// Operator listings (List by state, oldest first).
+				`CREATE INDEX IF NOT EXISTS `+idx("_state_updated_at_idx")+` ON `+table+` (state, updated_at)`,
+			)},
+			&goose.GoFunc{RunTx: execAll(`DROP TABLE IF EXISTS ` + table)},
+		),
+	}
+}
+
+func execAll(stmts ...string) func(context.Context, *sql.Tx) error {
+	return func(ctx context.Context, tx *sql.Tx) error {
+		for _, stmt := range stmts {
+			if _, err := tx.ExecContext(ctx, stmt); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// migrate brings the table to the latest version with goose. The history is
+// kept in <table>_goose_version, next to the table. Instances starting
+// together are serialised by a session-level advisory lock whose key is
+// derived from the schema-qualified table name, so gateways using other
+// tables (or an application using goose with its default lock) never wait
+// on each other.
+func (s *Store) migrate(ctx context.Context, ident pgx.Identifier, opts Options) error {
+	ctx, cancel := context.WithTimeout(ctx, opts.MigrationTimeout)
+	defer cancel()
+
+	qualified := ident
+	if len(ident) == 1 {
+		var schema string
+		if err := s.pool.QueryRow(ctx, `SELECT COALESCE(current_schema(), '')`).Scan(&schema); err != nil {
+			return interpretError(err)
+		}
+		qualified = pgx.Identifier{schema, ident[0]}
+	}
+	h := fnv.New64a()
+	_, _ = h.Write([]byte("caddy-webhook-idempotency\x00" + qualified[0] + "\x00" + qualified[1]))
+	lockID := int64(h.Sum64() & math.MaxInt64)
+
+	// Retry the advisory lock every second until the migration timeout.
+	tries := uint64(opts.MigrationTimeout/time.Second) + 1
+	locker, err := lock.NewPostgresSessionLocker(
+		lock.WithLockID(lockID),
+		lock.WithLockTimeout(1, tries),
+		lock.WithUnlockTimeout(1, 10),
+	)
+	if err != nil {
+		return err
+	}
+
+	db := stdlib.OpenDBFromPool(s.pool)
+	defer db.Close()
+
+	options := []goose.ProviderOption{
+		goose.WithTableName(s.table + "_goose_version"),
+		goose.WithSessionLocker(locker),
+		goose.WithGoMigrations(migrations(ident)...),
+		goose.WithDisableGlobalRegistry(true),
+	}
+	if opts.Logger != nil {
+		options = append(options, goose.WithSlog(opts.Logger))
+	} else {
+		options = append(options, goose.WithLogger(goose.NopLogger()))
+	}
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, nil, options...)
+	if err != nil {
+		return fmt.Errorf("setting up goose: %w", err)
+	}
+	if _, err := provider.Up(ctx); err != nil {
+		return err
+	}
+	return nil
+}

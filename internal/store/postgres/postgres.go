@@ -1,0 +1,161 @@
+// Package postgres is the PostgreSQL implementation of store.Store, on a
+// pgx/v5 pool. Several gateway instances may share one database: claims are
+// decided by the table's primary key in single statements, and lease expiry
+// is judged by the database's clock (now()), never the gateway's.
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
+)
+
+// DefaultTable is the table used when Options.Table is empty.
+const DefaultTable = "webhook_events"
+
+const (
+	defaultConnectTimeout   = 5 * time.Second
+	defaultMigrationTimeout = time.Minute
+)
+
+// Options configure New. Zero values mean the documented defaults.
+type Options struct {
+	// DSN is a pgx connection string, URL ("postgres://user:pass@host/db")
+	// or key=value form. Required. It is never included in errors: a
+	// password in it is redacted.
+	DSN string
+	// Table is the events table, optionally schema-qualified
+	// ("webhooks.events"); the schema must exist. Each part is a lowercase
+	// SQL identifier ([a-z_][a-z0-9_]*), the table part at most 40 bytes.
+	// The migration history lives next to it in <table>_goose_version.
+	// Defaults to "webhook_events".
+	Table string
+	// ConnectTimeout bounds the first connection (the ping in New), so a
+	// wrong DSN or a down server fails clearly. Defaults to 5s.
+	ConnectTimeout time.Duration
+	// MigrationTimeout bounds waiting for the migration lock (another
+	// instance may be migrating) plus running the migrations. Defaults to 1m.
+	MigrationTimeout time.Duration
+	// MaxConns caps the pool's connections. Defaults to pgx's default,
+	// max(4, number of CPUs).
+	MaxConns int32
+	// Logger receives the migration log. Nil discards it.
+	Logger *slog.Logger
+}
+
+// Store is a store.Store backed by PostgreSQL. It is safe for concurrent
+// use, also by several processes sharing the database.
+type Store struct {
+	pool  *pgxpool.Pool
+	table string // as configured, e.g. "webhook_events"
+	q     queries
+}
+
+var _ store.Store = (*Store)(nil)
+
+// New connects to PostgreSQL, pings it within Options.ConnectTimeout, and
+// creates or migrates the events table (see migrate.go), holding a
+// PostgreSQL advisory lock so that instances starting together migrate one
+// at a time. It returns an error for an empty or malformed DSN, an invalid
+// table name, an unreachable server, or a failed migration; errors never
+// contain the DSN's password.
+func New(ctx context.Context, opts Options) (*Store, error) {
+	if opts.DSN == "" {
+		return nil, errors.New("postgres: DSN is required")
+	}
+	if opts.Table == "" {
+		opts.Table = DefaultTable
+	}
+	ident, err := parseTable(opts.Table)
+	if err != nil {
+		return nil, err
+	}
+	if opts.ConnectTimeout <= 0 {
+		opts.ConnectTimeout = defaultConnectTimeout
+	}
+	if opts.MigrationTimeout <= 0 {
+		opts.MigrationTimeout = defaultMigrationTimeout
+	}
+
+	cfg, err := pgxpool.ParseConfig(opts.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("parsing postgres DSN: %s", redact(opts.DSN, err.Error()))
+	}
+	if opts.MaxConns > 0 {
+		cfg.MaxConns = opts.MaxConns
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("creating postgres pool: %s", redact(opts.DSN, err.Error()))
+	}
+
+	pingCtx, cancel := context.WithTimeout(ctx, opts.ConnectTimeout)
+	err = pool.Ping(pingCtx)
+	cancel()
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connecting to postgres (%s): %s",
+			redact(opts.DSN, describeTarget(cfg)), redact(opts.DSN, err.Error()))
+	}
+
+	s := &Store{pool: pool, table: opts.Table, q: buildQueries(ident)}
+	if err := s.migrate(ctx, ident, opts); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("migrating postgres table %s: %s", opts.Table, redact(opts.DSN, err.Error()))
+	}
+	return s, nil
+}
+
+// Pool returns the store's connection pool, for tests and diagnostics.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Table returns the events table name as configured (possibly
+// schema-qualified, unquoted).
+func (s *Store) Table() string { return s.table }
+
+// Close closes the pool, waiting for acquired connections to be released.
+// It always returns nil.
+func (s *Store) Close() error {
+	s.pool.Close()
+	return nil
+}
+
+var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+
+// maxTableLen leaves room for the suffixes of the derived names
+// (<table>_goose_version, <table>_state_updated_at_idx) within PostgreSQL's
+// 63-byte identifier limit.
+const maxTableLen = 40
+
+// parseTable validates a table name, optionally schema-qualified, and returns
+// it as a pgx.Identifier (quoted when sanitized).
+func parseTable(name string) (pgx.Identifier, error) {
+	schema, table, qualified := strings.Cut(name, ".")
+	if !qualified {
+		schema, table = "", name
+	}
+	if !identRE.MatchString(table) || len(table) > maxTableLen ||
+		(qualified && (!identRE.MatchString(schema) || len(schema) > 63)) {
+		return nil, fmt.Errorf("postgres: invalid table name %q: want [schema.]table, lowercase letters, digits and underscores, the table at most %d bytes", name, maxTableLen)
+	}
+	if qualified {
+		return pgx.Identifier{schema, table}, nil
+	}
+	return pgx.Identifier{table}, nil
+}
+
+// describeTarget names the server and database for connection errors,
+// without the password.
+func describeTarget(cfg *pgxpool.Config) string {
+	c := cfg.ConnConfig
+	return fmt.Sprintf("host=%s port=%d user=%s database=%s", c.Host, c.Port, c.User, c.Database)
+}

@@ -1,0 +1,215 @@
+// Package sqlite is the embedded implementation of store.Store, on
+// modernc.org/sqlite (pure Go, no cgo). It is meant for a single gateway
+// instance: the database file is in WAL mode and this process writes
+// through one connection, so concurrent claims queue instead of failing with
+// SQLITE_BUSY. Times are stored as Unix milliseconds, and lease expiry is
+// judged by SQLite's clock inside each statement, mirroring the postgres
+// store.
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sync"
+
+	"github.com/pressly/goose/v3"
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
+)
+
+// DefaultTable is the table used when Options.Table is empty.
+const DefaultTable = "webhook_events"
+
+// busyTimeoutMillis is how long a statement waits for another process's
+// lock on the file before failing.
+const busyTimeoutMillis = 10000
+
+// Options configure New. Zero values mean the documented defaults.
+type Options struct {
+	// Path is the database file. Required. Its parent directory is created
+	// (mode 0700) when missing.
+	Path string
+	// Table is the events table, a lowercase SQL identifier
+	// ([a-z_][a-z0-9_]*, at most 40 bytes). The migration history lives
+	// next to it in <table>_goose_version. Defaults to "webhook_events".
+	Table string
+	// Logger receives the migration log. Nil discards it.
+	Logger *slog.Logger
+}
+
+// Store is a store.Store backed by an SQLite file. It is safe for
+// concurrent use.
+type Store struct {
+	db    *sql.DB
+	path  string
+	table string
+	q     queries
+}
+
+var _ store.Store = (*Store)(nil)
+
+// New opens (creating if needed) the database file at opts.Path in WAL mode
+// with a busy timeout, and creates or migrates the events table with goose.
+// It returns an error for an empty path, an invalid table name, a file that
+// cannot be opened or created, or a failed migration.
+func New(ctx context.Context, opts Options) (*Store, error) {
+	if opts.Path == "" {
+		return nil, errors.New("sqlite: path is required")
+	}
+	if opts.Table == "" {
+		opts.Table = DefaultTable
+	}
+	if !identRE.MatchString(opts.Table) || len(opts.Table) > maxTableLen {
+		return nil, fmt.Errorf("sqlite: invalid table name %q: want lowercase letters, digits and underscores, at most %d bytes", opts.Table, maxTableLen)
+	}
+	path, err := filepath.Abs(opts.Path)
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: resolving path: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("sqlite: creating directory: %w", err)
+	}
+
+	db, err := sql.Open("sqlite", dsn(path))
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: opening %s: %w", path, interpretError(err))
+	}
+	// One connection: SQLite has a single writer anyway, and queuing in
+	// database/sql (which honours contexts) beats SQLITE_BUSY. Keep it open
+	// for good so its pragmas and the WAL stay in place.
+	db.SetMaxOpenConns(1)
+	db.SetMaxIdleConns(1)
+	db.SetConnMaxLifetime(0)
+	db.SetConnMaxIdleTime(0)
+
+	if err := db.PingContext(ctx); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("sqlite: opening %s: %w", path, interpretError(err))
+	}
+	s := &Store{db: db, path: path, table: opts.Table, q: buildQueries(quoteIdent(opts.Table))}
+	if err := s.migrate(ctx, opts); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("sqlite: migrating table %s: %w", opts.Table, interpretError(err))
+	}
+	return s, nil
+}
+
+// dsn builds the modernc.org/sqlite DSN: a file: URI, so any path works,
+// with the pragmas every connection needs. Transactions begin IMMEDIATE so
+// they take the write lock up front instead of failing to upgrade it.
+func dsn(path string) string {
+	u := url.URL{Scheme: "file", Path: filepath.ToSlash(path)}
+	q := url.Values{}
+	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", busyTimeoutMillis))
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "synchronous(FULL)")
+	q.Add("_txlock", "immediate")
+	return u.String() + "?" + q.Encode()
+}
+
+// DB returns the underlying database, for tests and diagnostics.
+func (s *Store) DB() *sql.DB { return s.db }
+
+// Table returns the events table name.
+func (s *Store) Table() string { return s.table }
+
+// Path returns the absolute path of the database file.
+func (s *Store) Path() string { return s.path }
+
+// Close closes the database.
+func (s *Store) Close() error {
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("sqlite: closing: %w", interpretError(err))
+	}
+	return nil
+}
+
+var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+
+// maxTableLen keeps table names in line with the postgres store.
+const maxTableLen = 40
+
+// quoteIdent quotes a validated identifier.
+func quoteIdent(name string) string { return `"` + name + `"` }
+
+// migrateMu serialises migrations within the process: goose has no lock for
+// SQLite, and stores opened together on one file would otherwise both apply
+// the same version.
+var migrateMu sync.Mutex
+
+// migrate creates or upgrades the table with goose (dialect sqlite3), with
+// the history in <table>_goose_version. Within a process, migrations run
+// one at a time. Across processes (not the intended setup) each migration
+// transaction begins IMMEDIATE and waits on the busy timeout, but two
+// processes may both apply a version: keep every migration idempotent.
+func (s *Store) migrate(ctx context.Context, opts Options) error {
+	migrateMu.Lock()
+	defer migrateMu.Unlock()
+
+	options := []goose.ProviderOption{
+		goose.WithTableName(s.table + "_goose_version"),
+		goose.WithGoMigrations(migrations(s.table)...),
+		goose.WithDisableGlobalRegistry(true),
+	}
+	if opts.Logger != nil {
+		options = append(options, goose.WithSlog(opts.Logger))
+	} else {
+		options = append(options, goose.WithLogger(goose.NopLogger()))
+	}
+	provider, err := goose.NewProvider(goose.DialectSQLite3, s.db, nil, options...)
+	if err != nil {
+		return fmt.Errorf("setting up goose: %w", err)
+	}
+	_, err = provider.Up(ctx)
+	return err
+}
+
+// migrations are goose Go migrations because the table name is
+// configurable. Append new versions, idempotent ones (see migrate); never
+// edit a released one.
+func migrations(table string) []*goose.Migration {
+	t := quoteIdent(table)
+	return []*goose.Migration{
+		goose.NewGoMigration(1,
+			&goose.GoFunc{RunTx: execAll(
+				// Times are Unix milliseconds.
+				`CREATE TABLE IF NOT EXISTS `+t+` (
+					scope        TEXT    NOT NULL,
+					event_id     TEXT    NOT NULL,
+					state        TEXT    NOT NULL
+						CHECK (state IN ('processing', 'completed', 'released', 'held')),
+					token        TEXT    NOT NULL DEFAULT '',
+					attempts     INTEGER NOT NULL DEFAULT 1,
+					lease_until  INTEGER,
+					first_seen   INTEGER NOT NULL,
+					updated_at   INTEGER NOT NULL,
+					completed_at INTEGER,
+					status       INTEGER NOT NULL DEFAULT 0,
+					PRIMARY KEY (scope, event_id)
+				) WITHOUT ROWID`,
+				`CREATE INDEX IF NOT EXISTS `+quoteIdent(table+"_first_seen_idx")+` ON `+t+` (first_seen)`,
+				`CREATE INDEX IF NOT EXISTS `+quoteIdent(table+"_state_updated_at_idx")+` ON `+t+` (state, updated_at)`,
+			)},
+			&goose.GoFunc{RunTx: execAll(`DROP TABLE IF EXISTS ` + t)},
+		),
+	}
+}
+
+func execAll(stmts ...string) func(context.Context, *sql.Tx) error {
+	return func(ctx context.Context, tx *sql.Tx) error {
+		for _, stmt := range stmts {
+			if _, err := tx.ExecContext(ctx, stmt); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
