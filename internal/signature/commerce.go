@@ -1,0 +1,71 @@
+package signature
+
+// Commerce and payment providers beyond the first group: an HMAC of the body
+// in one header, no timestamp. Checked against the providers'
+// documentation; no conformance vectors yet. Where the default event ID is
+// an unsigned header, or there is none, DedupeBody is on.
+func init() {
+	register(Preset{
+		Name:            "woocommerce",
+		Doc:             "https://developer.woocommerce.com/docs/apis/rest-api/v2/webhooks/",
+		SignatureHeader: "X-WC-Webhook-Signature: <base64>",
+		EventID:         ids(headerID("X-WC-Webhook-Delivery-ID")),
+		DedupeBody:      true,
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "X-WC-Webhook-Signature"}},
+			Signed:    "{body}",
+			Algorithm: "sha256",
+			Encoding:  "base64",
+		},
+	})
+	// Paystack events carry no event ID; configure one per route.
+	register(Preset{
+		Name:            "paystack",
+		Doc:             "https://paystack.com/docs/payments/webhooks/#verify-event-origin",
+		SignatureHeader: "x-paystack-signature: <hex>",
+		DedupeBody:      true,
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "x-paystack-signature"}},
+			Signed:    "{body}",
+			Algorithm: "sha512",
+			Encoding:  "hex",
+		},
+	})
+	// Lemon Squeezy events carry no event ID; configure one per route.
+	register(Preset{
+		Name:            "lemonsqueezy",
+		Doc:             "https://docs.lemonsqueezy.com/help/webhooks/signing-requests",
+		SignatureHeader: "X-Signature: <hex>",
+		DedupeBody:      true,
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "X-Signature"}},
+			Signed:    "{body}",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+		},
+	})
+	register(Preset{
+		Name:            "coinbase",
+		Doc:             "https://docs.cdp.coinbase.com/commerce/api-arcitecture/webhooks-security",
+		SignatureHeader: "X-CC-Webhook-Signature: <hex>",
+		EventID:         ids(jsonID("event.id")),
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "X-CC-Webhook-Signature"}},
+			Signed:    "{body}",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+		},
+	})
+	register(Preset{
+		Name:            "checkout",
+		Doc:             "https://www.checkout.com/docs/developer-resources/webhooks/manage-webhooks/receive-webhooks",
+		SignatureHeader: "Cko-Signature: <hex>",
+		EventID:         ids(jsonID("id")),
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "Cko-Signature"}},
+			Signed:    "{body}",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+		},
+	})
+}

@@ -1,0 +1,476 @@
+package signature
+
+import (
+	"bytes"
+	"crypto/hmac"
+	"crypto/sha1" //nolint:gosec // HMAC-SHA1 is what GitHub (legacy), Intercom and Twilio sign with.
+	"crypto/sha256"
+	"crypto/sha512"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// engine verifies and signs any Scheme: the one generic HMAC implementation
+// behind every data-only preset.
+type engine struct {
+	name      string
+	primary   variant
+	legacy    *variant // the Scheme's Legacy header, nil if it has none
+	allowSHA1 bool     // legacy may be used (Options.AllowSHA1)
+	parts     []part
+	codec     codec
+	keys      [][]byte
+	tolerance time.Duration // 0: the scheme has no timestamp
+	unit      time.Duration
+	url       string
+	jsonBody  bool
+	now       func() time.Time
+	signsID   bool
+}
+
+// variant is one way the signature header can be written: its header names,
+// format and hash. GitHub has two (SHA-256 and the legacy SHA-1).
+type variant struct {
+	headers []HeaderSet
+	format  Format
+	hash    func() hash.Hash
+	size    int
+}
+
+func newEngine(p Preset, s Scheme, o Options) (*engine, error) {
+	h, err := newHash(s.Algorithm)
+	if err != nil {
+		return nil, err
+	}
+	c, err := newCodec(s.Encoding)
+	if err != nil {
+		return nil, err
+	}
+	parts, err := parseTemplate(s.Signed)
+	if err != nil {
+		return nil, err
+	}
+	keys, err := decodeSecrets(s.Secret, o.Secrets)
+	if err != nil {
+		return nil, err
+	}
+	e := &engine{
+		name:      p.Name,
+		primary:   variant{headers: s.Headers, format: s.Format, hash: h, size: h().Size()},
+		allowSHA1: o.AllowSHA1,
+		parts:     parts,
+		codec:     c,
+		keys:      keys,
+		unit:      s.TimestampUnit,
+		url:       o.URL,
+		jsonBody:  s.JSONBody,
+		now:       o.Now,
+	}
+	if e.unit == 0 {
+		e.unit = time.Second
+	}
+	if e.now == nil {
+		e.now = time.Now
+	}
+	if p.DefaultTolerance > 0 {
+		e.tolerance = p.DefaultTolerance
+		if o.Tolerance > 0 {
+			e.tolerance = o.Tolerance
+		}
+	}
+	for _, pt := range parts {
+		e.signsID = e.signsID || pt.kind == partID
+	}
+	if s.Legacy != nil {
+		lh, err := newHash(s.Legacy.Algorithm)
+		if err != nil {
+			return nil, err
+		}
+		e.legacy = &variant{
+			headers: []HeaderSet{{Signature: s.Legacy.Header}},
+			format:  Format{Prefix: s.Legacy.Prefix},
+			hash:    lh,
+			size:    lh().Size(),
+		}
+	}
+	return e, nil
+}
+
+// Verify implements Verifier.
+func (e *engine) Verify(body []byte, h http.Header) error {
+	v, hs, err := e.pick(h)
+	if err != nil {
+		return err
+	}
+	raw, err := oneValue(h, hs.Signature)
+	if err != nil {
+		return err
+	}
+	ts, sigs, err := v.parse(hs.Signature, raw, e.codec)
+	if err != nil {
+		return err
+	}
+	if hs.Timestamp != "" {
+		if ts, err = oneValue(h, hs.Timestamp); err != nil {
+			return err
+		}
+	}
+	if e.tolerance > 0 {
+		if err := checkTimestamp(ts, e.unit, e.tolerance, e.now()); err != nil {
+			return err
+		}
+	}
+	var id string
+	if e.signsID {
+		if id, err = oneValue(h, hs.ID); err != nil {
+			return err
+		}
+	}
+	if !e.match(v, sigs, body, ts, id) {
+		return fmt.Errorf("%s: %d signature(s) checked against %d secret(s): %w",
+			hs.Signature, len(sigs), len(e.keys), ErrNoMatchingSignature)
+	}
+	if e.jsonBody && !isJSONObject(body) {
+		return fmt.Errorf("signed body is not a JSON object, which %s never sends: %w", e.name, ErrNoMatchingSignature)
+	}
+	return nil
+}
+
+// pick chooses the header family present on the request. The legacy header
+// counts only when no primary header is present and AllowSHA1 is set.
+func (e *engine) pick(h http.Header) (*variant, HeaderSet, error) {
+	for _, hs := range e.primary.headers {
+		if present(h, hs.Signature) || present(h, hs.Timestamp) || present(h, hs.ID) {
+			return &e.primary, hs, nil
+		}
+	}
+	if e.legacy != nil && present(h, e.legacy.headers[0].Signature) {
+		if e.allowSHA1 {
+			return e.legacy, e.legacy.headers[0], nil
+		}
+		return nil, HeaderSet{}, fmt.Errorf("header %s: %w (%s is accepted only with allow_sha1)",
+			e.primary.headers[0].Signature, ErrMissingHeader, e.legacy.headers[0].Signature)
+	}
+	return nil, HeaderSet{}, fmt.Errorf("header %s: %w", e.primary.headers[0].Signature, ErrMissingHeader)
+}
+
+// parse splits a signature header into its timestamp (list formats with a
+// TimestampKey) and its decoded signatures.
+func (v *variant) parse(name, raw string, c codec) (ts string, sigs [][]byte, err error) {
+	f := v.format
+	if f.List == "" {
+		rest, ok := strings.CutPrefix(raw, f.Prefix)
+		if !ok {
+			return "", nil, fmt.Errorf("header %s does not start with %q: %w", name, f.Prefix, ErrMalformedHeader)
+		}
+		sig, ok := c.decodeDigest(strings.TrimSpace(rest), v.size)
+		if !ok {
+			return "", nil, fmt.Errorf("header %s does not hold a %s digest of %d bytes: %w", name, c.name, v.size, ErrMalformedHeader)
+		}
+		return "", [][]byte{sig}, nil
+	}
+	seenTS := false
+	for entry := range strings.SplitSeq(raw, f.List) {
+		entry = strings.TrimSpace(entry)
+		key, val, ok := strings.Cut(entry, f.Pair)
+		if !ok {
+			if f.Lenient {
+				continue
+			}
+			return "", nil, fmt.Errorf("header %s has an entry without %q: %w", name, f.Pair, ErrMalformedHeader)
+		}
+		key, val = strings.TrimSpace(key), strings.TrimSpace(val)
+		switch {
+		case f.TimestampKey != "" && key == f.TimestampKey:
+			if seenTS {
+				return "", nil, fmt.Errorf("header %s has more than one %s= timestamp: %w", name, f.TimestampKey, ErrMalformedHeader)
+			}
+			seenTS, ts = true, val
+		case key == f.SigKey:
+			// Undecodable entries are skipped, as the providers' libraries
+			// do; they can never match anyway.
+			if sig, ok := c.decodeDigest(val, v.size); ok {
+				sigs = append(sigs, sig)
+			}
+		}
+	}
+	if f.TimestampKey != "" && !seenTS {
+		return "", nil, fmt.Errorf("header %s has no %s= timestamp: %w", name, f.TimestampKey, ErrMalformedHeader)
+	}
+	if len(sigs) == 0 {
+		return "", nil, fmt.Errorf("header %s has no usable %s signature: %w", name, f.SigKey, ErrMalformedHeader)
+	}
+	return ts, sigs, nil
+}
+
+// match reports whether any signature equals the MAC of the signed bytes
+// under any key. Comparisons are constant-time.
+func (e *engine) match(v *variant, sigs [][]byte, body []byte, ts, id string) bool {
+	for _, key := range e.keys {
+		sum := e.mac(v, key, body, ts, id)
+		for _, sig := range sigs {
+			if hmac.Equal(sum, sig) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// mac computes the HMAC of the signed bytes described by the template,
+// writing the parts in order without copying the body.
+func (e *engine) mac(v *variant, key, body []byte, ts, id string) []byte {
+	m := hmac.New(v.hash, key)
+	for _, pt := range e.parts {
+		switch pt.kind {
+		case partText:
+			m.Write([]byte(pt.text))
+		case partBody:
+			m.Write(body)
+		case partTimestamp:
+			m.Write([]byte(ts))
+		case partID:
+			m.Write([]byte(id))
+		case partURL:
+			m.Write([]byte(e.url))
+		case partMethod:
+			m.Write([]byte(http.MethodPost))
+		}
+	}
+	return m.Sum(nil)
+}
+
+// sign sets the headers the provider would send, signed with the first
+// secret. GitHub's legacy header is set too, as GitHub sends both.
+func (e *engine) sign(body []byte, h http.Header, ts time.Time) error {
+	hs := e.primary.headers[0]
+	var tsText string
+	if e.tolerance > 0 {
+		tsText = strconv.FormatInt(ts.Unix(), 10)
+		if e.unit == time.Millisecond {
+			tsText = strconv.FormatInt(ts.UnixMilli(), 10)
+		}
+	}
+	var id string
+	if e.signsID {
+		if id = h.Get(hs.ID); id == "" {
+			return fmt.Errorf("signing %s needs header %s set", e.name, hs.ID)
+		}
+	}
+	sig := e.codec.encode(e.mac(&e.primary, e.keys[0], body, tsText, id))
+	f := e.primary.format
+	value := f.Prefix + sig
+	if f.List != "" {
+		value = f.SigKey + f.Pair + sig
+		if f.TimestampKey != "" {
+			value = f.TimestampKey + f.Pair + tsText + f.List + value
+		}
+	}
+	h.Set(hs.Signature, value)
+	if hs.Timestamp != "" {
+		h.Set(hs.Timestamp, tsText)
+	}
+	if e.legacy != nil {
+		l := e.legacy
+		h.Set(l.headers[0].Signature, l.format.Prefix+e.codec.encode(e.mac(l, e.keys[0], body, tsText, id)))
+	}
+	return nil
+}
+
+// checkTimestamp parses a signed timestamp (decimal digits only) and checks
+// it is within tolerance of now, in both directions; exactly tolerance away
+// is still accepted.
+func checkTimestamp(text string, unit, tolerance time.Duration, now time.Time) error {
+	if text == "" || len(text) > 19 || strings.TrimLeft(text, "0123456789") != "" {
+		return fmt.Errorf("timestamp is not a whole number: %w", ErrMalformedHeader)
+	}
+	n, err := strconv.ParseInt(text, 10, 64)
+	if err != nil {
+		return fmt.Errorf("timestamp is out of range: %w", ErrMalformedHeader)
+	}
+	t := time.Unix(n, 0)
+	if unit == time.Millisecond {
+		t = time.UnixMilli(n)
+	}
+	// Compare instants, not durations: a far-off timestamp (milliseconds
+	// sent as seconds) would saturate a Duration.
+	switch {
+	case t.Before(now.Add(-tolerance)):
+		return fmt.Errorf("timestamp is %s old, tolerance %s: %w", now.Sub(t).Round(time.Second), tolerance, ErrTimestampOutOfTolerance)
+	case t.After(now.Add(tolerance)):
+		return fmt.Errorf("timestamp is %s in the future, tolerance %s: %w", t.Sub(now).Round(time.Second), tolerance, ErrTimestampOutOfTolerance)
+	}
+	return nil
+}
+
+// present reports whether the request carries header name (any case).
+func present(h http.Header, name string) bool {
+	return name != "" && len(values(h, name)) > 0
+}
+
+// values returns every value of header name. net/http canonicalises names,
+// but a header built by hand may hold a lower-case key (as HTTP/2 writes
+// them): those count too, so a second line can never hide.
+func values(h http.Header, name string) []string {
+	vals := h.Values(name)
+	canon := http.CanonicalHeaderKey(name)
+	for k, vs := range h {
+		if k != canon && strings.EqualFold(k, name) {
+			vals = append(vals, vs...)
+		}
+	}
+	return vals
+}
+
+// oneValue returns the single value of header name: absent is
+// ErrMissingHeader, repeated on several lines or empty is ErrMalformedHeader.
+func oneValue(h http.Header, name string) (string, error) {
+	vals := values(h, name)
+	switch {
+	case len(vals) == 0:
+		return "", fmt.Errorf("header %s: %w", name, ErrMissingHeader)
+	case len(vals) > 1:
+		return "", fmt.Errorf("header %s sent on %d lines: %w", name, len(vals), ErrMalformedHeader)
+	}
+	v := strings.TrimSpace(vals[0])
+	if v == "" {
+		return "", fmt.Errorf("header %s is empty: %w", name, ErrMalformedHeader)
+	}
+	return v, nil
+}
+
+// isJSONObject reports whether body is valid JSON whose top level is an
+// object.
+func isJSONObject(body []byte) bool {
+	trimmed := bytes.TrimLeft(body, " \t\r\n")
+	return len(trimmed) > 0 && trimmed[0] == '{' && json.Valid(body)
+}
+
+// decodeSecrets turns configured secrets into HMAC keys.
+func decodeSecrets(format string, secrets []string) ([][]byte, error) {
+	keys := make([][]byte, 0, len(secrets))
+	for i, s := range secrets {
+		key := []byte(s)
+		if format == "whsec" {
+			var err error
+			key, err = base64.StdEncoding.DecodeString(strings.TrimPrefix(s, "whsec_"))
+			if err != nil {
+				return nil, fmt.Errorf("secret %d is not base64 after its whsec_ prefix", i+1)
+			}
+			if len(key) == 0 {
+				return nil, fmt.Errorf("secret %d decodes to an empty key", i+1)
+			}
+		}
+		keys = append(keys, key)
+	}
+	return keys, nil
+}
+
+func newHash(name string) (func() hash.Hash, error) {
+	switch name {
+	case "sha1":
+		return sha1.New, nil
+	case "sha256":
+		return sha256.New, nil
+	case "sha512":
+		return sha512.New, nil
+	}
+	return nil, fmt.Errorf("unknown algorithm %q (want sha1, sha256 or sha512)", name)
+}
+
+// codec is a signature encoding.
+type codec struct {
+	name   string
+	encode func([]byte) string
+	decode func(string) ([]byte, error)
+}
+
+func newCodec(name string) (codec, error) {
+	switch name {
+	case "hex":
+		// Hex decoding accepts either case; the providers write lower case.
+		return codec{name: name, encode: hex.EncodeToString, decode: hex.DecodeString}, nil
+	case "base64":
+		b := base64.StdEncoding.Strict()
+		return codec{name: name, encode: b.EncodeToString, decode: b.DecodeString}, nil
+	}
+	return codec{}, fmt.Errorf("unknown encoding %q (want hex or base64)", name)
+}
+
+// decodeDigest decodes s and checks it is a digest of size bytes.
+func (c codec) decodeDigest(s string, size int) ([]byte, bool) {
+	if s == "" || len(s) > 4*size {
+		return nil, false
+	}
+	b, err := c.decode(s)
+	if err != nil || len(b) != size {
+		return nil, false
+	}
+	return b, true
+}
+
+type partKind int
+
+const (
+	partText partKind = iota
+	partBody
+	partTimestamp
+	partID
+	partURL
+	partMethod
+)
+
+// part is one piece of the signed bytes.
+type part struct {
+	kind partKind
+	text string
+}
+
+// parseTemplate parses a Scheme.Signed template such as
+// "v0:{timestamp}:{body}". The body must appear exactly once.
+func parseTemplate(t string) ([]part, error) {
+	var parts []part
+	bodies := 0
+	for t != "" {
+		i := strings.IndexByte(t, '{')
+		if i < 0 {
+			parts = append(parts, part{kind: partText, text: t})
+			break
+		}
+		if i > 0 {
+			parts = append(parts, part{kind: partText, text: t[:i]})
+		}
+		name, rest, ok := strings.Cut(t[i+1:], "}")
+		if !ok {
+			return nil, errors.New("unterminated { in signed template")
+		}
+		switch name {
+		case "body":
+			bodies++
+			parts = append(parts, part{kind: partBody})
+		case "timestamp":
+			parts = append(parts, part{kind: partTimestamp})
+		case "id":
+			parts = append(parts, part{kind: partID})
+		case "url":
+			parts = append(parts, part{kind: partURL})
+		case "method":
+			parts = append(parts, part{kind: partMethod})
+		default:
+			return nil, fmt.Errorf("unknown {%s} in signed template", name)
+		}
+		t = rest
+	}
+	if bodies != 1 {
+		return nil, errors.New("signed template must contain {body} exactly once")
+	}
+	return parts, nil
+}

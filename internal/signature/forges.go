@@ -1,0 +1,48 @@
+package signature
+
+// Code forges other than GitHub and GitLab: an HMAC-SHA256 of the body in
+// one header, no timestamp, delivery IDs in unsigned headers (hence
+// DedupeBody). Checked against the providers' documentation; no conformance
+// vectors yet.
+func init() {
+	register(Preset{
+		Name:            "bitbucket",
+		Doc:             "https://support.atlassian.com/bitbucket-cloud/docs/manage-webhooks/#Secure-webhooks",
+		SignatureHeader: "X-Hub-Signature: sha256=<hex>",
+		EventID:         ids(headerID("X-Request-UUID"), headerID("X-Request-Id")),
+		DedupeBody:      true,
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "X-Hub-Signature"}},
+			Format:    Format{Prefix: "sha256="},
+			Signed:    "{body}",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+		},
+	})
+	register(Preset{
+		Name:            "gitea",
+		Doc:             "https://docs.gitea.com/usage/webhooks",
+		SignatureHeader: "X-Gitea-Signature: <hex>",
+		EventID:         ids(headerID("X-Gitea-Delivery")),
+		DedupeBody:      true,
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "X-Gitea-Signature"}},
+			Signed:    "{body}",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+		},
+	})
+	register(Preset{
+		Name:            "forgejo",
+		Doc:             "https://forgejo.org/docs/latest/user/webhooks/",
+		SignatureHeader: "X-Forgejo-Signature: <hex>",
+		EventID:         ids(headerID("X-Forgejo-Delivery")),
+		DedupeBody:      true,
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "X-Forgejo-Signature"}},
+			Signed:    "{body}",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+		},
+	})
+}

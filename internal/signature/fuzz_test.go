@@ -1,0 +1,163 @@
+package signature_test
+
+import (
+	"bytes"
+	"net/http"
+	"net/url"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
+)
+
+// fuzzHeaders fuzzes the named headers of a delivery signed for fx. Seeds
+// are the genuine values plus the given malformed ones. Properties: Verify
+// never panics, every error wraps exactly one sentinel, and a success only
+// ever happens for the body that was signed (same form parameters, for
+// Twilio, which signs parameters rather than bytes; GitLab's plain token
+// binds no body at all).
+func fuzzHeaders(f *testing.F, fx fixture, o func(*signature.Options), names []string, bad ...[]string) {
+	f.Helper()
+	signed := fx.signed(f, fx.secrets[0], fx.body, now)
+	opts := fx.options(now, fx.secrets[0])
+	if o != nil {
+		o(&opts)
+	}
+	v, err := signature.New(fx.provider, opts)
+	require.NoError(f, err)
+
+	seed := func(vals []string, body string) {
+		args := []any{body}
+		for _, v := range vals {
+			args = append(args, v)
+		}
+		f.Add(args...)
+	}
+	genuine := make([]string, len(names))
+	for i, n := range names {
+		genuine[i] = signed.Get(n)
+	}
+	seed(genuine, fx.body)
+	seed(genuine, fx.body+" ")
+	for _, b := range bad {
+		seed(b, fx.body)
+	}
+
+	check := func(t *testing.T, body string, vals []string) {
+		h := signed.Clone()
+		for i, n := range names {
+			h.Set(n, vals[i])
+		}
+		err := v.Verify([]byte(body), h)
+		if err != nil {
+			requireOneSentinel(t, err)
+			requireNoLeak(t, err, fx.secrets[:1], http.Header{})
+			return
+		}
+		if fx.provider == "gitlab" { // a plain token binds no body: only the token counts
+			require.Equal(t, fx.secrets[0], strings.TrimSpace(vals[0]))
+			return
+		}
+		if fx.provider == "twilio" {
+			got, err1 := url.ParseQuery(body)
+			want, err2 := url.ParseQuery(fx.body)
+			require.True(t, err1 == nil && err2 == nil && reflect.DeepEqual(got, want), "verified a body with other parameters: %q", body)
+			return
+		}
+		require.True(t, bytes.Equal([]byte(body), []byte(fx.body)), "verified a body that was not signed: %q", body)
+	}
+	switch len(names) {
+	case 1:
+		f.Fuzz(func(t *testing.T, body, a string) { check(t, body, []string{a}) })
+	case 2:
+		f.Fuzz(func(t *testing.T, body, a, b string) { check(t, body, []string{a, b}) })
+	case 3:
+		f.Fuzz(func(t *testing.T, body, a, b, c string) { check(t, body, []string{a, b, c}) })
+	default:
+		f.Fatalf("fuzzHeaders takes 1 to 3 headers")
+	}
+}
+
+func fixtureFor(tb testing.TB, provider string) fixture {
+	for _, f := range fixtures {
+		if f.provider == provider {
+			return f
+		}
+	}
+	tb.Fatalf("no fixture for %s", provider)
+	return fixture{}
+}
+
+func FuzzStripeHeader(f *testing.F) {
+	fuzzHeaders(f, fixtureFor(f, "stripe"), nil, []string{"Stripe-Signature"},
+		[]string{""}, []string{"t=,v1="}, []string{"t=1764547200,t=1764547200,v1=00"},
+		[]string{"t=1764547200,v1=zz,v0=00"}, []string{",,,"}, []string{"t=99999999999999999999,v1=00"})
+}
+
+func FuzzPaddleHeader(f *testing.F) {
+	fuzzHeaders(f, fixtureFor(f, "paddle"), nil, []string{"Paddle-Signature"},
+		[]string{"ts=1764547200;h1="}, []string{"h1=00;ts=1764547200"}, []string{"ts=1764547200x;h1=00"}, []string{";;"})
+}
+
+func FuzzStandardHeaders(f *testing.F) {
+	fuzzHeaders(f, fixtureFor(f, "standard"), nil, []string{"webhook-id", "webhook-timestamp", "webhook-signature"},
+		[]string{"msg", "1764547200", "v1a,AAAA v1,"}, []string{"msg", "1764547200.5", "v1,AAAA"}, []string{"", "", "   "})
+}
+
+func FuzzSvixHeaders(f *testing.F) {
+	fuzzHeaders(f, fixtureFor(f, "svix"), nil, []string{"svix-id", "svix-timestamp", "svix-signature"},
+		[]string{"msg", "1764547200000", "v1,AAAA v2,BBBB"})
+}
+
+func FuzzGitHubHeaders(f *testing.F) {
+	fuzzHeaders(f, fixtureFor(f, "github"), func(o *signature.Options) { o.AllowSHA1 = true },
+		[]string{"X-Hub-Signature-256", "X-Hub-Signature"},
+		[]string{"sha1=00", "sha256=00"}, []string{"sha256=", "sha1="}, []string{"SHA256=00", ""})
+}
+
+func FuzzSlackHeaders(f *testing.F) {
+	fuzzHeaders(f, fixtureFor(f, "slack"), nil, []string{"X-Slack-Signature", "X-Slack-Request-Timestamp"},
+		[]string{"v0=", "1764547200"}, []string{"v1=00", "+1764547200"}, []string{"v0=zz", "-5"})
+}
+
+func FuzzZoomHeaders(f *testing.F) {
+	fuzzHeaders(f, fixtureFor(f, "zoom"), nil, []string{"x-zm-signature", "x-zm-request-timestamp"},
+		[]string{"v0=", "1764547200"})
+}
+
+func FuzzHubSpotHeaders(f *testing.F) {
+	fuzzHeaders(f, fixtureFor(f, "hubspot"), nil, []string{"X-HubSpot-Signature-v3", "X-HubSpot-Request-Timestamp"},
+		[]string{"AAAA", "1764547200"}, []string{"", "1764547200000"})
+}
+
+func FuzzShopifyHeader(f *testing.F) {
+	fuzzHeaders(f, fixtureFor(f, "shopify"), nil, []string{"X-Shopify-Hmac-Sha256"},
+		[]string{"AAAA"}, []string{"=="}, []string{"fdd64a08bc4206b157c0f9dc4a61d921194edac70a34d134d27bd5f2f8ac7d15"})
+}
+
+func FuzzSquareHeader(f *testing.F) {
+	fuzzHeaders(f, fixtureFor(f, "square"), nil, []string{"x-square-hmacsha256-signature"}, []string{"sha256=AAAA"})
+}
+
+func FuzzPagerDutyHeader(f *testing.F) {
+	fuzzHeaders(f, fixtureFor(f, "pagerduty"), nil, []string{"X-PagerDuty-Signature"},
+		[]string{"v1=00,v1=11"}, []string{"v1="}, []string{"v2=00"})
+}
+
+func FuzzTwilioHeader(f *testing.F) {
+	fuzzHeaders(f, fixtureFor(f, "twilio"), nil, []string{"X-Twilio-Signature"},
+		[]string{"sha1=AAAA"}, []string{"AAAAAAAAAAAAAAAAAAAAAAAAAAA="})
+}
+
+func FuzzHMACHeader(f *testing.F) {
+	fx := fixtureFor(f, "hmac")
+	fx.hmac = signature.HMACOptions{Header: "X-Signature", Prefix: "sha256=", Encoding: "base64"}
+	fuzzHeaders(f, fx, nil, []string{"X-Signature"}, []string{"sha256="}, []string{"sha256=AAAA"})
+}
+
+func FuzzGitLabToken(f *testing.F) {
+	fuzzHeaders(f, fixtureFor(f, "gitlab"), nil, []string{"X-Gitlab-Token"}, []string{"gl-token"})
+}

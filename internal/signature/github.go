@@ -1,0 +1,26 @@
+package signature
+
+// GitHub: X-Hub-Signature-256: sha256=<hex>, HMAC-SHA256 of the body. The
+// legacy X-Hub-Signature: sha1=<hex> is read only with allow_sha1 and only
+// when X-Hub-Signature-256 is absent, so a bad SHA-256 signature is never
+// rescued by a SHA-1 one.
+//
+// The delivery ID header is not signed and there is no timestamp, hence
+// DedupeBody.
+func init() {
+	register(Preset{
+		Name:            "github",
+		Doc:             "https://docs.github.com/en/webhooks/using-webhooks/validating-webhook-deliveries",
+		SignatureHeader: "X-Hub-Signature-256: sha256=<hex> (X-Hub-Signature: sha1=<hex> with allow_sha1)",
+		EventID:         ids(headerID("X-GitHub-Delivery")),
+		DedupeBody:      true,
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "X-Hub-Signature-256"}},
+			Format:    Format{Prefix: "sha256="},
+			Signed:    "{body}",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+			Legacy:    &LegacyHeader{Header: "X-Hub-Signature", Prefix: "sha1=", Algorithm: "sha1"},
+		},
+	})
+}

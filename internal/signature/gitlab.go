@@ -1,0 +1,66 @@
+package signature
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"fmt"
+	"net/http"
+	"time"
+)
+
+// GitLab sends the webhook's secret token itself in X-Gitlab-Token: there is
+// no HMAC, so the engine cannot express it and this file compares the token
+// with every configured secret in constant time (over SHA-256 digests, so
+// the length does not leak either).
+//
+// Idempotency-Key (GitLab 17.4+) stays the same across retries of one event;
+// X-Gitlab-Event-UUID is the fallback. Neither is signed and there is no
+// timestamp, hence DedupeBody.
+func init() {
+	register(Preset{
+		Name:            "gitlab",
+		Doc:             "https://docs.gitlab.com/user/project/integrations/webhooks/#create-a-webhook",
+		SignatureHeader: "X-Gitlab-Token: <secret token>",
+		EventID:         ids(headerID("Idempotency-Key"), headerID("X-Gitlab-Event-UUID")),
+		DedupeBody:      true,
+		Scheme: Scheme{
+			Headers: []HeaderSet{{Signature: "X-Gitlab-Token"}},
+			Signed:  "none: the secret token is sent as is",
+		},
+		build: func(p Preset, o Options) (signer, error) {
+			v := &tokenVerifier{header: p.Headers[0].Signature}
+			for _, s := range o.Secrets {
+				d := sha256.Sum256([]byte(s))
+				v.digests = append(v.digests, d[:])
+			}
+			v.first = o.Secrets[0]
+			return v, nil
+		},
+	})
+}
+
+// tokenVerifier checks a plain shared token carried in a header.
+type tokenVerifier struct {
+	header  string
+	digests [][]byte
+	first   string
+}
+
+func (v *tokenVerifier) Verify(_ []byte, h http.Header) error {
+	token, err := oneValue(h, v.header)
+	if err != nil {
+		return err
+	}
+	d := sha256.Sum256([]byte(token))
+	for _, want := range v.digests {
+		if hmac.Equal(d[:], want) {
+			return nil
+		}
+	}
+	return fmt.Errorf("header %s matches none of %d secret(s): %w", v.header, len(v.digests), ErrNoMatchingSignature)
+}
+
+func (v *tokenVerifier) sign(_ []byte, h http.Header, _ time.Time) error {
+	h.Set(v.header, v.first)
+	return nil
+}

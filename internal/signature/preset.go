@@ -1,0 +1,222 @@
+package signature
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"time"
+)
+
+// Preset describes one provider: how it signs (the embedded Scheme) and the
+// defaults the gateway uses for it. Its fields double as the data of the
+// README's provider table.
+type Preset struct {
+	// Name is the provider name used in the Caddyfile (provider stripe).
+	Name string
+	// Doc is the URL of the provider's signature documentation.
+	Doc string
+	// SignatureHeader describes the signature header(s) for humans, e.g.
+	// "Stripe-Signature: t=<ts>,v1=<hex>".
+	SignatureHeader string
+	// DefaultTolerance is the timestamp tolerance when Options.Tolerance is
+	// 0; 0 means the scheme has no signed timestamp.
+	DefaultTolerance time.Duration
+	// EventID lists the default event-ID sources, tried in order, each
+	// "json <gjson path>" or "header <Name>". Empty: the user must configure
+	// one.
+	EventID []string
+	// DedupeBody is the default of dedupe_body: true when the default event
+	// ID is not covered by the signature (or there is none) and the scheme
+	// has no signed timestamp, so a captured body could be replayed under a
+	// fresh ID.
+	DedupeBody bool
+	// Handshake reports whether a verified request is a handshake (Slack
+	// url_verification, Zoom endpoint.url_validation) that is forwarded
+	// every time without a claim. nil: the provider has none.
+	Handshake func(body []byte, h http.Header) bool
+	// NeedsURL: the scheme signs the public URL, so Options.URL is required.
+	NeedsURL bool
+
+	// Scheme is how the provider signs. For presets with bespoke code it
+	// only describes the scheme (Signed is then prose, not a template).
+	Scheme
+
+	// build replaces the generic engine for schemes it cannot express.
+	build func(p Preset, o Options) (signer, error)
+}
+
+// Scheme declares how a provider signs a delivery. The generic engine reads
+// it; nothing else about a plain-HMAC provider is code.
+type Scheme struct {
+	// Headers are the header names the scheme reads. Later sets are alias
+	// families (Standard Webhooks' svix-*), used only when no header of an
+	// earlier set is present.
+	Headers []HeaderSet
+	// Format is how the signature header's value is parsed.
+	Format Format
+	// Signed is the template of the signed bytes: {body}, {timestamp}, {id},
+	// {url}, {method} (always POST) and literal text, e.g.
+	// "{timestamp}.{body}" or "v0:{timestamp}:{body}".
+	Signed string
+	// Algorithm is the HMAC hash: sha1, sha256 or sha512.
+	Algorithm string
+	// Encoding is how signatures are written: hex or base64.
+	Encoding string
+	// Secret is how a configured secret becomes the HMAC key: "raw" (its
+	// UTF-8 bytes, the default) or "whsec" (base64, after an optional whsec_
+	// prefix, as Standard Webhooks does).
+	Secret string
+	// TimestampUnit is the unit of the signed timestamp: time.Second (the
+	// default) or time.Millisecond.
+	TimestampUnit time.Duration
+	// JSONBody refuses bodies that are not a JSON object even when the
+	// signature matches, as the provider's official library does (stripe-go
+	// parses the event and fails on anything else).
+	JSONBody bool
+	// Legacy is an older, weaker signature header (GitHub's X-Hub-Signature,
+	// HMAC-SHA1) used only with Options.AllowSHA1 and only when no header of
+	// Headers is present.
+	Legacy *LegacyHeader
+}
+
+// HeaderSet names the headers of one header family.
+type HeaderSet struct {
+	// Signature is the header carrying the signature(s).
+	Signature string
+	// Timestamp is the header carrying the signed timestamp, when it is not
+	// inside the signature header (Format.TimestampKey). "" = none.
+	Timestamp string
+	// ID is the header carrying the signed message ID ({id}). "" = none.
+	ID string
+}
+
+// Format is how a signature header's value is parsed.
+//
+// A single value ("sha256=<hex>", "<base64>") has List == "": the value must
+// start with Prefix and the rest is one signature. A list ("t=..,v1=..",
+// "ts=..;h1=..", "v1,<b64> v1,<b64>") is split on List into entries, each
+// split once on Pair into a key and a value: SigKey entries are signatures,
+// the TimestampKey entry (at most one) is the timestamp, and other keys are
+// ignored (Stripe's v0, Standard Webhooks' v1a).
+type Format struct {
+	Prefix       string
+	List         string
+	Pair         string
+	SigKey       string
+	TimestampKey string
+	// Lenient skips list entries without a Pair separator instead of
+	// refusing the header, as the Standard Webhooks libraries do.
+	Lenient bool
+}
+
+// LegacyHeader is a fallback signature header with its own prefix and hash.
+type LegacyHeader struct {
+	Header    string
+	Prefix    string
+	Algorithm string
+}
+
+func (p Preset) clone() Preset {
+	p.EventID = slices.Clone(p.EventID)
+	p.Headers = slices.Clone(p.Headers)
+	if p.Legacy != nil {
+		l := *p.Legacy
+		p.Legacy = &l
+	}
+	return p
+}
+
+// registry holds every preset by name; each provider file registers its own
+// in init.
+var registry = map[string]Preset{}
+
+// register adds a preset, panicking on data the engine cannot run: a broken
+// preset is a programming error that every test run catches.
+func register(p Preset) {
+	if _, dup := registry[p.Name]; dup {
+		panic("signature: preset " + p.Name + " registered twice")
+	}
+	if p.Doc == "" || p.SignatureHeader == "" {
+		panic("signature: preset " + p.Name + " lacks Doc or SignatureHeader")
+	}
+	if p.Scheme.Secret == "" {
+		p.Scheme.Secret = "raw"
+	}
+	if p.Scheme.TimestampUnit == 0 {
+		p.Scheme.TimestampUnit = time.Second
+	}
+	if p.build == nil {
+		if err := p.Scheme.validate(p); err != nil {
+			panic(fmt.Sprintf("signature: preset %s: %v", p.Name, err))
+		}
+	}
+	registry[p.Name] = p
+}
+
+// validate checks that the scheme is self-consistent.
+func (s Scheme) validate(p Preset) error {
+	if len(s.Headers) == 0 {
+		return fmt.Errorf("no headers")
+	}
+	if _, err := newHash(s.Algorithm); err != nil {
+		return err
+	}
+	if _, err := newCodec(s.Encoding); err != nil {
+		return err
+	}
+	parts, err := parseTemplate(s.Signed)
+	if err != nil {
+		return err
+	}
+	hasTS := s.Format.TimestampKey != ""
+	for _, hs := range s.Headers {
+		if hs.Signature == "" {
+			return fmt.Errorf("header set without a signature header")
+		}
+		if hs.Timestamp != "" && s.Format.TimestampKey != "" {
+			return fmt.Errorf("timestamp both in a header and in the signature header")
+		}
+		hasTS = hasTS || hs.Timestamp != ""
+	}
+	if hasTS != (p.DefaultTolerance > 0) {
+		return fmt.Errorf("a timestamp needs a default tolerance and vice versa")
+	}
+	for _, part := range parts {
+		switch part.kind {
+		case partTimestamp:
+			if !hasTS {
+				return fmt.Errorf("{timestamp} signed but no timestamp source")
+			}
+		case partID:
+			for _, hs := range s.Headers {
+				if hs.ID == "" {
+					return fmt.Errorf("{id} signed but a header set has no ID header")
+				}
+			}
+		case partURL:
+			if !p.NeedsURL {
+				return fmt.Errorf("{url} signed but NeedsURL is false")
+			}
+		}
+	}
+	if s.Format.List != "" && (s.Format.Pair == "" || s.Format.SigKey == "") {
+		return fmt.Errorf("a list format needs Pair and SigKey")
+	}
+	if s.Secret != "raw" && s.Secret != "whsec" {
+		return fmt.Errorf("unknown secret format %q", s.Secret)
+	}
+	if s.TimestampUnit != time.Second && s.TimestampUnit != time.Millisecond {
+		return fmt.Errorf("timestamp unit must be seconds or milliseconds")
+	}
+	if s.Legacy != nil {
+		if _, err := newHash(s.Legacy.Algorithm); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// jsonID and headerID spell event-ID sources the way eventid parses them.
+func jsonID(path string) string      { return "json " + path }
+func headerID(name string) string    { return "header " + name }
+func ids(sources ...string) []string { return sources }

@@ -1,0 +1,298 @@
+package signature_test
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
+)
+
+// now is the fixed clock of the round-trip tests.
+var now = time.Unix(1_764_547_200, 0)
+
+func clock(t time.Time) func() time.Time { return func() time.Time { return t } }
+
+// fixture is what signing a delivery for one provider needs.
+type fixture struct {
+	provider string
+	secrets  [2]string // the signing secret and another well-formed one
+	body     string
+	url      string
+	hmac     signature.HMACOptions
+	prep     map[string]string // headers set before signing (IDs, Content-Type)
+}
+
+const jsonBody = `{"id":"evt_RT_0001","event_id":"ev_RT_0001","type":"invoice.paid","data":{"amount":1000}}`
+
+var fixtures = []fixture{
+	{provider: "stripe", secrets: [2]string{"whsec_rt_current", "whsec_rt_previous"}, body: jsonBody},
+	{provider: "github", secrets: [2]string{"gh-secret-current", "gh-secret-previous"}, body: jsonBody},
+	{
+		provider: "standard", body: jsonBody,
+		secrets: [2]string{"whsec_QlIxMi10ZXN0LWtleS0wMTIzNDU2Nzg5YWJjZGVmISE=", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"},
+		prep:    map[string]string{"webhook-id": "msg_RT_0001"},
+	},
+	{
+		provider: "svix", body: jsonBody,
+		secrets: [2]string{"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "whsec_QlIxMi10ZXN0LWtleS0wMTIzNDU2Nzg5YWJjZGVmISE="},
+		prep:    map[string]string{"svix-id": "msg_RT_0001"},
+	},
+	{
+		provider: "hmac", secrets: [2]string{"gen-current", "gen-previous"}, body: jsonBody,
+		hmac: signature.HMACOptions{Header: "X-Webhook-Signature"},
+	},
+	{provider: "shopify", secrets: [2]string{"shpss_rt_current", "shpss_rt_previous"}, body: jsonBody},
+	{provider: "slack", secrets: [2]string{"slack_rt_current", "slack_rt_previous"}, body: jsonBody},
+	{provider: "paddle", secrets: [2]string{"pdl_ntfset_01rt_current", "pdl_ntfset_01rt_previous"}, body: jsonBody},
+	{
+		provider: "square", secrets: [2]string{"sq_sig_current", "sq_sig_previous"}, body: jsonBody,
+		url: "https://hooks.example.test/square/webhook?tenant=a",
+	},
+	{
+		provider: "twilio", secrets: [2]string{"tw_current_token", "tw_previous_token"},
+		body: "AccountSid=AC_RT&Body=Hello+caf%C3%A9&From=%2B15550000001&MessageSid=SM_RT_0001&To=%2B15550000002",
+		url:  "https://hooks.example.test/twilio/sms?tenant=a",
+		prep: map[string]string{"Content-Type": "application/x-www-form-urlencoded"},
+	},
+	{provider: "razorpay", secrets: [2]string{"rzp_current", "rzp_previous"}, body: jsonBody},
+	{provider: "gitlab", secrets: [2]string{"gl-token-current", "gl-token-previous"}, body: jsonBody},
+	{provider: "bitbucket", secrets: [2]string{"bb-current", "bb-previous"}, body: jsonBody},
+	{provider: "gitea", secrets: [2]string{"gitea-current", "gitea-previous"}, body: jsonBody},
+	{provider: "forgejo", secrets: [2]string{"forgejo-current", "forgejo-previous"}, body: jsonBody},
+	{provider: "linear", secrets: [2]string{"lin_wh_current", "lin_wh_previous"}, body: jsonBody},
+	{provider: "zoom", secrets: [2]string{"zm_current", "zm_previous"}, body: jsonBody},
+	{provider: "typeform", secrets: [2]string{"tf_current", "tf_previous"}, body: jsonBody},
+	{
+		provider: "hubspot", secrets: [2]string{"hs_client_current", "hs_client_previous"}, body: `[` + jsonBody + `]`,
+		url: "https://hooks.example.test/hubspot?portal=1",
+	},
+	{provider: "intercom", secrets: [2]string{"ic_current", "ic_previous"}, body: jsonBody},
+	{provider: "pagerduty", secrets: [2]string{"pd_current", "pd_previous"}, body: jsonBody},
+	{provider: "sentry", secrets: [2]string{"sentry_current", "sentry_previous"}, body: jsonBody},
+	{provider: "woocommerce", secrets: [2]string{"wc_current", "wc_previous"}, body: jsonBody},
+	{provider: "paystack", secrets: [2]string{"sk_test_current", "sk_test_previous"}, body: jsonBody},
+	{provider: "lemonsqueezy", secrets: [2]string{"ls_current", "ls_previous"}, body: jsonBody},
+	{provider: "coinbase", secrets: [2]string{"cc_current", "cc_previous"}, body: jsonBody},
+	{provider: "checkout", secrets: [2]string{"cko_current", "cko_previous"}, body: jsonBody},
+}
+
+func (f fixture) preset(t testing.TB) signature.Preset {
+	t.Helper()
+	p, ok := signature.Lookup(f.provider)
+	require.True(t, ok, f.provider)
+	return p
+}
+
+// options returns Options with the given secrets and clock.
+func (f fixture) options(at time.Time, secrets ...string) signature.Options {
+	return signature.Options{Secrets: secrets, URL: f.url, HMAC: f.hmac, Now: clock(at)}
+}
+
+// signed returns the headers of a delivery of body signed at ts with secret.
+func (f fixture) signed(t testing.TB, secret, body string, ts time.Time) http.Header {
+	t.Helper()
+	h := http.Header{}
+	for k, v := range f.prep {
+		h.Set(k, v)
+	}
+	require.NoError(t, signature.Sign(f.provider, f.options(now, secret), []byte(body), h, ts))
+	return h
+}
+
+// sigHeader is the primary signature header's name.
+func (f fixture) sigHeader(t testing.TB) string {
+	if f.hmac.Header != "" {
+		return f.hmac.Header
+	}
+	return f.preset(t).Headers[0].Signature
+}
+
+func (f fixture) verify(t testing.TB, secrets []string, at time.Time, body string, h http.Header) error {
+	t.Helper()
+	v, err := signature.New(f.provider, f.options(at, secrets...))
+	require.NoError(t, err)
+	return v.Verify([]byte(body), h)
+}
+
+func TestRoundTrip(t *testing.T) {
+	t.Parallel()
+	require.ElementsMatch(t, signature.Providers(), providersOf(fixtures), "every preset needs a round-trip fixture")
+
+	type testCase struct {
+		name   string
+		mutate func(t *testing.T, f fixture, body *string, h http.Header)
+		secret func(f fixture) []string
+		want   error
+	}
+	current := func(f fixture) []string { return f.secrets[:1] }
+	cases := []testCase{
+		{name: "valid", secret: current},
+		{
+			name: "tampered body",
+			mutate: func(_ *testing.T, _ fixture, body *string, _ http.Header) {
+				*body = strings.Replace(*body, "e", "E", 1)
+			},
+			secret: current, want: signature.ErrNoMatchingSignature,
+		},
+		{name: "wrong secret", secret: func(f fixture) []string { return f.secrets[1:] }, want: signature.ErrNoMatchingSignature},
+		{name: "rotation new first", secret: func(f fixture) []string { return f.secrets[:] }},
+		{name: "rotation old first", secret: func(f fixture) []string { return []string{f.secrets[1], f.secrets[0]} }},
+		{
+			name: "missing header",
+			mutate: func(t *testing.T, f fixture, _ *string, h http.Header) {
+				h.Del(f.sigHeader(t))
+				if l := f.preset(t).Legacy; l != nil {
+					h.Del(l.Header)
+				}
+			},
+			secret: current, want: signature.ErrMissingHeader,
+		},
+		{
+			name:   "empty header",
+			mutate: func(t *testing.T, f fixture, _ *string, h http.Header) { h.Set(f.sigHeader(t), "") },
+			secret: current, want: signature.ErrMalformedHeader,
+		},
+		{
+			name: "header repeated on two lines",
+			mutate: func(t *testing.T, f fixture, _ *string, h http.Header) {
+				h.Add(f.sigHeader(t), h.Get(f.sigHeader(t)))
+			},
+			secret: current, want: signature.ErrMalformedHeader,
+		},
+	}
+	for _, f := range fixtures {
+		for _, tc := range cases {
+			t.Run(f.provider+"/"+tc.name, func(t *testing.T) {
+				t.Parallel()
+				body := f.body
+				h := f.signed(t, f.secrets[0], body, now)
+				if tc.mutate != nil {
+					tc.mutate(t, f, &body, h)
+				}
+				err := f.verify(t, tc.secret(f), now, body, h)
+				want := tc.want
+				if f.provider == "gitlab" && tc.name == "tampered body" {
+					want = nil // a plain token covers no byte of the body: DedupeBody's job
+				}
+				if want == nil {
+					require.NoError(t, err)
+					return
+				}
+				require.ErrorIs(t, err, want)
+				requireOneSentinel(t, err)
+				requireNoLeak(t, err, f.secrets[:], h)
+			})
+		}
+	}
+}
+
+func providersOf(fs []fixture) []string {
+	names := make([]string, len(fs))
+	for i, f := range fs {
+		names[i] = f.provider
+	}
+	return names
+}
+
+func TestRoundTripGarbageHeader(t *testing.T) {
+	t.Parallel()
+	for _, f := range fixtures {
+		t.Run(f.provider, func(t *testing.T) {
+			t.Parallel()
+			h := f.signed(t, f.secrets[0], f.body, now)
+			h.Set(f.sigHeader(t), "garbage!!not-a-signature")
+			err := f.verify(t, f.secrets[:1], now, f.body, h)
+			want := signature.ErrMalformedHeader
+			if f.provider == "gitlab" { // a token has no format to violate
+				want = signature.ErrNoMatchingSignature
+			}
+			require.ErrorIs(t, err, want)
+		})
+	}
+}
+
+// TestRoundTripTimestamps checks the tolerance boundaries both ways, with
+// the default tolerance and a configured one, via the injected clock.
+func TestRoundTripTimestamps(t *testing.T) {
+	t.Parallel()
+	for _, f := range fixtures {
+		p := f.preset(t)
+		if p.DefaultTolerance == 0 {
+			continue
+		}
+		for _, tol := range []time.Duration{0, 30 * time.Second} {
+			eff := p.DefaultTolerance
+			if tol > 0 {
+				eff = tol
+			}
+			cases := []struct {
+				name   string
+				signed time.Time
+				want   error
+			}{
+				{"now", now, nil},
+				{"exactly tolerance old", now.Add(-eff), nil},
+				{"exactly tolerance ahead", now.Add(eff), nil},
+				{"one second too old", now.Add(-eff - time.Second), signature.ErrTimestampOutOfTolerance},
+				{"one second too far ahead", now.Add(eff + time.Second), signature.ErrTimestampOutOfTolerance},
+				{"a day old", now.Add(-24 * time.Hour), signature.ErrTimestampOutOfTolerance},
+				{"a day ahead", now.Add(24 * time.Hour), signature.ErrTimestampOutOfTolerance},
+			}
+			for _, tc := range cases {
+				t.Run(f.provider+"/tolerance "+eff.String()+"/"+tc.name, func(t *testing.T) {
+					t.Parallel()
+					h := f.signed(t, f.secrets[0], f.body, tc.signed)
+					o := f.options(now, f.secrets[0])
+					o.Tolerance = tol
+					v, err := signature.New(f.provider, o)
+					require.NoError(t, err)
+					err = v.Verify([]byte(f.body), h)
+					if tc.want == nil {
+						require.NoError(t, err)
+						return
+					}
+					require.ErrorIs(t, err, tc.want)
+					requireOneSentinel(t, err)
+				})
+			}
+		}
+	}
+}
+
+// TestRoundTripSeveralSignatures covers list formats: one header carrying a
+// signature per secret, as providers send during a rotation.
+func TestRoundTripSeveralSignatures(t *testing.T) {
+	t.Parallel()
+	for _, f := range fixtures {
+		p := f.preset(t)
+		if p.Format.List == "" {
+			continue
+		}
+		name := f.sigHeader(t)
+		merged := func(t *testing.T, first, second string) http.Header {
+			h := f.signed(t, first, f.body, now)
+			other := f.signed(t, second, f.body, now).Get(name)
+			for entry := range strings.SplitSeq(other, p.Format.List) {
+				if strings.HasPrefix(entry, p.Format.SigKey+p.Format.Pair) {
+					h.Set(name, h.Get(name)+p.Format.List+entry)
+				}
+			}
+			return h
+		}
+		t.Run(f.provider+"/old then new", func(t *testing.T) {
+			t.Parallel()
+			h := merged(t, f.secrets[1], f.secrets[0])
+			require.NoError(t, f.verify(t, f.secrets[:1], now, f.body, h))
+		})
+		t.Run(f.provider+"/none matches", func(t *testing.T) {
+			t.Parallel()
+			h := merged(t, f.secrets[0], f.secrets[1])
+			err := f.verify(t, []string{"whsec_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="}, now, f.body, h)
+			require.ErrorIs(t, err, signature.ErrNoMatchingSignature)
+		})
+	}
+}

@@ -1,0 +1,122 @@
+package signature
+
+import (
+	"encoding/json"
+	"net/http"
+	"time"
+)
+
+// Software-as-a-service providers. Each is data for the generic engine,
+// checked against the provider's documentation; no conformance vectors yet.
+func init() {
+	// Linear also puts webhookTimestamp (ms) in the signed body; only the
+	// body signature is checked here, so a replay is caught by DedupeBody.
+	register(Preset{
+		Name:            "linear",
+		Doc:             "https://linear.app/developers/webhooks#securing-webhooks",
+		SignatureHeader: "Linear-Signature: <hex>",
+		EventID:         ids(headerID("Linear-Delivery")),
+		DedupeBody:      true,
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "Linear-Signature"}},
+			Signed:    "{body}",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+		},
+	})
+	// Zoom has no per-event ID; configure one (e.g. a composite) per route.
+	register(Preset{
+		Name:             "zoom",
+		Doc:              "https://developers.zoom.us/docs/api/webhooks/#verify-webhook-events",
+		SignatureHeader:  "x-zm-signature: v0=<hex> (with x-zm-request-timestamp)",
+		DefaultTolerance: 5 * time.Minute,
+		Handshake:        zoomHandshake,
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "x-zm-signature", Timestamp: "x-zm-request-timestamp"}},
+			Format:    Format{Prefix: "v0="},
+			Signed:    "v0:{timestamp}:{body}",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+		},
+	})
+	register(Preset{
+		Name:            "typeform",
+		Doc:             "https://www.typeform.com/developers/webhooks/secure-your-webhooks/",
+		SignatureHeader: "Typeform-Signature: sha256=<base64>",
+		EventID:         ids(jsonID("event_id")),
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "Typeform-Signature"}},
+			Format:    Format{Prefix: "sha256="},
+			Signed:    "{body}",
+			Algorithm: "sha256",
+			Encoding:  "base64",
+		},
+	})
+	// HubSpot v3 signs method + URI + body + timestamp (milliseconds). The
+	// URL must be configured as HubSpot signs it (HubSpot decodes a few
+	// percent-escapes such as %3A and %2F in it). Bodies are batches of
+	// events, so there is no single default event ID.
+	register(Preset{
+		Name:             "hubspot",
+		Doc:              "https://developers.hubspot.com/docs/apps/developer-platform/build-apps/authentication/request-validation",
+		SignatureHeader:  "X-HubSpot-Signature-v3: <base64> (with X-HubSpot-Request-Timestamp, ms)",
+		DefaultTolerance: 5 * time.Minute,
+		NeedsURL:         true,
+		Scheme: Scheme{
+			Headers:       []HeaderSet{{Signature: "X-HubSpot-Signature-v3", Timestamp: "X-HubSpot-Request-Timestamp"}},
+			Signed:        "{method}{url}{body}{timestamp}",
+			Algorithm:     "sha256",
+			Encoding:      "base64",
+			TimestampUnit: time.Millisecond,
+		},
+	})
+	register(Preset{
+		Name:            "intercom",
+		Doc:             "https://developers.intercom.com/docs/webhooks/webhook-notifications#signed-notifications",
+		SignatureHeader: "X-Hub-Signature: sha1=<hex>",
+		EventID:         ids(jsonID("id")),
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "X-Hub-Signature"}},
+			Format:    Format{Prefix: "sha1="},
+			Signed:    "{body}",
+			Algorithm: "sha1",
+			Encoding:  "hex",
+		},
+	})
+	// PagerDuty sends one v1 entry per active secret.
+	register(Preset{
+		Name:            "pagerduty",
+		Doc:             "https://developer.pagerduty.com/docs/webhooks/webhook-signatures/",
+		SignatureHeader: "X-PagerDuty-Signature: v1=<hex>[,v1=<hex>]",
+		EventID:         ids(jsonID("event.id")),
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "X-PagerDuty-Signature"}},
+			Format:    Format{List: ",", Pair: "=", SigKey: "v1"},
+			Signed:    "{body}",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+		},
+	})
+	// Sentry-Hook-Timestamp is sent but not signed, so it is not checked.
+	register(Preset{
+		Name:            "sentry",
+		Doc:             "https://docs.sentry.io/integrations/integration-platform/webhooks/",
+		SignatureHeader: "Sentry-Hook-Signature: <hex>",
+		EventID:         ids(headerID("Request-ID")),
+		DedupeBody:      true,
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "Sentry-Hook-Signature"}},
+			Signed:    "{body}",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+		},
+	})
+}
+
+// zoomHandshake reports an endpoint.url_validation request.
+func zoomHandshake(body []byte, _ http.Header) bool {
+	var v struct {
+		Event string `json:"event"`
+	}
+	return isJSONObject(body) && json.Unmarshal(body, &v) == nil && v.Event == "endpoint.url_validation"
+}

@@ -1,0 +1,192 @@
+// Package signature verifies webhook signatures over the raw request body
+// before a delivery is deduplicated or forwarded.
+//
+// Every provider is a Preset. Most presets are plain data: a Scheme that the
+// one generic HMAC engine (engine.go) reads to find the signature header(s),
+// parse them, rebuild the signed bytes, and compare. A new plain-HMAC
+// provider is one Preset value plus its conformance vectors. Only schemes the
+// engine cannot express have code of their own (twilio.go, gitlab.go, and the
+// user-configured hmac.go), and say so.
+//
+// Every configured secret is tried (rotation), every signature in a header is
+// tried, comparisons are constant-time, and timestamps are checked against the
+// tolerance in both directions. Errors wrap exactly one of the Err* sentinels
+// and never contain a secret, a signature or a body.
+package signature
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Reasons a delivery fails verification. Every error returned by a Verifier
+// wraps exactly one of them; branch with errors.Is.
+var (
+	// ErrMissingHeader: the signature header (or the timestamp or ID header
+	// the scheme signs) is absent.
+	ErrMissingHeader = errors.New("missing signature header")
+	// ErrMalformedHeader: a header is present but cannot be parsed: empty,
+	// garbage, a wrong prefix, a signature that does not decode to a digest,
+	// a timestamp that is not a number, a header repeated on several lines,
+	// or a Stripe header with two t= fields.
+	ErrMalformedHeader = errors.New("malformed signature header")
+	// ErrNoMatchingSignature: the header parsed, but no signature in it
+	// matches the request under any configured secret.
+	ErrNoMatchingSignature = errors.New("no matching signature")
+	// ErrTimestampOutOfTolerance: the signed timestamp is further in the past
+	// or the future than the tolerance allows.
+	ErrTimestampOutOfTolerance = errors.New("timestamp outside tolerance")
+)
+
+// Verifier checks one delivery. body is the raw request body, byte for byte
+// (decoded when the provider signs the uncompressed body); h is the request
+// header as net/http delivers it. A nil error means the delivery is
+// authentic. Verifiers are safe for concurrent use.
+type Verifier interface {
+	Verify(body []byte, h http.Header) error
+}
+
+// HMACOptions describes the custom scheme of provider "hmac": an HMAC of the
+// raw body carried in one header, with no timestamp.
+type HMACOptions struct {
+	// Header is the name of the signature header, e.g. X-Webhook-Signature.
+	// Required.
+	Header string
+	// Algorithm is sha1, sha256 or sha512. Defaults to sha256.
+	Algorithm string
+	// Encoding is hex or base64 (standard, padded). Defaults to hex.
+	Encoding string
+	// Prefix is text that precedes the encoded signature, e.g. "sha256=".
+	// Defaults to none.
+	Prefix string
+}
+
+// Options configures a Verifier. The zero value of every field except
+// Secrets means "the preset's default".
+type Options struct {
+	// Secrets are the provider's signing secrets, as the provider displays
+	// them (Stripe's whsec_..., Standard Webhooks' whsec_<base64>, ...).
+	// Every one is tried, so a rotation can list the new and the old secret.
+	// At least one is required.
+	Secrets []string
+	// Tolerance is how far a signed timestamp may be from the clock, in
+	// either direction. 0 means the preset's default. Ignored by schemes
+	// without a timestamp.
+	Tolerance time.Duration
+	// URL is the public URL the provider delivers to, exactly as configured
+	// at the provider, for schemes that sign it (square, twilio, hubspot).
+	// The request's Host and X-Forwarded-* headers are never used.
+	URL string
+	// AllowSHA1 lets provider github accept the legacy X-Hub-Signature
+	// (HMAC-SHA1) header, and only when X-Hub-Signature-256 is absent: a bad
+	// SHA-256 signature is never overridden by a SHA-1 one.
+	AllowSHA1 bool
+	// HMAC is the custom scheme of provider "hmac"; other providers refuse it.
+	HMAC HMACOptions
+	// Now is the clock used for timestamp checks. nil means time.Now.
+	Now func() time.Time
+}
+
+// signer is what every Verifier built by New also does: set the headers a
+// real provider would send for body at ts, signed with the first secret.
+type signer interface {
+	Verifier
+	sign(body []byte, h http.Header, ts time.Time) error
+}
+
+// New returns the Verifier of provider (see Providers) configured by o.
+func New(provider string, o Options) (Verifier, error) {
+	return build(provider, o)
+}
+
+// Sign sets on h the signature headers provider would send for body at time
+// ts, signed with o.Secrets[0]. Headers the scheme signs but does not derive
+// (Standard Webhooks' webhook-id) must already be set on h. It is meant for
+// tests and the CLI.
+func Sign(provider string, o Options, body []byte, h http.Header, ts time.Time) error {
+	s, err := build(provider, o)
+	if err != nil {
+		return err
+	}
+	return s.sign(body, h, ts)
+}
+
+func build(provider string, o Options) (signer, error) {
+	p, ok := registry[provider]
+	if !ok {
+		return nil, fmt.Errorf("unknown provider %q (known: %s)", provider, strings.Join(Providers(), ", "))
+	}
+	if err := checkOptions(p, o); err != nil {
+		return nil, fmt.Errorf("provider %s: %w", provider, err)
+	}
+	var (
+		s   signer
+		err error
+	)
+	if p.build != nil {
+		s, err = p.build(p, o)
+	} else {
+		s, err = newEngine(p, p.Scheme, o)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("provider %s: %w", provider, err)
+	}
+	return s, nil
+}
+
+// checkOptions validates what every provider shares. Messages name the
+// offending field and never echo a secret or the URL (it may carry
+// credentials).
+func checkOptions(p Preset, o Options) error {
+	if len(o.Secrets) == 0 {
+		return errors.New("at least one secret is required")
+	}
+	for i, s := range o.Secrets {
+		if s == "" {
+			return fmt.Errorf("secret %d is empty", i+1)
+		}
+	}
+	if o.Tolerance < 0 {
+		return errors.New("tolerance must not be negative")
+	}
+	if o.AllowSHA1 && p.Legacy == nil {
+		return errors.New("allow_sha1 applies only to provider github")
+	}
+	if o.HMAC != (HMACOptions{}) && p.Name != "hmac" {
+		return errors.New("hmac options apply only to provider hmac")
+	}
+	if p.NeedsURL {
+		if o.URL == "" {
+			return errors.New("url is required: the provider signs the public URL it delivers to")
+		}
+		u, err := url.Parse(o.URL)
+		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+			return errors.New("url must be an absolute http or https URL")
+		}
+	}
+	return nil
+}
+
+// Lookup returns the preset named name.
+func Lookup(name string) (Preset, bool) {
+	p, ok := registry[name]
+	if !ok {
+		return Preset{}, false
+	}
+	return p.clone(), true
+}
+
+// Providers returns the names of every preset, sorted.
+func Providers() []string {
+	names := make([]string, 0, len(registry))
+	for name := range registry {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return names
+}

@@ -1,0 +1,39 @@
+package signature
+
+import (
+	"encoding/json"
+	"net/http"
+	"time"
+)
+
+// Slack: X-Slack-Signature: v0=<hex>, HMAC-SHA256 of "v0:<ts>:<body>" with
+// X-Slack-Request-Timestamp. The body may be JSON (Events API) or a form
+// (slash commands, interactivity); it is hashed raw either way.
+//
+// url_verification requests are handshakes: verified, then forwarded every
+// time without a claim.
+func init() {
+	register(Preset{
+		Name:             "slack",
+		Doc:              "https://docs.slack.dev/authentication/verifying-requests-from-slack",
+		SignatureHeader:  "X-Slack-Signature: v0=<hex> (with X-Slack-Request-Timestamp)",
+		DefaultTolerance: 5 * time.Minute,
+		EventID:          ids(jsonID("event_id")),
+		Handshake:        slackHandshake,
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "X-Slack-Signature", Timestamp: "X-Slack-Request-Timestamp"}},
+			Format:    Format{Prefix: "v0="},
+			Signed:    "v0:{timestamp}:{body}",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+		},
+	})
+}
+
+// slackHandshake reports a url_verification request.
+func slackHandshake(body []byte, _ http.Header) bool {
+	var v struct {
+		Type string `json:"type"`
+	}
+	return isJSONObject(body) && json.Unmarshal(body, &v) == nil && v.Type == "url_verification"
+}

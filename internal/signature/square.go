@@ -1,0 +1,21 @@
+package signature
+
+// Square: x-square-hmacsha256-signature: <base64>, HMAC-SHA256 of the
+// notification URL (exactly as configured at Square, query included, no
+// added slash) followed by the body; the signature key is used verbatim. The
+// legacy x-square-signature (HMAC-SHA1) is not read.
+func init() {
+	register(Preset{
+		Name:            "square",
+		Doc:             "https://developer.squareup.com/docs/webhooks/step3validate",
+		SignatureHeader: "x-square-hmacsha256-signature: <base64>",
+		EventID:         ids(jsonID("event_id")),
+		NeedsURL:        true,
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "x-square-hmacsha256-signature"}},
+			Signed:    "{url}{body}",
+			Algorithm: "sha256",
+			Encoding:  "base64",
+		},
+	})
+}

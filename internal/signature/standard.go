@@ -1,0 +1,45 @@
+package signature
+
+import "time"
+
+// Standard Webhooks (and Svix, which it grew out of): webhook-id,
+// webhook-timestamp, webhook-signature: v1,<base64>[ v1,<base64>...], an
+// HMAC-SHA256 of "<id>.<timestamp>.<body>" keyed with the base64 secret after
+// its optional whsec_ prefix. Entries of other versions (v1a, Ed25519) and
+// unparsable entries are skipped; a header with no usable v1 entry fails.
+//
+// Both presets accept both header families: standard prefers webhook-* and
+// falls back to svix-*, svix the other way round (as svix-go does).
+func init() {
+	webhook := HeaderSet{Signature: "webhook-signature", Timestamp: "webhook-timestamp", ID: "webhook-id"}
+	svix := HeaderSet{Signature: "svix-signature", Timestamp: "svix-timestamp", ID: "svix-id"}
+	scheme := Scheme{
+		Format:    Format{List: " ", Pair: ",", SigKey: "v1", Lenient: true},
+		Signed:    "{id}.{timestamp}.{body}",
+		Algorithm: "sha256",
+		Encoding:  "base64",
+		Secret:    "whsec",
+	}
+
+	standard := scheme
+	standard.Headers = []HeaderSet{webhook, svix}
+	register(Preset{
+		Name:             "standard",
+		Doc:              "https://github.com/standard-webhooks/standard-webhooks/blob/main/spec/standard-webhooks.md",
+		SignatureHeader:  "webhook-signature: v1,<base64> (with webhook-id, webhook-timestamp; svix-* accepted)",
+		DefaultTolerance: 5 * time.Minute,
+		EventID:          ids(headerID("webhook-id"), headerID("svix-id")),
+		Scheme:           standard,
+	})
+
+	sv := scheme
+	sv.Headers = []HeaderSet{svix, webhook}
+	register(Preset{
+		Name:             "svix",
+		Doc:              "https://docs.svix.com/receiving/verifying-payloads/how-manual",
+		SignatureHeader:  "svix-signature: v1,<base64> (with svix-id, svix-timestamp; webhook-* accepted)",
+		DefaultTolerance: 5 * time.Minute,
+		EventID:          ids(headerID("svix-id"), headerID("webhook-id")),
+		Scheme:           sv,
+	})
+}

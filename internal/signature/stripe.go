@@ -1,0 +1,27 @@
+package signature
+
+import "time"
+
+// Stripe: Stripe-Signature: t=<ts>,v1=<hex>[,v1=<hex>...], HMAC-SHA256 of
+// "<ts>.<body>" keyed with the whole secret string, whsec_ prefix included.
+// Other schemes (v0) are ignored; two t= fields are refused.
+//
+// stripe-go, the conformance oracle, also refuses a correctly signed body
+// that is not a JSON event, and so does this preset (JSONBody).
+func init() {
+	register(Preset{
+		Name:             "stripe",
+		Doc:              "https://docs.stripe.com/webhooks#verify-manually",
+		SignatureHeader:  "Stripe-Signature: t=<ts>,v1=<hex>",
+		DefaultTolerance: 5 * time.Minute,
+		EventID:          ids(jsonID("id")),
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "Stripe-Signature"}},
+			Format:    Format{List: ",", Pair: "=", SigKey: "v1", TimestampKey: "t"},
+			Signed:    "{timestamp}.{body}",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+			JSONBody:  true,
+		},
+	})
+}
