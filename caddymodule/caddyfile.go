@@ -26,7 +26,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
 //
 //	webhook_idempotency [<matcher>] {
-//		provider  stripe | github | shopify | standard | slack | paddle | square | hmac | ...
+//		provider  stripe | github | shopify | standard | slack | paddle | square | hmac | ... [{
+//			header | algorithm | encoding | prefix <value>  # override the preset's scheme
+//			<any subdirective below>                        # e.g. tolerance, event_id
+//		}]
 //		secret    <secret>               # repeatable; every one is tried (rotation)
 //		tolerance <duration>             # timestamped schemes; default 5m
 //		url       <public url>           # schemes that sign the URL (square, twilio)
@@ -43,7 +46,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		on_missing_id reject | forward   # default reject
 //		dedupe_body on | off             # default per provider
 //		allow_sha1                       # github: accept X-Hub-Signature when X-Hub-Signature-256 is absent
-//		hmac {                           # provider hmac only
+//		hmac {                           # provider hmac (same as a provider hmac { } block)
 //			header    <name>
 //			algorithm sha1 | sha256 | sha512
 //			encoding  hex | base64
@@ -57,184 +60,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	}
 	seen := map[string]bool{}
 	for d.NextBlock(0) {
-		name := d.Val()
-		switch name {
-		case "secret", "event_id":
-		default:
-			if seen[name] {
-				return d.Errf("%s already specified", name)
-			}
-		}
-		seen[name] = true
-
-		switch name {
-		case "provider":
-			if !d.AllArgs(&h.Provider) {
-				return d.ArgErr()
-			}
-		case "secret":
-			var s string
-			if !d.AllArgs(&s) {
-				return d.ArgErr()
-			}
-			h.Secrets = append(h.Secrets, s)
-		case "tolerance":
-			dur, err := durationArg(d)
-			if err != nil {
-				return err
-			}
-			h.Tolerance = dur
-		case "url":
-			if !d.AllArgs(&h.URL) {
-				return d.ArgErr()
-			}
-		case "event_id":
-			args := d.RemainingArgs()
-			if len(args) < 2 {
-				return d.Errf("event_id: want header <name>, json <path>... or form <field>")
-			}
-			if args[0] != "json" && len(args) != 2 {
-				return d.Errf("event_id %s takes one name", args[0])
-			}
-			for _, n := range args[1:] {
-				s, err := eventid.ParseSource(args[0], n)
-				if err != nil {
-					return d.Errf("event_id: %v", err)
-				}
-				h.EventID = append(h.EventID, s)
-			}
-		case "scope":
-			if !d.AllArgs(&h.Scope) {
-				return d.ArgErr()
-			}
-		case "storage":
-			var kind, arg string
-			if !d.AllArgs(&kind, &arg) {
-				return d.Errf("storage: want postgres <dsn> or sqlite <path>")
-			}
-			if h.Storage == nil {
-				h.Storage = new(Storage)
-			}
-			h.Storage.Backend = kind
-			switch kind {
-			case "postgres":
-				h.Storage.DSN = arg
-			case "sqlite":
-				h.Storage.Path = arg
-			default:
-				return d.Errf("storage: unknown backend %q (want postgres or sqlite)", kind)
-			}
-		case "table":
-			if h.Storage == nil {
-				h.Storage = new(Storage)
-			}
-			if !d.AllArgs(&h.Storage.Table) {
-				return d.ArgErr()
-			}
-		case "lease":
-			dur, err := durationArg(d)
-			if err != nil {
-				return err
-			}
-			h.Lease = dur
-		case "retention":
-			dur, err := durationArg(d)
-			if err != nil {
-				return err
-			}
-			h.Retention = dur
-		case "forward_timeout":
-			dur, err := durationArg(d)
-			if err != nil {
-				return err
-			}
-			h.ForwardTimeout = dur
-		case "max_body":
-			var s string
-			if !d.AllArgs(&s) {
-				return d.ArgErr()
-			}
-			n, err := humanize.ParseBytes(s)
-			if err != nil || n == 0 || n > 1<<40 {
-				return d.Errf("max_body: invalid size %q", s)
-			}
-			h.MaxBody = int64(n)
-		case "cache":
-			var s string
-			if !d.AllArgs(&s) {
-				return d.ArgErr()
-			}
-			n, err := strconv.Atoi(s)
-			if err != nil || n < 0 {
-				return d.Errf("cache: want a number of entries (0 = off), got %q", s)
-			}
-			h.Cache = &n
-		case "on_ambiguous":
-			if !d.AllArgs(&h.OnAmbiguous) {
-				return d.ArgErr()
-			}
-			if h.OnAmbiguous != "reforward" && h.OnAmbiguous != "hold" {
-				return d.Errf("on_ambiguous: want reforward or hold, got %q", h.OnAmbiguous)
-			}
-		case "on_missing_id":
-			if !d.AllArgs(&h.OnMissingID) {
-				return d.ArgErr()
-			}
-			if h.OnMissingID != "reject" && h.OnMissingID != "forward" {
-				return d.Errf("on_missing_id: want reject or forward, got %q", h.OnMissingID)
-			}
-		case "dedupe_body":
-			var v string
-			if !d.AllArgs(&v) {
-				return d.ArgErr()
-			}
-			if v != "on" && v != "off" {
-				return d.Errf("dedupe_body: want on or off, got %q", v)
-			}
-			on := v == "on"
-			h.DedupeBody = &on
-		case "allow_sha1":
-			if d.NextArg() {
-				return d.ArgErr()
-			}
-			h.AllowSHA1 = true
-		case "hmac":
-			if d.NextArg() {
-				return d.ArgErr()
-			}
-			h.HMAC = new(HMACConfig)
-			hseen := map[string]bool{}
-			for nesting := d.Nesting(); d.NextBlock(nesting); {
-				sub := d.Val()
-				if hseen[sub] {
-					return d.Errf("hmac %s already specified", sub)
-				}
-				hseen[sub] = true
-				var v string
-				if !d.AllArgs(&v) {
-					return d.ArgErr()
-				}
-				switch sub {
-				case "header":
-					h.HMAC.Header = v
-				case "algorithm":
-					if v != "sha1" && v != "sha256" && v != "sha512" {
-						return d.Errf("hmac algorithm: want sha1, sha256 or sha512, got %q", v)
-					}
-					h.HMAC.Algorithm = v
-				case "encoding":
-					if v != "hex" && v != "base64" {
-						return d.Errf("hmac encoding: want hex or base64, got %q", v)
-					}
-					h.HMAC.Encoding = v
-				case "prefix":
-					h.HMAC.Prefix = v
-				default:
-					return d.Errf("hmac: unknown subdirective %q", sub)
-				}
-			}
-		default:
-			return d.Errf("unknown subdirective %q", name)
+		if err := h.unmarshalSubdirective(d, seen); err != nil {
+			return err
 		}
 	}
 	if h.Provider == "" {
@@ -242,9 +69,6 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	}
 	if h.Provider == "hmac" && (h.HMAC == nil || h.HMAC.Header == "") {
 		return d.Err("hmac: provider hmac needs an hmac { header <name> } block")
-	}
-	if h.Provider != "hmac" && h.HMAC != nil {
-		return d.Err("hmac: the hmac block is only for provider hmac")
 	}
 	if len(h.Secrets) == 0 {
 		return d.Err("secret: at least one secret is required")
@@ -263,4 +87,218 @@ func durationArg(d *caddyfile.Dispenser) (caddy.Duration, error) {
 		return 0, d.Errf("%s: invalid duration %q", name, s)
 	}
 	return caddy.Duration(dur), nil
+}
+
+// unmarshalSubdirective parses one subdirective of the block; seen tracks the
+// ones that may not repeat.
+func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, seen map[string]bool) error {
+	name := d.Val()
+	switch name {
+	case "secret", "event_id":
+	default:
+		if seen[name] {
+			return d.Errf("%s already specified", name)
+		}
+	}
+	seen[name] = true
+
+	switch name {
+	case "provider":
+		if !d.AllArgs(&h.Provider) {
+			return d.ArgErr()
+		}
+		// provider <name> { ... }: overrides of the preset's fields.
+		bseen := map[string]bool{}
+		for nesting := d.Nesting(); d.NextBlock(nesting); {
+			switch d.Val() {
+			case "header", "algorithm", "encoding", "prefix":
+				if bseen[d.Val()] {
+					return d.Errf("provider %s already specified", d.Val())
+				}
+				bseen[d.Val()] = true
+				if err := h.unmarshalScheme(d, d.Val()); err != nil {
+					return err
+				}
+			default:
+				if err := h.unmarshalSubdirective(d, seen); err != nil {
+					return err
+				}
+			}
+		}
+	case "secret":
+		var s string
+		if !d.AllArgs(&s) {
+			return d.ArgErr()
+		}
+		h.Secrets = append(h.Secrets, s)
+	case "tolerance":
+		dur, err := durationArg(d)
+		if err != nil {
+			return err
+		}
+		h.Tolerance = dur
+	case "url":
+		if !d.AllArgs(&h.URL) {
+			return d.ArgErr()
+		}
+	case "event_id":
+		args := d.RemainingArgs()
+		if len(args) < 2 {
+			return d.Errf("event_id: want header <name>, json <path>... or form <field>")
+		}
+		if args[0] != "json" && len(args) != 2 {
+			return d.Errf("event_id %s takes one name", args[0])
+		}
+		for _, n := range args[1:] {
+			s, err := eventid.ParseSource(args[0], n)
+			if err != nil {
+				return d.Errf("event_id: %v", err)
+			}
+			h.EventID = append(h.EventID, s)
+		}
+	case "scope":
+		if !d.AllArgs(&h.Scope) {
+			return d.ArgErr()
+		}
+	case "storage":
+		var kind, arg string
+		if !d.AllArgs(&kind, &arg) {
+			return d.Errf("storage: want postgres <dsn> or sqlite <path>")
+		}
+		if h.Storage == nil {
+			h.Storage = new(Storage)
+		}
+		h.Storage.Backend = kind
+		switch kind {
+		case "postgres":
+			h.Storage.DSN = arg
+		case "sqlite":
+			h.Storage.Path = arg
+		default:
+			return d.Errf("storage: unknown backend %q (want postgres or sqlite)", kind)
+		}
+	case "table":
+		if h.Storage == nil {
+			h.Storage = new(Storage)
+		}
+		if !d.AllArgs(&h.Storage.Table) {
+			return d.ArgErr()
+		}
+	case "lease":
+		dur, err := durationArg(d)
+		if err != nil {
+			return err
+		}
+		h.Lease = dur
+	case "retention":
+		dur, err := durationArg(d)
+		if err != nil {
+			return err
+		}
+		h.Retention = dur
+	case "forward_timeout":
+		dur, err := durationArg(d)
+		if err != nil {
+			return err
+		}
+		h.ForwardTimeout = dur
+	case "max_body":
+		var s string
+		if !d.AllArgs(&s) {
+			return d.ArgErr()
+		}
+		n, err := humanize.ParseBytes(s)
+		if err != nil || n == 0 || n > 1<<40 {
+			return d.Errf("max_body: invalid size %q", s)
+		}
+		h.MaxBody = int64(n)
+	case "cache":
+		var s string
+		if !d.AllArgs(&s) {
+			return d.ArgErr()
+		}
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 {
+			return d.Errf("cache: want a number of entries (0 = off), got %q", s)
+		}
+		h.Cache = &n
+	case "on_ambiguous":
+		if !d.AllArgs(&h.OnAmbiguous) {
+			return d.ArgErr()
+		}
+		if h.OnAmbiguous != "reforward" && h.OnAmbiguous != "hold" {
+			return d.Errf("on_ambiguous: want reforward or hold, got %q", h.OnAmbiguous)
+		}
+	case "on_missing_id":
+		if !d.AllArgs(&h.OnMissingID) {
+			return d.ArgErr()
+		}
+		if h.OnMissingID != "reject" && h.OnMissingID != "forward" {
+			return d.Errf("on_missing_id: want reject or forward, got %q", h.OnMissingID)
+		}
+	case "dedupe_body":
+		var v string
+		if !d.AllArgs(&v) {
+			return d.ArgErr()
+		}
+		if v != "on" && v != "off" {
+			return d.Errf("dedupe_body: want on or off, got %q", v)
+		}
+		on := v == "on"
+		h.DedupeBody = &on
+	case "allow_sha1":
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+		h.AllowSHA1 = true
+	case "hmac":
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+		hseen := map[string]bool{}
+		for nesting := d.Nesting(); d.NextBlock(nesting); {
+			sub := d.Val()
+			if hseen[sub] {
+				return d.Errf("hmac %s already specified", sub)
+			}
+			hseen[sub] = true
+			if err := h.unmarshalScheme(d, sub); err != nil {
+				return err
+			}
+		}
+	default:
+		return d.Errf("unknown subdirective %q", name)
+	}
+	return nil
+}
+
+// unmarshalScheme parses one field of an hmac { } or provider <name> { }
+// block: header, algorithm, encoding or prefix.
+func (h *Handler) unmarshalScheme(d *caddyfile.Dispenser, sub string) error {
+	if h.HMAC == nil {
+		h.HMAC = new(HMACConfig)
+	}
+	var v string
+	if !d.AllArgs(&v) {
+		return d.ArgErr()
+	}
+	switch sub {
+	case "header":
+		h.HMAC.Header = v
+	case "algorithm":
+		if v != "sha1" && v != "sha256" && v != "sha512" {
+			return d.Errf("hmac algorithm: want sha1, sha256 or sha512, got %q", v)
+		}
+		h.HMAC.Algorithm = v
+	case "encoding":
+		if v != "hex" && v != "base64" {
+			return d.Errf("hmac encoding: want hex or base64, got %q", v)
+		}
+		h.HMAC.Encoding = v
+	case "prefix":
+		h.HMAC.Prefix = v
+	default:
+		return d.Errf("hmac: unknown subdirective %q", sub)
+	}
+	return nil
 }

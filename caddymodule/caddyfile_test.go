@@ -82,6 +82,39 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				Storage: &Storage{Backend: "sqlite", Path: "/tmp/x.db"},
 			},
 		},
+		{
+			name: "provider block overrides the preset",
+			input: `webhook_idempotency {
+				provider stripe {
+					header X-Relayed-Signature
+					tolerance 1m
+					event_id json data.object.id
+				}
+				secret s
+			}`,
+			want: Handler{
+				Provider: "stripe", Secrets: []string{"s"}, Tolerance: caddy.Duration(60e9),
+				EventID: []eventid.Source{{Kind: eventid.JSON, Name: "data.object.id"}},
+				HMAC:    &HMACConfig{Header: "X-Relayed-Signature"},
+			},
+		},
+		{
+			name: "provider hmac block",
+			input: `webhook_idempotency {
+				provider hmac {
+					header X-Signature
+					encoding base64
+				}
+				secret s
+				event_id header X-Event-Id
+			}`,
+			want: Handler{
+				Provider: "hmac", Secrets: []string{"s"},
+				EventID: []eventid.Source{{Kind: eventid.Header, Name: "X-Event-Id"}},
+				HMAC:    &HMACConfig{Header: "X-Signature", Encoding: "base64"},
+			},
+		},
+		{name: "provider block repeats tolerance", input: "webhook_idempotency {\n provider stripe {\n tolerance 1m\n }\n tolerance 2m\n secret s\n}", wantErr: "tolerance already specified"},
 		{name: "no secret", input: "webhook_idempotency {\n provider stripe\n}", wantErr: "secret"},
 		{name: "no provider", input: "webhook_idempotency {\n secret s\n}", wantErr: "provider"},
 		{name: "unknown subdirective", input: "webhook_idempotency {\n provider stripe\n secret s\n frobnicate 1\n}", wantErr: `unknown subdirective "frobnicate"`},

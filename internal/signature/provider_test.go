@@ -517,3 +517,45 @@ func TestConcurrentVerify(t *testing.T) {
 		require.NoError(t, <-errs)
 	}
 }
+
+// A preset's scheme fields can be overridden (the Caddyfile's
+// `provider <name> { header ... }`), e.g. for a provider that renamed its
+// header or a proxy in between that did.
+func TestPresetOverride(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1_764_547_200, 0)
+	body := []byte(`{"id":"evt_override"}`)
+	opts := signature.Options{
+		Secrets: []string{"whsec_override"},
+		HMAC:    signature.HMACOptions{Header: "X-Relayed-Signature"},
+		Now:     func() time.Time { return now },
+	}
+	h := http.Header{}
+	require.NoError(t, signature.Sign("stripe", opts, body, h, now))
+	require.NotEmpty(t, h.Get("X-Relayed-Signature"))
+	require.Empty(t, h.Get("Stripe-Signature"))
+	v, err := signature.New("stripe", opts)
+	require.NoError(t, err)
+	require.NoError(t, v.Verify(body, h))
+
+	// The stock header is no longer read.
+	plain := http.Header{}
+	require.NoError(t, signature.Sign("stripe", signature.Options{Secrets: opts.Secrets, Now: opts.Now}, body, plain, now))
+	require.ErrorIs(t, v.Verify(body, plain), signature.ErrMissingHeader)
+
+	// Encoding override: github signing base64 instead of hex.
+	gopts := signature.Options{Secrets: []string{"gh"}, HMAC: signature.HMACOptions{Encoding: "base64"}}
+	gh := http.Header{}
+	require.NoError(t, signature.Sign("github", gopts, body, gh, now))
+	gv, err := signature.New("github", gopts)
+	require.NoError(t, err)
+	require.NoError(t, gv.Verify(body, gh))
+	stock, err := signature.New("github", signature.Options{Secrets: []string{"gh"}})
+	require.NoError(t, err)
+	require.Error(t, stock.Verify(body, gh))
+
+	_, err = signature.New("twilio", signature.Options{Secrets: []string{"t"}, URL: "https://x.test/", HMAC: signature.HMACOptions{Header: "X"}})
+	require.ErrorContains(t, err, "cannot be overridden")
+	_, err = signature.New("stripe", signature.Options{Secrets: []string{"s"}, HMAC: signature.HMACOptions{Algorithm: "md5"}})
+	require.Error(t, err)
+}

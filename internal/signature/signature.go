@@ -86,7 +86,10 @@ type Options struct {
 	// (HMAC-SHA1) header, and only when X-Hub-Signature-256 is absent: a bad
 	// SHA-256 signature is never overridden by a SHA-1 one.
 	AllowSHA1 bool
-	// HMAC is the custom scheme of provider "hmac"; other providers refuse it.
+	// HMAC is the custom scheme of provider "hmac" (Header required). For a
+	// preset run by the generic engine its non-empty fields override the
+	// preset's signature header, algorithm, encoding and prefix; presets with
+	// bespoke code (twilio, gitlab) refuse it.
 	HMAC HMACOptions
 	// Now is the clock used for timestamp checks. nil means time.Now.
 	Now func() time.Time
@@ -128,13 +131,48 @@ func build(provider string, o Options) (signer, error) {
 		s   signer
 		err error
 	)
-	if p.build != nil {
+	switch {
+	case p.build != nil:
 		s, err = p.build(p, o)
-	} else {
+	case o.HMAC != (HMACOptions{}):
+		var sc Scheme
+		if sc, err = overrideScheme(p, o.HMAC); err == nil {
+			s, err = newEngine(p, sc, o)
+		}
+	default:
 		s, err = newEngine(p, p.Scheme, o)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("provider %s: %w", provider, err)
+	}
+	return s, nil
+}
+
+// overrideScheme applies the Caddyfile's `provider <name> { header ...
+// algorithm ... encoding ... prefix ... }` overrides to a preset's scheme:
+// Header replaces the signature header of the first header family (its
+// timestamp and ID headers stay), the others replace the scheme's fields.
+func overrideScheme(p Preset, c HMACOptions) (Scheme, error) {
+	s := p.clone().Scheme
+	if c.Header != "" {
+		if !validHeaderName(c.Header) {
+			return Scheme{}, fmt.Errorf("header %q is not a valid header name", c.Header)
+		}
+		first := s.Headers[0]
+		first.Signature = c.Header
+		s.Headers = []HeaderSet{first}
+	}
+	if c.Prefix != "" {
+		s.Format.Prefix = c.Prefix
+	}
+	if c.Algorithm != "" {
+		s.Algorithm = strings.ToLower(c.Algorithm)
+	}
+	if c.Encoding != "" {
+		s.Encoding = strings.ToLower(c.Encoding)
+	}
+	if err := s.validate(p); err != nil {
+		return Scheme{}, err
 	}
 	return s, nil
 }
@@ -157,8 +195,8 @@ func checkOptions(p Preset, o Options) error {
 	if o.AllowSHA1 && p.Legacy == nil {
 		return errors.New("allow_sha1 applies only to provider github")
 	}
-	if o.HMAC != (HMACOptions{}) && p.Name != "hmac" {
-		return errors.New("hmac options apply only to provider hmac")
+	if o.HMAC != (HMACOptions{}) && p.build != nil && p.Name != "hmac" {
+		return errors.New("header, algorithm, encoding and prefix cannot be overridden for this provider's scheme")
 	}
 	if p.NeedsURL {
 		if o.URL == "" {
