@@ -371,7 +371,7 @@ func TestNewErrors(t *testing.T) {
 		{"square without url", "square", signature.Options{Secrets: []string{"s"}}, "url is required"},
 		{"twilio with a relative url", "twilio", signature.Options{Secrets: []string{"s"}, URL: "/twilio"}, "url must be an absolute http or https URL"},
 		{"allow_sha1 elsewhere", "stripe", signature.Options{Secrets: []string{"s"}, AllowSHA1: true}, "allow_sha1 applies only to provider github"},
-		{"hmac options elsewhere", "github", signature.Options{Secrets: []string{"s"}, HMAC: signature.HMACOptions{Header: "X"}}, "hmac options apply only to provider hmac"},
+		{"scheme overrides on a bespoke scheme", "gitlab", signature.Options{Secrets: []string{"s"}, HMAC: signature.HMACOptions{Header: "X"}}, "cannot be overridden"},
 		{"hmac without header", "hmac", signature.Options{Secrets: []string{"s"}}, "hmac header is required"},
 		{"hmac bad header", "hmac", signature.Options{Secrets: []string{"s"}, HMAC: signature.HMACOptions{Header: "X Sig:"}}, "is not a valid header name"},
 		{"hmac unknown algorithm", "hmac", signature.Options{Secrets: []string{"s"}, HMAC: signature.HMACOptions{Header: "X", Algorithm: "md5"}}, `unknown algorithm "md5"`},
@@ -412,6 +412,8 @@ func TestHandshake(t *testing.T) {
 		{"zoom", `{"event":"endpoint.url_validation","payload":{"plainToken":"BR19plainTokenA"},"event_ts":1700000000000}`, true},
 		{"zoom", `{"event":"meeting.started","payload":{}}`, false},
 		{"zoom", `not json`, false},
+		{"discord", `{"type":1,"id":"1"}`, true},
+		{"discord", `{"type":2,"id":"1"}`, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.provider+"/"+tc.body, func(t *testing.T) {
@@ -423,7 +425,7 @@ func TestHandshake(t *testing.T) {
 		})
 	}
 	for _, name := range signature.Providers() {
-		if name == "slack" || name == "zoom" {
+		if name == "slack" || name == "zoom" || name == "discord" {
 			continue
 		}
 		p, _ := signature.Lookup(name)
@@ -460,7 +462,7 @@ func TestPresetData(t *testing.T) {
 			require.True(t, strings.HasPrefix(p.Doc, "https://"), p.Doc)
 			require.NotEmpty(t, p.SignatureHeader)
 			require.NotEmpty(t, p.Signed)
-			require.Contains(t, []string{"sha1", "sha256", "sha512", ""}, p.Algorithm)
+			require.Contains(t, []string{"sha1", "sha256", "sha512", "ed25519", ""}, p.Algorithm)
 			require.Contains(t, []string{"hex", "base64", ""}, p.Encoding)
 			if want, ok := defaults[name]; ok {
 				require.Equal(t, want, p.EventID)

@@ -78,6 +78,15 @@ var fixtures = []fixture{
 	{provider: "lemonsqueezy", secrets: [2]string{"ls_current", "ls_previous"}, body: jsonBody},
 	{provider: "coinbase", secrets: [2]string{"cc_current", "cc_previous"}, body: jsonBody},
 	{provider: "checkout", secrets: [2]string{"cko_current", "cko_previous"}, body: jsonBody},
+	{
+		// Ed25519: the fixture signs with private seeds; verify maps them to
+		// the public keys the gateway is configured with.
+		provider: "discord", body: `{"type":2,"id":"1234567890","data":{"name":"pay"}}`,
+		secrets: [2]string{
+			"9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60",
+			"4ccd089b28ff96da9db6c346ec114e0f5b8a319f35aba624da8cf6ed4fb8a6fb",
+		},
+	},
 }
 
 func (f fixture) preset(t testing.TB) signature.Preset {
@@ -113,7 +122,13 @@ func (f fixture) sigHeader(t testing.TB) string {
 
 func (f fixture) verify(t testing.TB, secrets []string, at time.Time, body string, h http.Header) error {
 	t.Helper()
-	v, err := signature.New(f.provider, f.options(at, secrets...))
+	pub := make([]string, len(secrets))
+	for i, s := range secrets {
+		var err error
+		pub[i], err = signature.PublicSecret(f.provider, s)
+		require.NoError(t, err)
+	}
+	v, err := signature.New(f.provider, f.options(at, pub...))
 	require.NoError(t, err)
 	return v.Verify([]byte(body), h)
 }
@@ -246,7 +261,9 @@ func TestRoundTripTimestamps(t *testing.T) {
 				t.Run(f.provider+"/tolerance "+eff.String()+"/"+tc.name, func(t *testing.T) {
 					t.Parallel()
 					h := f.signed(t, f.secrets[0], f.body, tc.signed)
-					o := f.options(now, f.secrets[0])
+					pub, err := signature.PublicSecret(f.provider, f.secrets[0])
+					require.NoError(t, err)
+					o := f.options(now, pub)
 					o.Tolerance = tol
 					v, err := signature.New(f.provider, o)
 					require.NoError(t, err)

@@ -33,6 +33,9 @@ func MarkdownTable() string {
 		if p.build != nil && p.Name != "hmac" {
 			alg = "see docs"
 		}
+		if p.Algorithm == "ed25519" {
+			alg = "none: Ed25519 " + p.Encoding + " (public key)"
+		}
 		if p.Name == "gitlab" {
 			alg = "none (token)"
 		}
