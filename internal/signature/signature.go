@@ -131,6 +131,13 @@ func build(provider string, o Options) (signer, error) {
 		s   signer
 		err error
 	)
+	if p.Scheme.Secret == "whsec" && hasAsymmetric(o.Secrets) {
+		s, err = buildStandardAsymmetric(p, o)
+		if err != nil {
+			return nil, fmt.Errorf("provider %s: %w", provider, err)
+		}
+		return s, nil
+	}
 	switch {
 	case p.build != nil:
 		s, err = p.build(p, o)
