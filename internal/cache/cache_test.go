@@ -1,0 +1,75 @@
+package cache
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestCompleted(t *testing.T) {
+	t.Parallel()
+	c, err := New(100, time.Minute)
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+
+	_, ok := c.Has("stripe", "evt_1")
+	require.False(t, ok)
+	c.Add("stripe", "evt_1", 201)
+	c.c.Wait() // ristretto applies writes asynchronously
+	status, ok := c.Has("stripe", "evt_1")
+	require.True(t, ok)
+	require.Equal(t, 201, status)
+
+	_, ok = c.Has("github", "evt_1")
+	require.False(t, ok, "scopes are separate")
+	_, ok = c.Has("stripe\x00evt", "_1")
+	require.False(t, ok)
+
+	c.Forget("stripe", "evt_1")
+	_, ok = c.Has("stripe", "evt_1")
+	require.False(t, ok)
+}
+
+func TestCompletedTTL(t *testing.T) {
+	t.Parallel()
+	c, err := New(100, 50*time.Millisecond)
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+	c.Add("s", "e", 200)
+	c.c.Wait()
+	_, ok := c.Has("s", "e")
+	require.True(t, ok)
+	require.Eventually(t, func() bool { _, ok := c.Has("s", "e"); return !ok }, 3*time.Second, 20*time.Millisecond)
+}
+
+func TestDisabled(t *testing.T) {
+	t.Parallel()
+	c, err := New(0, time.Minute)
+	require.NoError(t, err)
+	require.Nil(t, c)
+	c.Add("s", "e", 200) // no-ops on nil
+	_, ok := c.Has("s", "e")
+	require.False(t, ok)
+	c.Forget("s", "e")
+	c.Close()
+}
+
+func TestBounded(t *testing.T) {
+	t.Parallel()
+	c, err := New(100, time.Minute)
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+	key := func(i int) string { return "evt_" + time.Duration(i).String() }
+	for i := range 10_000 {
+		c.Add("s", key(i), 200)
+	}
+	c.c.Wait()
+	held := 0
+	for i := range 10_000 {
+		if _, ok := c.Has("s", key(i)); ok {
+			held++
+		}
+	}
+	require.LessOrEqual(t, held, 100, "at most the configured entries are held")
+}
