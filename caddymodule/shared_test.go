@@ -1,0 +1,73 @@
+package caddymodule
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/stretchr/testify/require"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
+)
+
+// provisionFromCaddyfile provisions a Handler from a Caddyfile block with a
+// real store, the way Caddy does.
+func provisionFromCaddyfile(t *testing.T, ctx caddy.Context, block string) *Handler {
+	t.Helper()
+	h := new(Handler)
+	require.NoError(t, h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(block)))
+	require.NoError(t, h.Provision(ctx))
+	require.NoError(t, h.Validate())
+	return h
+}
+
+// Every handler naming one database shares one store (one pgxpool) per
+// process; the store lives until the last of them is cleaned up, which is
+// what keeps the pool across a config reload (the new config provisions
+// before the old one is cleaned up).
+func TestStoreSharedAcrossHandlers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL")
+	}
+	dsn := testDSN(t)
+	table := "shared_" + randomHex(6)
+	t.Cleanup(func() { dropTable(dsn, table) })
+	block := func(scope string) string {
+		return "webhook_idempotency {\n provider stripe\n secret s\n scope " + scope +
+			"\n storage postgres \"" + dsn + "\"\n table " + table + "\n}"
+	}
+
+	oldCtx, cancelOld := caddy.NewContext(caddy.Context{Context: context.Background()})
+	a := provisionFromCaddyfile(t, oldCtx, block("a"))
+	b := provisionFromCaddyfile(t, oldCtx, block("b"))
+	require.Same(t, a.backend, b.backend, "one store per DSN and table")
+
+	// A "reload": the new config provisions first, then the old one goes.
+	newCtx, cancelNew := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancelNew)
+	c := provisionFromCaddyfile(t, newCtx, block("a"))
+	require.Same(t, a.backend, c.backend, "the reload reuses the pool")
+	cancelOld() // cancels the old config's context and runs Cleanup of its modules...
+	require.NoError(t, a.Cleanup())
+	require.NoError(t, b.Cleanup())
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cl, err := c.backend.Claim(ctx, store.ClaimParams{Scope: "a", EventID: "evt_after_reload", Lease: time.Second})
+	require.NoError(t, err, "the store survived the old config's cleanup")
+	require.Equal(t, store.Claimed, cl.Outcome)
+
+	// Another table is another store.
+	other := "shared_" + randomHex(6)
+	t.Cleanup(func() { dropTable(dsn, other) })
+	d := provisionFromCaddyfile(t, newCtx, "webhook_idempotency {\n provider stripe\n secret s\n storage postgres \""+dsn+"\"\n table "+other+"\n}")
+	require.NotSame(t, c.backend, d.backend)
+
+	be := c.backend
+	require.NoError(t, c.Cleanup())
+	require.NoError(t, d.Cleanup())
+	_, err = be.Claim(ctx, store.ClaimParams{Scope: "a", EventID: "evt_closed", Lease: time.Second})
+	require.Error(t, err, "the last cleanup closed the pool")
+}
