@@ -4,7 +4,7 @@ GO    ?= go
 BIN   := bin/caddy
 export STRIPE_WEBHOOK_SECRET ?= whsec_demo_not_a_real_secret
 
-.PHONY: run demo test test-short build accept fuzz vet clean
+.PHONY: run demo test test-short build accept fuzz soak vet clean
 
 ## build: the custom Caddy binary (what xcaddy builds) into bin/caddy
 build:
@@ -31,6 +31,10 @@ test-short:
 ## accept: the black-box acceptance suite in ../shared/accept against this checkout
 accept:
 	@DSN=$$(bash scripts/postgres.sh) && cd ../shared/accept && DATABASE_URL="$$DSN" $(GO) run . -repo $(CURDIR)
+
+## soak: 200,000+ deliveries through two gateways on one PostgreSQL, upstream failing 10% (see RELIABILITY.md)
+soak:
+	@DSN=$$(bash scripts/postgres.sh) && TEST_DATABASE_URL="$$DSN" $(GO) run ./internal/e2e/soak $(SOAKFLAGS)
 
 ## fuzz: each fuzz target for FUZZTIME (default 30s)
 fuzz:

@@ -26,5 +26,10 @@ go build -o bin/caddy ./xcaddy
 echo "== go test -race ./... (PostgreSQL: ${TEST_DATABASE_URL%%\?*})"
 go test -race -count=1 -timeout 20m ./...
 
+# Stops and restarts the local PostgreSQL cluster: alone, after everything
+# else, so no other test sees the outage (internal/e2e, RELIABILITY.md).
+echo "== go test: PostgreSQL stopped and restarted under load (disruptive, runs alone)"
+WEBHOOK_IDEMPOTENCY_DISRUPTIVE=1 go test -race -count=1 -timeout 10m -run '^TestPostgresRestartUnderLoad$' ./internal/e2e/
+
 echo "== short fuzz runs"
 bash scripts/fuzz.sh 5s

@@ -4,7 +4,9 @@
 package cache
 
 import (
+	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/dgraph-io/ristretto/v2"
 )
@@ -14,6 +16,12 @@ import (
 type Completed struct {
 	c   *ristretto.Cache[string, int]
 	ttl time.Duration
+
+	// mu guards closed: a forward that outlives its config may still settle
+	// (and Add) after the pooled store, and its cache, were closed; ristretto
+	// panics on a write racing its Close.
+	mu     sync.RWMutex
+	closed bool
 }
 
 // New returns a cache holding at most entries keys, each for at most ttl
@@ -42,8 +50,22 @@ func (c *Completed) Has(scope, eventID string) (int, bool) {
 	if c == nil {
 		return 0, false
 	}
-	return c.c.Get(key(scope, eventID))
+	// The key is built in a pooled buffer rather than concatenated: the
+	// lookup is the duplicate path, which otherwise allocates nothing of its
+	// own. ristretto's Get only hashes the key and keeps no reference to it,
+	// so a string over the buffer is safe for the call.
+	bp := keyBufs.Get().(*[]byte)
+	k := append(append(append((*bp)[:0], scope...), 0), eventID...)
+	status, ok := c.c.Get(unsafe.String(unsafe.SliceData(k), len(k)))
+	*bp = k
+	keyBufs.Put(bp)
+	return status, ok
 }
+
+var keyBufs = sync.Pool{New: func() any {
+	b := make([]byte, 0, 320) // a scope and an event ID of up to 255 bytes
+	return &b
+}}
 
 // Add remembers a completed event. ristretto may drop the write; that only
 // costs a store round trip later.
@@ -51,7 +73,11 @@ func (c *Completed) Add(scope, eventID string, status int) {
 	if c == nil {
 		return
 	}
-	c.c.SetWithTTL(key(scope, eventID), status, 1, c.ttl)
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if !c.closed {
+		c.c.SetWithTTL(key(scope, eventID), status, 1, c.ttl)
+	}
 }
 
 // Forget drops an event, e.g. after an operator deleted it in the store.
@@ -59,12 +85,23 @@ func (c *Completed) Forget(scope, eventID string) {
 	if c == nil {
 		return
 	}
-	c.c.Del(key(scope, eventID))
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if !c.closed {
+		c.c.Del(key(scope, eventID))
+	}
 }
 
-// Close stops the cache's goroutines.
+// Close stops the cache's goroutines. Later calls of Has, Add and Forget
+// are no-ops, so a settle that outlives the config cannot panic.
 func (c *Completed) Close() {
-	if c != nil {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.closed {
+		c.closed = true
 		c.c.Close()
 	}
 }

@@ -73,3 +73,24 @@ func TestBounded(t *testing.T) {
 	}
 	require.LessOrEqual(t, held, 100, "at most the configured entries are held")
 }
+
+// A settle that outlives its config may Add after Close: no panic, no effect.
+func TestUseAfterClose(t *testing.T) {
+	t.Parallel()
+	c, err := New(100, time.Minute)
+	require.NoError(t, err)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 1000 {
+			c.Add("s", "e"+time.Duration(i).String(), 200)
+		}
+	}()
+	c.Close()
+	<-done
+	c.Close()
+	c.Add("s", "late", 200)
+	_, ok := c.Has("s", "late")
+	require.False(t, ok)
+	c.Forget("s", "late")
+}

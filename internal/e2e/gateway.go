@@ -1,0 +1,250 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// GatewayConfig describes one Caddy process: one site on 127.0.0.1 with a
+// webhook_idempotency block in front of reverse_proxy.
+type GatewayConfig struct {
+	// Binary is the custom Caddy built by BuildCaddy.
+	Binary string
+	// Dir holds the instance's Caddyfile, log and data directories.
+	Dir string
+	// Name names the instance's files; it must be unique within Dir.
+	Name string
+	// Upstream is the reverse_proxy target, host:port.
+	Upstream string
+	// Handler holds the lines of the webhook_idempotency block.
+	Handler []string
+	// LogLevel is the default logger's level; "" leaves Caddy's (INFO, one
+	// line per delivery).
+	LogLevel string
+}
+
+// Gateway is a running Caddy process, in a process group of its own.
+type Gateway struct {
+	// Name is GatewayConfig.Name.
+	Name string
+	// Addr is the 127.0.0.1:port the site listens on.
+	Addr string
+
+	cmd     *exec.Cmd
+	logPath string
+	exited  chan struct{}
+	waitErr error
+}
+
+// StartGateway writes the Caddyfile, starts Caddy and waits (at most 30s)
+// until it accepts connections. A port taken between choosing and binding
+// it is retried on another port.
+func StartGateway(cfg GatewayConfig) (*Gateway, error) {
+	var lastErr error
+	for range 3 {
+		port, err := FreePort()
+		if err != nil {
+			return nil, err
+		}
+		g, err := startGateway(cfg, port)
+		if err == nil {
+			return g, nil
+		}
+		lastErr = err
+		if g == nil || !strings.Contains(g.LogTail(50), "address already in use") {
+			break
+		}
+	}
+	return nil, lastErr
+}
+
+func startGateway(cfg GatewayConfig, port int) (*Gateway, error) {
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	home := filepath.Join(cfg.Dir, cfg.Name+"-home")
+	if err := os.MkdirAll(home, 0o700); err != nil {
+		return nil, err
+	}
+	caddyfile := filepath.Join(cfg.Dir, cfg.Name+".Caddyfile")
+	if err := os.WriteFile(caddyfile, []byte(cfg.caddyfile(addr)), 0o600); err != nil {
+		return nil, err
+	}
+	logPath := filepath.Join(cfg.Dir, cfg.Name+".log")
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer logFile.Close()
+	fmt.Fprintf(logFile, "=== start %s on %s\n", time.Now().Format(time.RFC3339Nano), addr)
+
+	cmd := exec.Command(cfg.Binary, "run", "--config", caddyfile, "--adapter", "caddyfile")
+	cmd.Dir = cfg.Dir
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.Env = append(os.Environ(),
+		"HOME="+home, "XDG_DATA_HOME="+filepath.Join(home, "data"), "XDG_CONFIG_HOME="+filepath.Join(home, "config"))
+	// Own process group, so Kill reaches everything it started; and killed
+	// with the test process if that dies first.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("e2e: starting caddy %s: %w", cfg.Name, err)
+	}
+	g := &Gateway{Name: cfg.Name, Addr: addr, cmd: cmd, logPath: logPath, exited: make(chan struct{})}
+	go func() {
+		g.waitErr = cmd.Wait()
+		close(g.exited)
+	}()
+
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-g.exited:
+			return g, fmt.Errorf("e2e: caddy %s exited while starting (%v); log:\n%s", cfg.Name, g.waitErr, g.LogTail(30))
+		default:
+		}
+		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err == nil {
+			_ = c.Close()
+			return g, nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	g.Kill()
+	return g, fmt.Errorf("e2e: caddy %s did not listen on %s within 30s; log:\n%s", cfg.Name, addr, g.LogTail(30))
+}
+
+// caddyfile renders the instance's whole Caddyfile.
+func (cfg GatewayConfig) caddyfile(addr string) string {
+	var b strings.Builder
+	b.WriteString("{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\tgrace_period 1s\n")
+	if cfg.LogLevel != "" {
+		fmt.Fprintf(&b, "\tlog {\n\t\tlevel %s\n\t}\n", cfg.LogLevel)
+	}
+	b.WriteString("}\n\n")
+	fmt.Fprintf(&b, "http://%s {\n\tbind 127.0.0.1\n\twebhook_idempotency {\n", addr)
+	for _, l := range cfg.Handler {
+		b.WriteString("\t\t" + l + "\n")
+	}
+	fmt.Fprintf(&b, "\t}\n\treverse_proxy %s\n}\n", cfg.Upstream)
+	return b.String()
+}
+
+// URL is the address deliveries are posted to.
+func (g *Gateway) URL() string { return "http://" + g.Addr + "/webhooks/stripe" }
+
+// PID is the process ID of Caddy.
+func (g *Gateway) PID() int { return g.cmd.Process.Pid }
+
+// Kill sends SIGKILL to the gateway's process group and waits for the
+// process to be reaped. Safe to call more than once.
+func (g *Gateway) Kill() {
+	select {
+	case <-g.exited:
+		return
+	default:
+	}
+	_ = syscall.Kill(-g.cmd.Process.Pid, syscall.SIGKILL)
+	<-g.exited
+}
+
+// Stop asks Caddy to shut down (SIGTERM) and kills its process group if it
+// has not exited within 10s.
+func (g *Gateway) Stop() {
+	select {
+	case <-g.exited:
+		return
+	default:
+	}
+	_ = g.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-g.exited:
+	case <-time.After(10 * time.Second):
+		g.Kill()
+	}
+}
+
+// Exited reports whether the process has ended.
+func (g *Gateway) Exited() bool {
+	select {
+	case <-g.exited:
+		return true
+	default:
+		return false
+	}
+}
+
+// RSS reads the resident set size of the process, in bytes, from
+// /proc/<pid>/status (VmRSS).
+func (g *Gateway) RSS() (int64, error) {
+	return ProcessRSS(g.PID())
+}
+
+// OpenFiles counts the process's open file descriptors (sockets included),
+// from /proc/<pid>/fd.
+func (g *Gateway) OpenFiles() (int, error) {
+	entries, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", g.PID()))
+	return len(entries), err
+}
+
+// ProcessRSS reads VmRSS of a process from /proc/<pid>/status, in bytes.
+func ProcessRSS(pid int) (int64, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:")
+		if !ok {
+			continue
+		}
+		fields := strings.Fields(rest) // "123456 kB"
+		if len(fields) != 2 || fields[1] != "kB" {
+			return 0, fmt.Errorf("e2e: unexpected VmRSS line %q", sc.Text())
+		}
+		kb, err := strconv.ParseInt(fields[0], 10, 64)
+		if err != nil {
+			return 0, err
+		}
+		return kb * 1024, nil
+	}
+	if err := sc.Err(); err != nil {
+		return 0, err
+	}
+	return 0, errors.New("e2e: no VmRSS in /proc status")
+}
+
+// LogTail returns the last n lines of the gateway's log.
+func (g *Gateway) LogTail(n int) string {
+	b, err := os.ReadFile(g.logPath)
+	if err != nil {
+		return err.Error()
+	}
+	lines := bytes.Split(bytes.TrimRight(b, "\n"), []byte("\n"))
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return string(bytes.Join(lines, []byte("\n")))
+}
+
+// LogPath is the file that receives the gateway's stdout and stderr.
+func (g *Gateway) LogPath() string { return g.logPath }
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}

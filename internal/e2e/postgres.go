@@ -1,0 +1,232 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// DefaultDSN is the test PostgreSQL when TEST_DATABASE_URL is unset.
+const DefaultDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+
+// AdminDSN returns $TEST_DATABASE_URL, or DefaultDSN.
+func AdminDSN() string {
+	if dsn := os.Getenv("TEST_DATABASE_URL"); dsn != "" {
+		return dsn
+	}
+	return DefaultDSN
+}
+
+// Database is a PostgreSQL database created for one test or soak run.
+type Database struct {
+	Name  string
+	DSN   string // the admin DSN pointed at this database
+	admin string
+}
+
+// CreateDatabase creates a database named prefix_<random> with the role of
+// adminDSN.
+func CreateDatabase(ctx context.Context, adminDSN, prefix string) (*Database, error) {
+	u, err := url.Parse(adminDSN)
+	if err != nil || u.Scheme == "" {
+		return nil, errors.New("e2e: TEST_DATABASE_URL must be a postgres:// URL")
+	}
+	name := prefix + "_" + RandomHex(6)
+	conn, err := pgx.Connect(ctx, adminDSN)
+	if err != nil {
+		return nil, fmt.Errorf("e2e: connecting to postgres: %w", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return nil, fmt.Errorf("e2e: creating database %s: %w", name, err)
+	}
+	u.Path = "/" + name
+	return &Database{Name: name, DSN: u.String(), admin: adminDSN}, nil
+}
+
+// Drop drops the database, closing other sessions on it (WITH (FORCE)).
+func (d *Database) Drop(ctx context.Context) error {
+	conn, err := pgx.Connect(ctx, d.admin)
+	if err != nil {
+		return fmt.Errorf("e2e: connecting to postgres: %w", err)
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{d.Name}.Sanitize()+" WITH (FORCE)")
+	return err
+}
+
+// Host is the host:port of the database's server.
+func (d *Database) Host() string {
+	u, err := url.Parse(d.DSN)
+	if err != nil {
+		return ""
+	}
+	if u.Port() == "" {
+		return u.Hostname() + ":5432"
+	}
+	return u.Host
+}
+
+// DSNVia is the database's DSN with the server reached at addr (a Link).
+func (d *Database) DSNVia(addr string) string {
+	u, err := url.Parse(d.DSN)
+	if err != nil {
+		return d.DSN
+	}
+	u.Host = addr
+	return u.String()
+}
+
+// Row is an event row as the gateway left it in the events table.
+type Row struct {
+	EventID  string
+	State    string
+	Attempts int
+	Status   int
+	Live     bool // processing with a lease still running (database clock)
+}
+
+// Rows reads every row of scope from table (webhook_events when "") in the
+// database.
+func (d *Database) Rows(ctx context.Context, table, scope string) (map[string]Row, error) {
+	if table == "" {
+		table = "webhook_events"
+	}
+	conn, err := pgx.Connect(ctx, d.DSN)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `SELECT event_id, state, attempts, status, COALESCE(lease_until > now(), false)
+		FROM `+pgx.Identifier{table}.Sanitize()+` WHERE scope = $1`, scope)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]Row{}
+	for rows.Next() {
+		var r Row
+		if err := rows.Scan(&r.EventID, &r.State, &r.Attempts, &r.Status, &r.Live); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		out[r.EventID] = r
+	}
+	return out, rows.Err()
+}
+
+// Row reads one event's row; ok is false when there is none.
+func (d *Database) Row(ctx context.Context, table, scope, eventID string) (Row, bool, error) {
+	rows, err := d.Rows(ctx, table, scope)
+	if err != nil {
+		return Row{}, false, err
+	}
+	r, ok := rows[eventID]
+	return r, ok, nil
+}
+
+// CountByState counts the rows of table per state.
+func (d *Database) CountByState(ctx context.Context, table string) (map[string]int, error) {
+	if table == "" {
+		table = "webhook_events"
+	}
+	conn, err := pgx.Connect(ctx, d.DSN)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `SELECT state, count(*) FROM `+pgx.Identifier{table}.Sanitize()+` GROUP BY state`)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int{}
+	for rows.Next() {
+		var (
+			state string
+			n     int
+		)
+		if err := rows.Scan(&state, &n); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		out[state] = n
+	}
+	return out, rows.Err()
+}
+
+// Cluster is the local PostgreSQL cluster serving a DSN, controlled with
+// pg_ctlcluster (Debian's postgresql-common).
+type Cluster struct {
+	Version, Name string
+}
+
+// LocalCluster finds, with pg_lsclusters, the local cluster listening on the
+// DSN's port.
+func LocalCluster(dsn string) (Cluster, error) {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return Cluster{}, err
+	}
+	if h := u.Hostname(); h != "127.0.0.1" && h != "localhost" && h != "" {
+		return Cluster{}, fmt.Errorf("e2e: %s is not a local server", h)
+	}
+	port := u.Port()
+	if port == "" {
+		port = "5432"
+	}
+	out, err := exec.Command("pg_lsclusters", "-h").Output()
+	if err != nil {
+		return Cluster{}, fmt.Errorf("e2e: pg_lsclusters: %w", err)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line) // version name port status owner datadir logfile
+		if len(f) >= 3 && f[2] == port {
+			return Cluster{Version: f[0], Name: f[1]}, nil
+		}
+	}
+	return Cluster{}, fmt.Errorf("e2e: no local cluster on port %s", port)
+}
+
+func (c Cluster) ctl(ctx context.Context, action string) error {
+	cmd := exec.CommandContext(ctx, "pg_ctlcluster", "--skip-systemctl-redirect", c.Version, c.Name, action)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("e2e: pg_ctlcluster %s %s %s: %w: %s", c.Version, c.Name, action, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// Stop stops the cluster (fast shutdown: sessions are terminated).
+func (c Cluster) Stop(ctx context.Context) error { return c.ctl(ctx, "stop") }
+
+// Start starts the cluster and waits until dsn accepts a login (at most
+// 60s). Starting a running cluster is not an error.
+func (c Cluster) Start(ctx context.Context, dsn string) error {
+	if err := c.ctl(ctx, "start"); err != nil && !strings.Contains(err.Error(), "already running") {
+		return err
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		conn, err := pgx.Connect(cctx, dsn)
+		if err == nil {
+			_ = conn.Close(cctx)
+			cancel()
+			return nil
+		}
+		cancel()
+		if time.Now().After(deadline) {
+			return fmt.Errorf("e2e: postgres did not accept logins within 60s after start: %w", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// String names the cluster the way pg_lsclusters does.
+func (c Cluster) String() string { return c.Version + "/" + c.Name }

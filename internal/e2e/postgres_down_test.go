@@ -1,0 +1,291 @@
+package e2e_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/e2e"
+)
+
+// disruptiveEnv enables the tests that stop the machine's PostgreSQL.
+const disruptiveEnv = "WEBHOOK_IDEMPOTENCY_DISRUPTIVE"
+
+// sentDelivery is one delivery of the load generator.
+type sentDelivery struct {
+	id  string
+	gw  int
+	r   e2e.Result
+	err error
+}
+
+// PostgreSQL is stopped and started again while deliveries keep coming to
+// two gateways: while it is down every delivery is refused with 503 and
+// Retry-After (or answered as a duplicate from memory), nothing reaches the
+// upstream without a durable claim, service resumes by itself, every event
+// is eventually forwarded, and no row is left processing.
+//
+// It stops the shared cluster, so it runs only with
+// WEBHOOK_IDEMPOTENCY_DISRUPTIVE=1, in a go test run of its own
+// (scripts/test.sh), and always starts the cluster again.
+func TestPostgresRestartUnderLoad(t *testing.T) {
+	if os.Getenv(disruptiveEnv) != "1" {
+		t.Skip("stops the machine's shared PostgreSQL cluster and breaks tests running meanwhile; " +
+			"set " + disruptiveEnv + "=1 and run it alone (scripts/test.sh does)")
+	}
+	const (
+		lease    = 2 * time.Second
+		workers  = 6
+		downtime = 4 * time.Second
+	)
+	b := setup(t, func(string, int) e2e.Answer { return e2e.Answer{Delay: 10 * time.Millisecond} })
+	cluster, err := e2e.LocalCluster(e2e.AdminDSN())
+	require.NoError(t, err, "the disruptive test needs the local cluster serving TEST_DATABASE_URL")
+	gws := []*e2e.Gateway{b.gateway("a", "", "lease 2s"), b.gateway("b", "", "lease 2s")}
+
+	// Whatever happens, the cluster comes back: in cleanup (before the
+	// database is dropped), and from a watchdog should the test hang.
+	restart := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		defer cancel()
+		if err := cluster.Start(ctx, e2e.AdminDSN()); err != nil {
+			t.Errorf("restarting postgres %s: %v", cluster, err)
+		}
+	}
+	t.Cleanup(restart)
+	watchdog := time.AfterFunc(2*time.Minute, restart)
+	t.Cleanup(func() { watchdog.Stop() })
+
+	var (
+		mu    sync.Mutex
+		sent  []sentDelivery
+		known []string
+		stop  = make(chan struct{})
+		wg    sync.WaitGroup
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), uint64(time.Now().UnixNano())))
+			for range 20_000 {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				mu.Lock()
+				id := e2e.NewEventID()
+				if len(known) > 0 && rng.IntN(10) < 3 {
+					id = known[rng.IntN(len(known))] // a redelivery
+				} else {
+					known = append(known, id)
+				}
+				mu.Unlock()
+				gi := rng.IntN(len(gws))
+				dctx, dcancel := context.WithTimeout(ctx, 15*time.Second)
+				r, err := e2e.Deliver(dctx, b.client, gws[gi].URL(), b.secret, id)
+				dcancel()
+				mu.Lock()
+				sent = append(sent, sentDelivery{id: id, gw: gi, r: r, err: err})
+				mu.Unlock()
+				if err != nil || !r.OK() {
+					time.Sleep(50 * time.Millisecond) // a provider backs off
+				}
+			}
+		}()
+	}
+
+	time.Sleep(2 * time.Second)
+	stopBegin := time.Now()
+	require.NoError(t, cluster.Stop(ctx))
+	stopEnd := time.Now()
+	time.Sleep(downtime)
+	startBegin := time.Now()
+	require.NoError(t, cluster.Start(ctx, e2e.AdminDSN()))
+	startEnd := time.Now()
+
+	// Service resumes by itself: wait (at most 30s) for a new event sent
+	// after the restart to be forwarded, then keep the load on for 2s.
+	resumed := time.Time{}
+	for deadline := time.Now().Add(30 * time.Second); resumed.IsZero() && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		mu.Lock()
+		for _, s := range sent {
+			if s.r.Start.After(startEnd) && s.r.Forwarded() {
+				resumed = s.r.End
+				break
+			}
+		}
+		mu.Unlock()
+	}
+	time.Sleep(2 * time.Second)
+	close(stop)
+	wg.Wait()
+	require.False(t, resumed.IsZero(), "a delivery after the restart was forwarded")
+
+	// Like a provider, redeliver every event that has not had a 2xx yet
+	// until it has one.
+	ok := map[string]bool{}
+	for _, s := range sent {
+		require.NoError(t, s.err, "transport error: the gateways stay up throughout")
+		if s.r.OK() {
+			ok[s.id] = true
+		}
+	}
+	var pending []string
+	for _, id := range known {
+		if !ok[id] {
+			pending = append(pending, id)
+		}
+	}
+	var (
+		finalMu sync.Mutex
+		final   []sentDelivery
+		next    = make(chan string)
+	)
+	var fwg sync.WaitGroup
+	for w := range 8 {
+		fwg.Add(1)
+		go func() {
+			defer fwg.Done()
+			for id := range next {
+				for i := range 100 { // at most ~20s an event
+					g := (w + i) % len(gws)
+					r, err := e2e.Deliver(ctx, b.client, gws[g].URL(), b.secret, id)
+					finalMu.Lock()
+					final = append(final, sentDelivery{id: id, gw: g, r: r, err: err})
+					finalMu.Unlock()
+					if err == nil && r.OK() {
+						break
+					}
+					time.Sleep(200 * time.Millisecond)
+				}
+			}
+		}()
+	}
+	for _, id := range pending {
+		next <- id
+	}
+	close(next)
+	fwg.Wait()
+	for _, s := range final {
+		require.NoError(t, s.err)
+		if s.r.OK() {
+			ok[s.id] = true
+		}
+	}
+
+	// While PostgreSQL was down: 503 + Retry-After, or a duplicate answered
+	// from memory; never a forward.
+	down := map[string]int{}
+	for _, s := range sent {
+		if s.r.Start.Before(stopEnd) || s.r.End.After(startBegin) {
+			continue
+		}
+		switch {
+		case s.r.Status == 503:
+			require.GreaterOrEqual(t, s.r.RetryAfterSeconds(), 1, "503 carries Retry-After")
+			down["503"]++
+		case s.r.Status == 200 && s.r.Replayed:
+			down["200 replayed"]++
+		default:
+			t.Fatalf("delivery of %s while postgres was down answered %d (replayed %v): %s", s.id, s.r.Status, s.r.Replayed, s.r.Body)
+		}
+	}
+	require.Positive(t, down["503"], "deliveries were refused while postgres was down")
+
+	rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer rcancel()
+	time.Sleep(lease + 500*time.Millisecond)
+	rows, err := b.db.Rows(rctx, "", "stripe")
+	require.NoError(t, err)
+	states, err := b.db.CountByState(rctx, "")
+	require.NoError(t, err)
+	for id, row := range rows {
+		if row.State == "processing" {
+			t.Errorf("event %s left processing (attempts %d); upstream calls %s", id, row.Attempts, describeCalls(b.up.Calls(id), stopBegin))
+		}
+	}
+	require.Zero(t, states["processing"], "rows left processing once the leases passed: %v", states)
+
+	// Nothing reached the upstream without a durable claim: every event the
+	// upstream saw has a row that counts at least as many claims as calls.
+	calls := b.up.Snapshot()
+	twice := 0
+	for id, cs := range calls {
+		row, found := rows[id]
+		require.True(t, found, "upstream saw %s, which has no row", id)
+		require.LessOrEqual(t, len(cs), row.Attempts, "event %s: more upstream calls than claims", id)
+		if countSuccess(cs) > 1 {
+			twice++
+			t.Logf("event %s forwarded with success %d times: %s", id, countSuccess(cs), describeCalls(cs, stopBegin))
+		}
+	}
+	// Every event ends up completed, forwarded with success exactly once.
+	for _, id := range known {
+		require.True(t, ok[id], "event %s never got a 2xx", id)
+		require.Equal(t, "completed", rows[id].State, "event %s", id)
+		require.Equal(t, 1, countSuccess(calls[id]), "event %s: upstream successes: %s", id, describeCalls(calls[id], stopBegin))
+	}
+
+	byStatus := map[string]int{}
+	for _, s := range append(sent, final...) {
+		k := fmt.Sprint(s.r.Status)
+		if s.r.Replayed {
+			k += " replayed"
+		}
+		byStatus[k]++
+	}
+	t.Logf("postgres %s down %.1fs (stop took %.1fs, start %.1fs); service resumed %.1fs after start",
+		cluster, startBegin.Sub(stopEnd).Seconds(), stopEnd.Sub(stopBegin).Seconds(), startEnd.Sub(startBegin).Seconds(),
+		resumed.Sub(startEnd).Seconds())
+	t.Logf("settles retried after a store error: %d; settled once the store was back: %d",
+		logCount(gws[0], "retrying in the background")+logCount(gws[1], "retrying in the background"),
+		logCount(gws[0], "settled event after a store error")+logCount(gws[1], "settled event after a store error"))
+	t.Logf("%d deliveries under load + %d redeliveries after, %d events; by status %v; while down %v; rows %v; events forwarded twice %d",
+		len(sent), len(final), len(known), sortedCounts(byStatus), sortedCounts(down), sortedCounts(states), twice)
+}
+
+func countSuccess(cs []e2e.Call) int {
+	n := 0
+	for _, c := range cs {
+		if c.Success() {
+			n++
+		}
+	}
+	return n
+}
+
+// describeCalls lists calls as offsets from t0 with their status.
+func describeCalls(cs []e2e.Call, t0 time.Time) string {
+	s := ""
+	for _, c := range cs {
+		s += fmt.Sprintf("[+%.2fs..+%.2fs %d] ", c.At.Sub(t0).Seconds(), c.Done.Sub(t0).Seconds(), c.Status)
+	}
+	return s
+}
+
+func sortedCounts(m map[string]int) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	s := ""
+	for i, k := range keys {
+		if i > 0 {
+			s += ", "
+		}
+		s += fmt.Sprintf("%s: %d", k, m[k])
+	}
+	return "{" + s + "}"
+}
