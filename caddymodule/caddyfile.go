@@ -46,6 +46,15 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		on_missing_id reject | forward   # default reject
 //		dedupe_body on | off             # default per provider
 //		allow_sha1                       # github: accept X-Hub-Signature when X-Hub-Signature-256 is absent
+//		mode      sync | async           # default sync; async: store and answer at once, deliver from a queue (postgres)
+//		deliver_to <url>                 # async: where queued events are delivered (required)
+//		max_attempts <n>                 # async: default 8
+//		max_age   <duration>             # async: default 72h
+//		retry_schedule <duration>...     # async: default 5s 1m 5m 30m 2h 8h 24h
+//		max_concurrency <n>              # async: deliveries in flight across all instances; default no cap
+//		rate      <n>/<duration>         # async: attempts per window across all instances; default no cap
+//		order_key json <path> | header <name>  # async: one at a time, in order, per key
+//		keep_body <duration>             # async: drop delivered bodies this long after delivery
 //		hmac {                           # provider hmac (same as a provider hmac { } block)
 //			header    <name>
 //			algorithm sha1 | sha256 | sha512
@@ -266,6 +275,8 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, seen map[string]
 				return err
 			}
 		}
+	case "mode", "deliver_to", "max_attempts", "max_age", "retry_schedule", "max_concurrency", "rate", "order_key", "keep_body":
+		return h.unmarshalAsync(d, name)
 	default:
 		return d.Errf("unknown subdirective %q", name)
 	}

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -141,6 +142,10 @@ type Handler struct {
 	// (HMAC-SHA1) header when X-Hub-Signature-256 is absent. Default false.
 	AllowSHA1 bool `json:"allow_sha1,omitempty"`
 
+	// AsyncConfig holds mode (sync or async) and the store-and-forward
+	// fields of async mode (async.go).
+	AsyncConfig
+
 	dedupeBody bool
 	verifier   signature.Verifier
 	preset     signature.Preset
@@ -152,6 +157,13 @@ type Handler struct {
 	counters   map[string]prometheus.Counter
 	ctx        caddy.Context
 	wg         *sync.WaitGroup
+	stopSweep  context.CancelFunc
+	// now is the verifier's clock for signed timestamps; nil means
+	// time.Now. Tests set it before Provision.
+	now func() time.Time
+	// signedURL is the configured URL of a URL-signed scheme, password
+	// redacted, for the log line of a failed verification.
+	signedURL string
 }
 
 // Storage selects the store backend.
@@ -243,6 +255,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		Tolerance: time.Duration(h.Tolerance),
 		URL:       repl.ReplaceAll(h.URL, ""),
 		AllowSHA1: h.AllowSHA1,
+		Now:       h.now,
 	}
 	if h.HMAC != nil {
 		opts.HMAC = signature.HMACOptions{
@@ -257,6 +270,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("provider %s: %w", h.Provider, err)
 	}
 	h.verifier = v
+	if u, err := url.Parse(opts.URL); err == nil && opts.URL != "" {
+		h.signedURL = u.Redacted()
+	}
 
 	var parts [][]eventid.Source
 	if len(h.EventID) > 0 {
@@ -309,10 +325,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	for _, o := range allOutcomes {
 		h.counters[o] = metrics.deliveries.WithLabelValues(h.Scope, h.Provider, o)
 	}
+	if err := h.provisionAsync(ctx); err != nil {
+		return err
+	}
 
+	sweepCtx, stopSweep := context.WithCancel(ctx)
+	h.stopSweep = stopSweep
 	h.wg = new(sync.WaitGroup)
 	h.wg.Add(1)
-	go h.sweepRetention(ctx)
+	go h.sweepRetention(sweepCtx)
 	return nil
 }
 
@@ -354,8 +375,10 @@ func (h *Handler) Validate() error {
 
 // Cleanup releases this handler's use of the shared store.
 func (h *Handler) Cleanup() error {
+	h.cleanupAsync() // before the store: the dispatcher uses its pool
 	if h.wg != nil {
-		h.wg.Wait() // the sweeper ends with the config's context
+		h.stopSweep()
+		h.wg.Wait()
 	}
 	if h.backend != nil {
 		unregisterScope(h.Scope, h.backend)
@@ -388,13 +411,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	raw, signed, status, reason := h.readBody(r, buf)
 	if status != 0 {
-		d.outcome = outcomeFor(status)
+		d.outcome, d.reason = outcomeFor(status), reason
 		respondError(w, status, reason, 0)
 		return nil
 	}
 	if err := h.verifier.Verify(signed, r.Header); err != nil {
-		d.outcome = outcomeInvalidSignature
-		respondError(w, http.StatusBadRequest, signatureReason(err), 0)
+		d.outcome, d.reason = outcomeInvalidSignature, signatureReason(err)
+		if h.preset.NeedsURL {
+			d.signedURL = h.signedURL // a wrong configured url is the usual cause
+		}
+		respondError(w, http.StatusBadRequest, d.reason, 0)
 		return nil
 	}
 	// The upstream gets the bytes exactly as they arrived.
@@ -418,16 +444,22 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				zap.String("scope", h.Scope), zap.String("reason", eventIDReason(err)))
 			return next.ServeHTTP(w, forwardable())
 		}
-		d.outcome = outcomeBadRequest
-		respondError(w, http.StatusBadRequest, eventIDReason(err), 0)
+		d.outcome, d.reason = outcomeBadRequest, eventIDReason(err)
+		respondError(w, http.StatusBadRequest, d.reason, 0)
 		return nil
 	}
 	d.eventID = id
+	if h.Mode == "async" {
+		return h.serveAsync(w, r, raw, signed, id, &d)
+	}
 
 	if h.completed != nil {
 		if status, ok := h.completed.Has(h.Scope, id); ok {
 			metrics.cacheHits.WithLabelValues(h.Scope).Inc()
 			d.outcome, d.status, d.cached = outcomeDuplicate, status, true
+			if h.dedupeBody {
+				h.checkSameBody(r.Context(), id, signed)
+			}
 			respondDuplicate(w)
 			return nil
 		}
@@ -538,26 +570,71 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 // settle completes or releases every claim, with a context detached from
 // the provider's connection.
 func (h *Handler) settle(parent context.Context, claims []claimRef, status int, op string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), storeTimeout)
-	defer cancel()
 	for _, c := range claims {
-		t0 := time.Now()
-		var err error
-		if op == "complete" {
-			err = h.backend.Complete(ctx, c.scope, c.id, c.token, status)
-		} else {
-			err = h.backend.Release(ctx, c.scope, c.id, c.token)
-		}
-		metrics.store.WithLabelValues(op).Observe(time.Since(t0).Seconds())
+		err := h.settleOnce(context.WithoutCancel(parent), c, status, op)
 		switch {
 		case errors.Is(err, store.ErrLeaseLost):
 			h.logger.Warn("claim lease lost before settling; another delivery may have been forwarded",
 				zap.String("scope", c.scope), zap.String("event_id", c.id), zap.String("settle", op))
 		case err != nil:
-			h.logger.Warn("settling event failed; its lease will expire",
+			h.logger.Warn("settling event failed; retrying in the background",
 				zap.String("scope", c.scope), zap.String("event_id", c.id), zap.String("settle", op), zap.Error(err))
+			if h.ctx.Context != nil {
+				go h.settleLater(c, status, op)
+			}
 		}
 	}
+}
+
+// settleRetryFor bounds how long a settle that failed on a store error is
+// retried in the background.
+const settleRetryFor = 10 * time.Minute
+
+// settleLater retries a settle the store failed (a PostgreSQL restart, a
+// network cut), with backoff, until it succeeds, the claim is lost to
+// another delivery, settleRetryFor has passed, or the config is unloaded.
+// Without it an event whose upstream answered 2xx stays processing and, once
+// its lease runs out, is forwarded again. Complete needs the claim's token,
+// not a live lease, so it still succeeds after the lease expired as long as
+// no other delivery has claimed the event.
+func (h *Handler) settleLater(c claimRef, status int, op string) {
+	delay, deadline := 100*time.Millisecond, time.Now().Add(settleRetryFor)
+	for time.Now().Before(deadline) {
+		select {
+		case <-h.ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+		err := h.settleOnce(h.ctx, c, status, op)
+		switch {
+		case err == nil:
+			h.logger.Info("settled event after a store error", zap.String("scope", c.scope),
+				zap.String("event_id", c.id), zap.String("settle", op))
+			return
+		case errors.Is(err, store.ErrLeaseLost):
+			h.logger.Warn("claim lease lost before settling; another delivery may have been forwarded",
+				zap.String("scope", c.scope), zap.String("event_id", c.id), zap.String("settle", op))
+			return
+		}
+		delay = min(2*delay, 2*time.Second)
+	}
+	h.logger.Error("gave up settling event; its lease will expire", zap.String("scope", c.scope),
+		zap.String("event_id", c.id), zap.String("settle", op))
+}
+
+// settleOnce completes or releases one claim, bounded by storeTimeout.
+func (h *Handler) settleOnce(parent context.Context, c claimRef, status int, op string) error {
+	ctx, cancel := context.WithTimeout(parent, storeTimeout)
+	defer cancel()
+	t0 := time.Now()
+	var err error
+	if op == "complete" {
+		err = h.backend.Complete(ctx, c.scope, c.id, c.token, status)
+	} else {
+		err = h.backend.Release(ctx, c.scope, c.id, c.token)
+	}
+	metrics.store.WithLabelValues(op).Observe(time.Since(t0).Seconds())
+	return err
 }
 
 // heartbeat renews the claims' leases every third of the lease until done is
@@ -657,14 +734,22 @@ func (h *Handler) checkSameBody(parent context.Context, id string, body []byte) 
 // (the decoded body when Content-Encoding is gzip). A non-zero status means
 // the delivery is refused with that status and reason.
 func (h *Handler) readBody(r *http.Request, buf *bytes.Buffer) (raw, signed []byte, status int, reason string) {
-	enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding")))
+	encs := r.Header.Values("Content-Encoding")
+	if len(encs) > 1 {
+		// The upstream would undo every line; only one is ever verified.
+		return nil, nil, http.StatusUnsupportedMediaType, "unsupported Content-Encoding (sent on several lines)"
+	}
+	enc := ""
+	if len(encs) == 1 {
+		enc = strings.ToLower(strings.TrimSpace(encs[0]))
+	}
 	if enc != "" && enc != "identity" && enc != "gzip" {
 		return nil, nil, http.StatusUnsupportedMediaType, "unsupported Content-Encoding (only gzip and identity)"
 	}
 	if r.ContentLength > h.MaxBody {
 		return nil, nil, http.StatusRequestEntityTooLarge, "body exceeds max_body"
 	}
-	n, err := buf.ReadFrom(io.LimitReader(r.Body, h.MaxBody+1))
+	n, err := readAtMost(buf, r.Body, h.MaxBody)
 	if err != nil {
 		return nil, nil, http.StatusBadRequest, "reading body failed"
 	}
@@ -692,7 +777,7 @@ func (h *Handler) readBody(r *http.Request, buf *bytes.Buffer) (raw, signed []by
 
 // sweepRetention deletes rows older than Retention in bounded batches until
 // the config is unloaded. Any instance may run it; batches don't conflict.
-func (h *Handler) sweepRetention(ctx caddy.Context) {
+func (h *Handler) sweepRetention(ctx context.Context) {
 	defer h.wg.Done()
 	t := time.NewTicker(retentionInterval)
 	defer t.Stop()
@@ -705,7 +790,7 @@ func (h *Handler) sweepRetention(ctx caddy.Context) {
 		cutoff := time.Now().Add(-time.Duration(h.Retention))
 		for i := 0; i < 100; i++ { // at most 100 batches a tick
 			dctx, cancel := context.WithTimeout(ctx, storeTimeout)
-			n, err := h.backend.DeleteBefore(dctx, cutoff, retentionBatch)
+			n, err := h.backend.DeleteBefore(dctx, []string{h.Scope, h.bodyScope()}, cutoff, retentionBatch)
 			cancel()
 			if err != nil {
 				h.logger.Warn("retention sweep failed", zap.Error(err))
@@ -725,6 +810,31 @@ const maxPooledBuf = 1 << 20
 
 var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
+// readAtMost reads r into buf until EOF or until more than limit bytes were
+// read, as buf.ReadFrom(io.LimitReader(r, limit+1)) does, but reading
+// straight into buf's spare capacity, without a reader allocated per
+// delivery.
+func readAtMost(buf *bytes.Buffer, r io.Reader, limit int64) (int64, error) {
+	var n int64
+	for n <= limit {
+		if buf.Available() < bytes.MinRead {
+			buf.Grow(bytes.MinRead)
+		}
+		b := buf.AvailableBuffer()
+		b = b[:min(int64(cap(b)), limit+1-n)]
+		m, err := r.Read(b)
+		buf.Write(b[:m]) // b is buf's own spare capacity: no copy beyond itself
+		n += int64(m)
+		if errors.Is(err, io.EOF) {
+			return n, nil
+		}
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
 // delivery collects what the per-delivery log line reports.
 type delivery struct {
 	h        *Handler
@@ -735,6 +845,12 @@ type delivery struct {
 	status   int
 	cached   bool
 	upstream time.Duration
+	// reason is why the gateway refused the delivery (the reason its
+	// answer gives; never a secret, signature or body).
+	reason string
+	// signedURL is the configured URL a URL-signed scheme checked, when
+	// that check failed.
+	signedURL string
 }
 
 func outcomeFor(status int) string {
@@ -752,7 +868,10 @@ func outcomeFor(status int) string {
 func (d *delivery) log() {
 	d.h.deliveries(d.outcome).Inc()
 	if c := d.h.logger.Check(zapcore.InfoLevel, "delivery"); c != nil {
-		c.Write(
+		// The fields' slice escapes into the core; pooled, the line costs
+		// no allocation (cores serialize the fields before Write returns).
+		fp := logFields.Get().(*[]zap.Field)
+		fields := append((*fp)[:0],
 			zap.String("scope", d.h.Scope),
 			zap.String("provider", d.h.Provider),
 			zap.String("event_id", d.eventID),
@@ -763,8 +882,24 @@ func (d *delivery) log() {
 			zap.Duration("duration", time.Since(d.start)),
 			zap.Duration("upstream", d.upstream),
 		)
+		if d.reason != "" {
+			fields = append(fields, zap.String("reason", d.reason))
+		}
+		if d.signedURL != "" {
+			fields = append(fields, zap.String("signed_url", d.signedURL))
+		}
+		c.Write(fields...)
+		clear(fields) // keep no event ID alive in the pool
+		*fp = fields[:0]
+		logFields.Put(fp)
 	}
 }
+
+// logFields pools the field slices of the per-delivery log line.
+var logFields = sync.Pool{New: func() any {
+	s := make([]zap.Field, 0, 16)
+	return &s
+}}
 
 // Interface guards
 var (
