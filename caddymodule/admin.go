@@ -1,18 +1,21 @@
 package caddymodule
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
@@ -24,15 +27,24 @@ func init() {
 // Admin is the admin API of the gateway, on Caddy's admin endpoint
 // (module admin.api.webhook_idempotency, loaded with the admin endpoint):
 //
-//	GET    /webhook_idempotency/events/{scope}/{id}   one event: state, attempts, first seen, completed at, status
-//	GET    /webhook_idempotency/events?state=processing&older_than=5m&scope=stripe&limit=100&after_scope=..&after_id=..
-//	DELETE /webhook_idempotency/events/{scope}/{id}   forget the event: the provider's next delivery is forwarded again
+//	GET    /webhook_idempotency/events/{scope}/{id}           one event: state, attempts, first seen, completed at, status
+//	GET    /webhook_idempotency/events?state=processing&older_than=5m&scope=stripe&limit=100
+//	       [&after_updated_at=..&after_scope=..&after_id=..]  a page of events, oldest update first; "next" is the next page's cursor
+//	DELETE /webhook_idempotency/events/{scope}/{id}           forget the event: the provider's next delivery is forwarded again
+//	POST   /webhook_idempotency/events/{scope}/{id}/release   a held event, or a claim whose lease expired: the next delivery is forwarded
+//	POST   /webhook_idempotency/events/{scope}/{id}/complete  the same, but later deliveries are answered as duplicates
 //
-// Scope and ID are path segments, percent-encoded as needed. Answers and
-// errors are JSON ({"error": "..."}). A forgotten event is dropped from this
+// Scope and ID are path segments, percent-encoded as needed; the body-hash
+// rows of dedupe_body live in scope "<scope>#body" ("%23body" in a path).
+// Answers and errors are JSON ({"error": "..."}): 404 for an unknown scope,
+// event or path, 400 for a bad parameter, 405 for a wrong method, 409 when
+// release or complete meets an event that is not held or stuck, 503 when the
+// store fails. A forgotten, released or completed event is dropped from this
 // instance's cache at once; other instances may answer it from their caches
 // as a duplicate for at most cacheTTL (1 minute).
-type Admin struct{}
+type Admin struct {
+	logger *zap.Logger
+}
 
 // CaddyModule returns the Caddy module information.
 func (Admin) CaddyModule() caddy.ModuleInfo {
@@ -40,6 +52,12 @@ func (Admin) CaddyModule() caddy.ModuleInfo {
 		ID:  "admin.api.webhook_idempotency",
 		New: func() caddy.Module { return new(Admin) },
 	}
+}
+
+// Provision sets up the admin API's logger: operator actions are logged.
+func (a *Admin) Provision(ctx caddy.Context) error {
+	a.logger = ctx.Logger(a) // the admin context has no module of its own
+	return nil
 }
 
 // Routes returns the admin routes.
@@ -80,8 +98,9 @@ func unregisterScope(scope string, b *backend) {
 }
 
 // backendsFor returns the backends of a scope, or of every scope when scope
-// is "".
+// is "". A body-hash scope ("<scope>#body") has the backends of its scope.
 func backendsFor(scope string) []*backend {
+	scope = strings.TrimSuffix(scope, bodyScopeSuffix)
 	scopes.Lock()
 	defer scopes.Unlock()
 	seen := map[*backend]bool{}
@@ -137,64 +156,150 @@ func writeJSON(w http.ResponseWriter, v any) error {
 	return json.NewEncoder(w).Encode(v)
 }
 
+// bodyScopeSuffix marks the scope of dedupe_body's body-hash rows.
+const bodyScopeSuffix = "#body"
+
 func (a *Admin) serve(w http.ResponseWriter, r *http.Request) error {
 	rest := strings.TrimPrefix(r.URL.EscapedPath(), adminPrefix)
 	parts := strings.Split(rest, "/")
-	if len(parts) == 0 || parts[0] != "events" {
+	if parts[0] != "events" {
 		return apiErr(http.StatusNotFound, "unknown admin path; see /webhook_idempotency/events")
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
 	if len(parts) == 1 || (len(parts) == 2 && parts[1] == "") {
-		if r.Method != http.MethodGet {
-			return apiErr(http.StatusMethodNotAllowed, "method %s not allowed", r.Method)
+		if err := allow(w, r, http.MethodGet); err != nil {
+			return err
 		}
 		return a.list(ctx, w, r)
 	}
-	if len(parts) != 3 {
-		return apiErr(http.StatusNotFound, "want /webhook_idempotency/events/{scope}/{id}")
+	if len(parts) != 3 && len(parts) != 4 {
+		return apiErr(http.StatusNotFound, "want /webhook_idempotency/events/{scope}/{id}[/release|/complete]")
 	}
 	scope, err1 := url.PathUnescape(parts[1])
 	id, err2 := url.PathUnescape(parts[2])
 	if err1 != nil || err2 != nil || scope == "" || id == "" {
 		return apiErr(http.StatusBadRequest, "bad scope or event id in path")
 	}
+	var to store.State
+	if len(parts) == 4 {
+		switch parts[3] {
+		case "release":
+			to = store.StateReleased
+		case "complete":
+			to = store.StateCompleted
+		default:
+			return apiErr(http.StatusNotFound, "unknown action %q: want release or complete", parts[3])
+		}
+		if err := allow(w, r, http.MethodPost); err != nil {
+			return err
+		}
+	} else if err := allow(w, r, http.MethodGet, http.MethodDelete); err != nil {
+		return err
+	}
 	bs := backendsFor(scope)
 	if len(bs) == 0 {
 		return apiErr(http.StatusNotFound, "no handler has scope %q", scope)
 	}
-	switch r.Method {
-	case http.MethodGet:
-		for _, b := range bs {
-			e, err := b.Get(ctx, scope, id)
-			if errors.Is(err, store.ErrNotFound) {
-				continue
-			}
-			if err != nil {
-				return apiErr(http.StatusServiceUnavailable, "event store unavailable: %v", err)
-			}
-			return writeJSON(w, toJSON(e))
-		}
-		return apiErr(http.StatusNotFound, "event not found")
-	case http.MethodDelete:
-		found := false
-		for _, b := range bs {
-			err := b.Forget(ctx, scope, id)
-			if errors.Is(err, store.ErrNotFound) {
-				continue
-			}
-			if err != nil {
-				return apiErr(http.StatusServiceUnavailable, "event store unavailable: %v", err)
-			}
-			b.completed.Forget(scope, id)
-			found = true
-		}
-		if !found {
-			return apiErr(http.StatusNotFound, "event not found")
-		}
-		return writeJSON(w, map[string]any{"forgotten": true, "scope": scope, "event_id": id})
+	switch {
+	case to != "":
+		return a.resolve(ctx, w, bs, scope, id, to)
+	case r.Method == http.MethodDelete:
+		return a.forget(ctx, w, bs, scope, id)
 	}
-	return apiErr(http.StatusMethodNotAllowed, "method %s not allowed", r.Method)
+	e, err := getEvent(ctx, bs, scope, id)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, toJSON(e))
+}
+
+// allow answers 405, with an Allow header, unless the request's method is
+// one of methods.
+func allow(w http.ResponseWriter, r *http.Request, methods ...string) error {
+	for _, m := range methods {
+		if r.Method == m {
+			return nil
+		}
+	}
+	w.Header().Set("Allow", strings.Join(methods, ", "))
+	return apiErr(http.StatusMethodNotAllowed, "method %s not allowed; want %s", r.Method, strings.Join(methods, " or "))
+}
+
+// getEvent returns the event from the first backend that has it.
+func getEvent(ctx context.Context, bs []*backend, scope, id string) (store.Event, error) {
+	for _, b := range bs {
+		e, err := b.Get(ctx, scope, id)
+		if errors.Is(err, store.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return store.Event{}, storeErr(err)
+		}
+		return e, nil
+	}
+	return store.Event{}, apiErr(http.StatusNotFound, "event not found")
+}
+
+// storeErr is the answer to a store failure. The store's errors carry no
+// DSN password or secret.
+func storeErr(err error) error {
+	return apiErr(http.StatusServiceUnavailable, "event store unavailable: %v", err)
+}
+
+func (a *Admin) forget(ctx context.Context, w http.ResponseWriter, bs []*backend, scope, id string) error {
+	found := false
+	for _, b := range bs {
+		err := b.Forget(ctx, scope, id)
+		if errors.Is(err, store.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return storeErr(err)
+		}
+		b.completed.Forget(scope, id)
+		found = true
+	}
+	if !found {
+		return apiErr(http.StatusNotFound, "event not found")
+	}
+	a.log("event forgotten by operator", scope, id)
+	return writeJSON(w, map[string]any{"forgotten": true, "scope": scope, "event_id": id})
+}
+
+// resolve releases or completes a held or stuck event (store.Resolve) and
+// answers with the event as it is now.
+func (a *Admin) resolve(ctx context.Context, w http.ResponseWriter, bs []*backend, scope, id string, to store.State) error {
+	var conflict error
+	for _, b := range bs {
+		err := b.Resolve(ctx, scope, id, to)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			continue
+		case errors.Is(err, store.ErrConflict):
+			conflict = err
+			continue
+		case err != nil:
+			return storeErr(err)
+		}
+		b.completed.Forget(scope, id)
+		e, err := b.Get(ctx, scope, id)
+		if err != nil {
+			return storeErr(err)
+		}
+		a.log("event "+string(to)+" by operator", scope, id)
+		return writeJSON(w, toJSON(e))
+	}
+	if conflict != nil {
+		return apiErr(http.StatusConflict, "%v; only a held event or a claim whose lease expired can be resolved (DELETE forgets any event)", conflict)
+	}
+	return apiErr(http.StatusNotFound, "event not found")
+}
+
+func (a *Admin) log(msg, scope, id string) {
+	if a.logger != nil {
+		a.logger.Info(msg, zap.String("scope", scope), zap.String("event_id", id))
+	}
 }
 
 func (a *Admin) list(ctx context.Context, w http.ResponseWriter, r *http.Request) error {
@@ -225,20 +330,49 @@ func (a *Admin) list(ctx context.Context, w http.ResponseWriter, r *http.Request
 		}
 		lq.OlderThan = time.Now().Add(-d)
 	}
-	events := []EventJSON{}
+	if v := q.Get("after_updated_at"); v != "" {
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			return apiErr(http.StatusBadRequest, "after_updated_at: want an RFC 3339 time, as in the previous page's next")
+		}
+		lq.AfterUpdatedAt = t
+	}
+	if err := store.CheckCursor(lq); err != nil {
+		return apiErr(http.StatusBadRequest, "after_scope and after_id need after_updated_at: pass the previous page's next")
+	}
+	var all []store.Event
 	for _, b := range backendsFor(lq.Scope) {
 		es, err := b.List(ctx, lq)
 		if err != nil {
-			return apiErr(http.StatusServiceUnavailable, "event store unavailable: %v", err)
+			return storeErr(err)
 		}
-		for _, e := range es {
-			events = append(events, toJSON(e))
-		}
+		all = append(all, es...)
+	}
+	// Several backends: merge their pages in List's order.
+	slices.SortFunc(all, func(a, b store.Event) int {
+		return cmp.Or(a.UpdatedAt.Compare(b.UpdatedAt), strings.Compare(a.Scope, b.Scope), strings.Compare(a.EventID, b.EventID))
+	})
+	if len(all) > lq.Limit {
+		all = all[:lq.Limit]
+	}
+	events := make([]EventJSON, 0, len(all))
+	for _, e := range all {
+		events = append(events, toJSON(e))
 	}
 	out := map[string]any{"events": events}
-	if len(events) >= lq.Limit {
-		last := events[len(events)-1]
-		out["next"] = map[string]string{"after_scope": last.Scope, "after_id": last.EventID}
+	if len(all) == lq.Limit {
+		last := all[len(all)-1]
+		next := map[string]string{
+			"after_updated_at": last.UpdatedAt.UTC().Format(time.RFC3339Nano),
+			"after_scope":      last.Scope,
+			"after_id":         last.EventID,
+		}
+		nq := r.URL.Query()
+		for k, v := range next {
+			nq.Set(k, v)
+		}
+		out["next"] = next
+		out["next_url"] = adminPrefix + "events?" + nq.Encode()
 	}
 	return writeJSON(w, out)
 }
@@ -246,4 +380,5 @@ func (a *Admin) list(ctx context.Context, w http.ResponseWriter, r *http.Request
 // Interface guards
 var (
 	_ caddy.AdminRouter = (*Admin)(nil)
+	_ caddy.Provisioner = (*Admin)(nil)
 )

@@ -9,6 +9,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -112,6 +113,9 @@ var (
 	// ErrLeaseLost: the row is no longer held with this token (the lease
 	// expired and another gateway claimed it, or an operator changed it).
 	ErrLeaseLost = errors.New("claim lease lost")
+	// ErrConflict: the row exists but is in a state the operation does not
+	// apply to (Resolve on a completed or released row, or on a live claim).
+	ErrConflict = errors.New("event is in another state")
 )
 
 // Store records claims. All methods are safe for concurrent use, also from
@@ -136,25 +140,71 @@ type Store interface {
 	// Forget deletes one event so the provider's next delivery is forwarded
 	// again. It returns ErrNotFound when there is no such row.
 	Forget(ctx context.Context, scope, eventID string) error
+	// Resolve is an operator's decision on an event whose outcome is
+	// unknown: a held row, or a processing row whose lease has expired (its
+	// gateway died), moves to StateReleased (the next delivery is forwarded
+	// again) or StateCompleted (later deliveries are duplicates; Status 0
+	// records that no upstream answer was seen). It returns ErrNotFound when
+	// there is no row and ErrConflict when the row is in another state (a
+	// live claim included); a row already in state to is left as it is and
+	// nil is returned. to must be StateReleased or StateCompleted.
+	Resolve(ctx context.Context, scope, eventID string, to State) error
 	// List returns events in a state whose UpdatedAt is before olderThan
 	// (zero: any), ordered by UpdatedAt then scope, event ID, at most limit,
-	// starting after the (scope, event ID) cursor when given. The cursor
-	// must name an existing event (normally the last of the previous page):
-	// List returns ErrNotFound when it does not.
+	// starting after the (AfterUpdatedAt, AfterScope, AfterID) cursor when
+	// AfterUpdatedAt is set: the values of the last event of the previous
+	// page, so paging needs no lookup of that event (it may have changed or
+	// gone meanwhile).
 	List(ctx context.Context, q ListQuery) ([]Event, error)
-	// DeleteBefore deletes at most limit rows whose FirstSeen is before
-	// cutoff and that are not processing, and reports how many it deleted.
-	DeleteBefore(ctx context.Context, cutoff time.Time, limit int) (int, error)
+	// DeleteBefore deletes at most limit rows of the given scopes whose
+	// FirstSeen is before cutoff and that are not processing, and reports
+	// how many it deleted. Rows of other scopes are never touched, so routes
+	// with different retentions can share a table; no scopes, no deletion.
+	DeleteBefore(ctx context.Context, scopes []string, cutoff time.Time, limit int) (int, error)
 	// Close releases the store's resources.
 	Close() error
 }
 
 // ListQuery selects events for List.
 type ListQuery struct {
-	State      State // "" = any
-	Scope      string
-	OlderThan  time.Time // zero = any
-	AfterScope string    // paging cursor (exclusive), with AfterEventID
-	AfterID    string
-	Limit      int // default 100, at most 1000
+	State     State // "" = any
+	Scope     string
+	OlderThan time.Time // zero = any
+	// AfterUpdatedAt, AfterScope and AfterID are the paging cursor
+	// (exclusive): the UpdatedAt, Scope and EventID of the last event of the
+	// previous page. The cursor is used when AfterUpdatedAt is not zero;
+	// AfterScope or AfterID without it is an error.
+	AfterUpdatedAt time.Time
+	AfterScope     string
+	AfterID        string
+	Limit          int // default 100, at most 1000
+}
+
+// Resolvable reports whether to is a state Resolve moves events to.
+func Resolvable(to State) bool {
+	return to == StateReleased || to == StateCompleted
+}
+
+// ResolveRefused is what Resolve reports when its statement changed no row
+// and ev is the row as read afterwards: nil when ev is already in state to,
+// else ErrConflict, wrapped with the state found. Store implementations
+// share it so they word refusals alike.
+func ResolveRefused(ev Event, to State) error {
+	switch {
+	case ev.State == to:
+		return nil
+	case ev.State == StateProcessing:
+		return fmt.Errorf("resolving event: %w: a delivery holds a live claim on it (lease until %s)",
+			ErrConflict, ev.LeaseUntil.UTC().Format(time.RFC3339))
+	}
+	return fmt.Errorf("resolving event: %w: it is %s, not held", ErrConflict, ev.State)
+}
+
+// CheckCursor rejects a paging cursor that has a scope or event ID but no
+// AfterUpdatedAt.
+func CheckCursor(q ListQuery) error {
+	if q.AfterUpdatedAt.IsZero() && (q.AfterScope != "" || q.AfterID != "") {
+		return errors.New("paging cursor needs AfterUpdatedAt with AfterScope and AfterID")
+	}
+	return nil
 }

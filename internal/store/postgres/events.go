@@ -19,9 +19,10 @@ import (
 const maxClaimRounds = 5
 
 type queries struct {
-	claim, inspect, hold                   string
-	heartbeat, complete, release           string
-	get, forget, cursor, list, deleteBatch string
+	claim, inspect, hold         string
+	heartbeat, complete, release string
+	get, forget, resolve         string
+	list, deleteBatch            string
 }
 
 const columns = `scope, event_id, state, attempts, first_seen, updated_at, lease_until, completed_at, status`
@@ -63,13 +64,18 @@ func buildQueries(ident pgx.Identifier) queries {
 			WHERE scope = $1 AND event_id = $2 AND token = $3 AND state = 'processing'`,
 		get:    `SELECT ` + columns + ` FROM ` + t + ` WHERE scope = $1 AND event_id = $2`,
 		forget: `DELETE FROM ` + t + ` WHERE scope = $1 AND event_id = $2`,
-		cursor: `SELECT updated_at FROM ` + t + ` WHERE scope = $1 AND event_id = $2`,
-		list:   `SELECT ` + columns + ` FROM ` + t,
-		// Bounded: at most $2 rows, skipping rows other sessions hold (a
-		// claim in progress), never a processing row.
+		// An operator's decision on a held row or an expired claim; $3 is
+		// 'released' or 'completed'.
+		resolve: `UPDATE ` + t + ` SET state = $3::text, token = '', lease_until = NULL, status = 0,
+				completed_at = CASE WHEN $3::text = 'completed' THEN now() END, updated_at = now()
+			WHERE scope = $1 AND event_id = $2
+				AND (state = 'held' OR (state = 'processing' AND lease_until <= now()))`,
+		list: `SELECT ` + columns + ` FROM ` + t,
+		// Bounded: at most $2 rows of the scopes $3, skipping rows other
+		// sessions hold (a claim in progress), never a processing row.
 		deleteBatch: `DELETE FROM ` + t + ` WHERE (scope, event_id) IN (
 				SELECT scope, event_id FROM ` + t + `
-				WHERE first_seen < $1 AND state <> 'processing'
+				WHERE scope = ANY($3::text[]) AND first_seen < $1 AND state <> 'processing'
 				LIMIT $2
 				FOR UPDATE SKIP LOCKED)
 			AND state <> 'processing'`,
@@ -221,10 +227,31 @@ func (s *Store) Forget(ctx context.Context, scope, eventID string) error {
 	return nil
 }
 
+// Resolve moves a held event, or a processing one whose lease has expired
+// by the database clock, to to (store.StateReleased or
+// store.StateCompleted) in one statement. See store.Store.
+func (s *Store) Resolve(ctx context.Context, scope, eventID string, to store.State) error {
+	if !store.Resolvable(to) {
+		return fmt.Errorf("resolving event: cannot resolve to state %q", to)
+	}
+	tag, err := s.pool.Exec(ctx, s.q.resolve, scope, eventID, string(to))
+	if err != nil {
+		return fmt.Errorf("resolving event: %w", interpretError(err))
+	}
+	if tag.RowsAffected() == 1 {
+		return nil
+	}
+	ev, err := s.Get(ctx, scope, eventID)
+	if err != nil {
+		return err
+	}
+	return store.ResolveRefused(ev, to)
+}
+
 // List returns events matching q, ordered by UpdatedAt, then scope, then
 // event ID. q.Limit defaults to 100 and is capped at 1000. The cursor
-// (q.AfterScope, q.AfterID) is an event of the previous page, normally its
-// last; List returns store.ErrNotFound when that event no longer exists.
+// (q.AfterUpdatedAt, q.AfterScope, q.AfterID) is the last event of the
+// previous page; it is compared, never looked up.
 func (s *Store) List(ctx context.Context, q store.ListQuery) ([]store.Event, error) {
 	var (
 		where []string
@@ -243,14 +270,12 @@ func (s *Store) List(ctx context.Context, q store.ListQuery) ([]store.Event, err
 	if !q.OlderThan.IsZero() {
 		where = append(where, "updated_at < "+arg(q.OlderThan))
 	}
-	if q.AfterScope != "" || q.AfterID != "" {
-		var after time.Time
-		err := s.pool.QueryRow(ctx, s.q.cursor, q.AfterScope, q.AfterID).Scan(&after)
-		if err != nil {
-			return nil, fmt.Errorf("listing events: cursor: %w", interpretError(err))
-		}
+	if err := store.CheckCursor(q); err != nil {
+		return nil, fmt.Errorf("listing events: %w", err)
+	}
+	if !q.AfterUpdatedAt.IsZero() {
 		where = append(where, "(updated_at, scope, event_id) > ("+
-			arg(after)+", "+arg(q.AfterScope)+", "+arg(q.AfterID)+")")
+			arg(q.AfterUpdatedAt)+", "+arg(q.AfterScope)+", "+arg(q.AfterID)+")")
 	}
 	query := s.q.list
 	if len(where) > 0 {
@@ -269,15 +294,15 @@ func (s *Store) List(ctx context.Context, q store.ListQuery) ([]store.Event, err
 	return events, nil
 }
 
-// DeleteBefore deletes, in one statement, at most limit events whose
-// FirstSeen is before cutoff and that are not processing, skipping rows
-// another session has locked, and returns how many it deleted. A limit of
-// zero or less deletes nothing.
-func (s *Store) DeleteBefore(ctx context.Context, cutoff time.Time, limit int) (int, error) {
-	if limit <= 0 {
+// DeleteBefore deletes, in one statement, at most limit events of scopes
+// whose FirstSeen is before cutoff and that are not processing, skipping
+// rows another session has locked, and returns how many it deleted. A limit
+// of zero or less, or no scopes, deletes nothing.
+func (s *Store) DeleteBefore(ctx context.Context, scopes []string, cutoff time.Time, limit int) (int, error) {
+	if limit <= 0 || len(scopes) == 0 {
 		return 0, nil
 	}
-	tag, err := s.pool.Exec(ctx, s.q.deleteBatch, cutoff, limit)
+	tag, err := s.pool.Exec(ctx, s.q.deleteBatch, cutoff, limit, scopes)
 	if err != nil {
 		return 0, fmt.Errorf("deleting old events: %w", interpretError(err))
 	}

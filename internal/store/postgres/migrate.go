@@ -45,7 +45,29 @@ func migrations(ident pgx.Identifier) []*goose.Migration {
 			)},
 			&goose.GoFunc{RunTx: execAll(`DROP TABLE IF EXISTS ` + table)},
 		),
+		// Retention is per scope (DeleteBefore takes the route's scopes), so
+		// its index leads with the scope.
+		goose.NewGoMigration(2,
+			&goose.GoFunc{RunTx: execAll(
+				`CREATE INDEX IF NOT EXISTS `+idx("_scope_first_seen_idx")+` ON `+table+` (scope, first_seen)`,
+				`DROP INDEX IF EXISTS `+schemaIdx(ident, "_first_seen_idx"),
+			)},
+			&goose.GoFunc{RunTx: execAll(
+				`CREATE INDEX IF NOT EXISTS `+idx("_first_seen_idx")+` ON `+table+` (first_seen)`,
+				`DROP INDEX IF EXISTS `+schemaIdx(ident, "_scope_first_seen_idx"),
+			)},
+		),
 	}
+}
+
+// schemaIdx is the name of the table's index with suffix, qualified with
+// the table's schema when it has one (an index lives in its table's schema).
+func schemaIdx(ident pgx.Identifier, suffix string) string {
+	name := ident[len(ident)-1] + suffix
+	if len(ident) == 2 {
+		return pgx.Identifier{ident[0], name}.Sanitize()
+	}
+	return pgx.Identifier{name}.Sanitize()
 }
 
 func execAll(stmts ...string) func(context.Context, *sql.Tx) error {

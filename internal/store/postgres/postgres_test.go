@@ -136,6 +136,15 @@ func TestNewConcurrentMigrations(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, applied)
 
+	// Retention's index leads with the scope (migration 2); the plain
+	// first_seen index it replaced is gone.
+	rows, err := stores[0].Pool().Query(t.Context(),
+		"SELECT indexname FROM pg_indexes WHERE tablename = $1 ORDER BY indexname", table)
+	require.NoError(t, err)
+	indexes, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{table + "_pkey", table + "_scope_first_seen_idx", table + "_state_updated_at_idx"}, indexes)
+
 	// A later start finds the schema current.
 	again, err := postgres.New(t.Context(), postgres.Options{DSN: dsn, Table: table})
 	require.NoError(t, err)

@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -20,9 +21,10 @@ const maxClaimRounds = 5
 const now = `CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER)`
 
 type queries struct {
-	claim, inspect, hold                   string
-	heartbeat, complete, release           string
-	get, forget, cursor, list, deleteBatch string
+	claim, inspect, hold         string
+	heartbeat, complete, release string
+	get, forget, resolve         string
+	list, deleteBatch            string
 }
 
 const columns = `scope, event_id, state, attempts, first_seen, updated_at, lease_until, completed_at, status`
@@ -59,11 +61,16 @@ func buildQueries(t string) queries {
 			WHERE scope = ?1 AND event_id = ?2 AND token = ?3 AND state = 'processing'`,
 		get:    `SELECT ` + columns + ` FROM ` + t + ` WHERE scope = ?1 AND event_id = ?2`,
 		forget: `DELETE FROM ` + t + ` WHERE scope = ?1 AND event_id = ?2`,
-		cursor: `SELECT updated_at FROM ` + t + ` WHERE scope = ?1 AND event_id = ?2`,
-		list:   `SELECT ` + columns + ` FROM ` + t,
+		// ?3 is 'released' or 'completed'.
+		resolve: `UPDATE ` + t + ` SET state = ?3, token = '', lease_until = NULL, status = 0,
+				completed_at = CASE WHEN ?3 = 'completed' THEN ` + now + ` END, updated_at = ` + now + `
+			WHERE scope = ?1 AND event_id = ?2
+				AND (state = 'held' OR (state = 'processing' AND lease_until <= ` + now + `))`,
+		list: `SELECT ` + columns + ` FROM ` + t,
+		// ?3 is a JSON array of the scopes.
 		deleteBatch: `DELETE FROM ` + t + ` WHERE (scope, event_id) IN (
 				SELECT scope, event_id FROM ` + t + `
-				WHERE first_seen < ?1 AND state <> 'processing'
+				WHERE scope IN (SELECT value FROM json_each(?3)) AND first_seen < ?1 AND state <> 'processing'
 				LIMIT ?2)`,
 	}
 }
@@ -214,11 +221,35 @@ func (s *Store) Forget(ctx context.Context, scope, eventID string) error {
 	return nil
 }
 
+// Resolve moves a held event, or a processing one whose lease has expired
+// by SQLite's clock, to to (store.StateReleased or store.StateCompleted) in
+// one statement. See store.Store.
+func (s *Store) Resolve(ctx context.Context, scope, eventID string, to store.State) error {
+	if !store.Resolvable(to) {
+		return fmt.Errorf("resolving event: cannot resolve to state %q", to)
+	}
+	res, err := s.db.ExecContext(ctx, s.q.resolve, scope, eventID, string(to))
+	if err != nil {
+		return fmt.Errorf("resolving event: %w", interpretError(err))
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("resolving event: %w", interpretError(err))
+	}
+	if n == 1 {
+		return nil
+	}
+	ev, err := s.Get(ctx, scope, eventID)
+	if err != nil {
+		return err
+	}
+	return store.ResolveRefused(ev, to)
+}
+
 // List returns events matching q, ordered by UpdatedAt, then scope, then
 // event ID (byte order). q.Limit defaults to 100 and is capped at 1000. The
-// cursor (q.AfterScope, q.AfterID) is an event of the previous page,
-// normally its last; List returns store.ErrNotFound when that event no
-// longer exists.
+// cursor (q.AfterUpdatedAt, q.AfterScope, q.AfterID) is the last event of
+// the previous page; it is compared, never looked up.
 func (s *Store) List(ctx context.Context, q store.ListQuery) ([]store.Event, error) {
 	var (
 		where []string
@@ -236,14 +267,12 @@ func (s *Store) List(ctx context.Context, q store.ListQuery) ([]store.Event, err
 		where = append(where, "updated_at < ?")
 		args = append(args, q.OlderThan.UnixMilli())
 	}
-	if q.AfterScope != "" || q.AfterID != "" {
-		var after int64
-		err := s.db.QueryRowContext(ctx, s.q.cursor, q.AfterScope, q.AfterID).Scan(&after)
-		if err != nil {
-			return nil, fmt.Errorf("listing events: cursor: %w", interpretError(err))
-		}
+	if err := store.CheckCursor(q); err != nil {
+		return nil, fmt.Errorf("listing events: %w", err)
+	}
+	if !q.AfterUpdatedAt.IsZero() {
 		where = append(where, "(updated_at, scope, event_id) > (?, ?, ?)")
-		args = append(args, after, q.AfterScope, q.AfterID)
+		args = append(args, q.AfterUpdatedAt.UnixMilli(), q.AfterScope, q.AfterID)
 	}
 	query := s.q.list
 	if len(where) > 0 {
@@ -271,14 +300,19 @@ func (s *Store) List(ctx context.Context, q store.ListQuery) ([]store.Event, err
 	return events, nil
 }
 
-// DeleteBefore deletes, in one statement, at most limit events whose
-// FirstSeen is before cutoff and that are not processing, and returns how
-// many it deleted. A limit of zero or less deletes nothing.
-func (s *Store) DeleteBefore(ctx context.Context, cutoff time.Time, limit int) (int, error) {
-	if limit <= 0 {
+// DeleteBefore deletes, in one statement, at most limit events of scopes
+// whose FirstSeen is before cutoff and that are not processing, and returns
+// how many it deleted. A limit of zero or less, or no scopes, deletes
+// nothing.
+func (s *Store) DeleteBefore(ctx context.Context, scopes []string, cutoff time.Time, limit int) (int, error) {
+	if limit <= 0 || len(scopes) == 0 {
 		return 0, nil
 	}
-	res, err := s.db.ExecContext(ctx, s.q.deleteBatch, cutoff.UnixMilli(), limit)
+	scopesJSON, err := json.Marshal(scopes)
+	if err != nil {
+		return 0, fmt.Errorf("deleting old events: %w", err)
+	}
+	res, err := s.db.ExecContext(ctx, s.q.deleteBatch, cutoff.UnixMilli(), limit, string(scopesJSON))
 	if err != nil {
 		return 0, fmt.Errorf("deleting old events: %w", interpretError(err))
 	}

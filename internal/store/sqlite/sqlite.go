@@ -200,6 +200,18 @@ func migrations(table string) []*goose.Migration {
 			)},
 			&goose.GoFunc{RunTx: execAll(`DROP TABLE IF EXISTS ` + t)},
 		),
+		// Retention is per scope (DeleteBefore takes the route's scopes), so
+		// its index leads with the scope.
+		goose.NewGoMigration(2,
+			&goose.GoFunc{RunTx: execAll(
+				`CREATE INDEX IF NOT EXISTS `+quoteIdent(table+"_scope_first_seen_idx")+` ON `+t+` (scope, first_seen)`,
+				`DROP INDEX IF EXISTS `+quoteIdent(table+"_first_seen_idx"),
+			)},
+			&goose.GoFunc{RunTx: execAll(
+				`CREATE INDEX IF NOT EXISTS `+quoteIdent(table+"_first_seen_idx")+` ON `+t+` (first_seen)`,
+				`DROP INDEX IF EXISTS `+quoteIdent(table+"_scope_first_seen_idx"),
+			)},
+		),
 	}
 }
 

@@ -374,8 +374,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 			if len(page) < 3 {
 				break
 			}
-			last := page[len(page)-1]
-			q.AfterScope, q.AfterID = last.Scope, last.EventID
+			q = after(q, page[len(page)-1])
 		}
 		require.Equal(t, keys(all), keys(paged))
 
@@ -383,10 +382,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 		page1, err := s.List(ctx, store.ListQuery{State: store.StateCompleted, Scope: "stripe", Limit: 2})
 		require.NoError(t, err)
 		require.Len(t, page1, 2)
-		page2, err := s.List(ctx, store.ListQuery{
-			State: store.StateCompleted, Scope: "stripe", Limit: 2,
-			AfterScope: page1[1].Scope, AfterID: page1[1].EventID,
-		})
+		page2, err := s.List(ctx, after(store.ListQuery{State: store.StateCompleted, Scope: "stripe", Limit: 2}, page1[1]))
 		require.NoError(t, err)
 		require.ElementsMatch(t, want[store.StateCompleted], append(eventIDs(page1), eventIDs(page2)...))
 
@@ -405,9 +401,62 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 		}
 		require.Less(t, len(before), 8)
 
-		// A cursor that names no event.
-		_, err = s.List(ctx, store.ListQuery{AfterScope: "stripe", AfterID: "gone"})
-		require.ErrorIs(t, err, store.ErrNotFound)
+		// The cursor is compared, never looked up: paging goes on when the
+		// event it came from is gone or has changed since.
+		first, err := s.List(ctx, store.ListQuery{Limit: 2})
+		require.NoError(t, err)
+		require.Len(t, first, 2)
+		cursor := first[1]
+		require.NoError(t, s.Forget(ctx, cursor.Scope, cursor.EventID))
+		rest, err := s.List(ctx, after(store.ListQuery{}, cursor))
+		require.NoError(t, err)
+		require.Equal(t, keys(all[2:]), keys(rest))
+
+		// A cursor without its UpdatedAt is refused, not taken as "from
+		// the start".
+		_, err = s.List(ctx, store.ListQuery{AfterScope: "stripe", AfterID: "evt_00"})
+		require.Error(t, err)
+	})
+
+	t.Run("ListPagingStable", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		ctx := t.Context()
+
+		// Rows claimed back to back share UpdatedAt values (SQLite keeps
+		// milliseconds), so the scope and ID tie-breakers decide the order.
+		tokens := map[string]string{}
+		for i := range 40 {
+			scope, id := fmt.Sprintf("s%d", i%3), fmt.Sprintf("e%03d", 39-i)
+			tokens[scope+"\x00"+id] = claimed(t, s, scope, id).Token
+		}
+		all, err := s.List(ctx, store.ListQuery{})
+		require.NoError(t, err)
+		require.Len(t, all, 40)
+		requireOrdered(t, all)
+
+		var paged []store.Event
+		q := store.ListQuery{Limit: 7}
+		for i := range 20 {
+			page, err := s.List(ctx, q)
+			require.NoError(t, err)
+			paged = append(paged, page...)
+			if len(page) < q.Limit {
+				break
+			}
+			q = after(q, page[len(page)-1])
+			if i == 0 {
+				// The event the cursor came from changes meanwhile (a
+				// heartbeat moves its UpdatedAt to the end of the order):
+				// paging goes on from where it was, and lists it again at
+				// its new place.
+				cur := page[len(page)-1]
+				time.Sleep(5 * time.Millisecond) // past every UpdatedAt so far, at SQLite's resolution
+				require.NoError(t, s.Heartbeat(ctx, cur.Scope, cur.EventID, tokens[cur.Scope+"\x00"+cur.EventID], lease))
+			}
+		}
+		moved := all[6]
+		require.Equal(t, append(keys(all), moved.Scope+"\x00"+moved.EventID), keys(paged))
 	})
 
 	t.Run("ListLimit", func(t *testing.T) {
@@ -454,33 +503,184 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 		// An expired processing row is still processing: never deleted.
 		_, err := s.Claim(ctx, store.ClaimParams{Scope: "s", EventID: "expired", Lease: time.Millisecond})
 		require.NoError(t, err)
+		// Rows of other scopes (another route, with its own retention) are
+		// never deleted by this route's sweep.
+		for _, scope := range []string{"other", "s2", "S"} {
+			c := claimed(t, s, scope, "done_0")
+			require.NoError(t, s.Complete(ctx, scope, "done_0", c.Token, 200))
+		}
+		scopes := []string{"s", "s#body"}
+		c := claimed(t, s, "s#body", "sha256:00")
+		require.NoError(t, s.Complete(ctx, "s#body", "sha256:00", c.Token, 200))
 
-		n, err := s.DeleteBefore(ctx, time.Now().Add(-time.Hour), 100)
+		n, err := s.DeleteBefore(ctx, scopes, time.Now().Add(-time.Hour), 100)
 		require.NoError(t, err)
 		require.Zero(t, n, "nothing is that old")
 
-		n, err = s.DeleteBefore(ctx, time.Now().Add(time.Hour), 0)
+		n, err = s.DeleteBefore(ctx, scopes, time.Now().Add(time.Hour), 0)
 		require.NoError(t, err)
 		require.Zero(t, n)
 
-		n, err = s.DeleteBefore(ctx, time.Now().Add(time.Hour), 4)
+		n, err = s.DeleteBefore(ctx, nil, time.Now().Add(time.Hour), 100)
+		require.NoError(t, err)
+		require.Zero(t, n, "no scopes, no deletion")
+
+		n, err = s.DeleteBefore(ctx, scopes, time.Now().Add(time.Hour), 4)
 		require.NoError(t, err)
 		require.Equal(t, 4, n, "bounded by limit")
 
-		n, err = s.DeleteBefore(ctx, time.Now().Add(time.Hour), 100)
+		n, err = s.DeleteBefore(ctx, scopes, time.Now().Add(time.Hour), 100)
 		require.NoError(t, err)
-		require.Equal(t, 2, n)
+		require.Equal(t, 3, n)
 
-		n, err = s.DeleteBefore(ctx, time.Now().Add(time.Hour), 100)
+		n, err = s.DeleteBefore(ctx, scopes, time.Now().Add(time.Hour), 100)
 		require.NoError(t, err)
 		require.Zero(t, n)
 
-		left, err := s.List(ctx, store.ListQuery{})
+		left, err := s.List(ctx, store.ListQuery{Scope: "s"})
 		require.NoError(t, err)
 		require.ElementsMatch(t, []string{"busy_0", "busy_1", "expired"}, eventIDs(left))
 		for _, ev := range left {
 			require.Equal(t, store.StateProcessing, ev.State)
 		}
+		_, err = s.Get(ctx, "s#body", "sha256:00")
+		require.ErrorIs(t, err, store.ErrNotFound)
+		for _, scope := range []string{"other", "s2", "S"} {
+			ev, err := s.Get(ctx, scope, "done_0")
+			require.NoError(t, err, "scope %s", scope)
+			require.Equal(t, store.StateCompleted, ev.State)
+		}
+
+		// The other scope's own sweep deletes its rows.
+		n, err = s.DeleteBefore(ctx, []string{"other"}, time.Now().Add(time.Hour), 100)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		_, err = s.Get(ctx, "other", "done_0")
+		require.ErrorIs(t, err, store.ErrNotFound)
+	})
+
+	t.Run("Resolve", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		ctx := t.Context()
+		get := func(t *testing.T, id string) store.Event {
+			t.Helper()
+			ev, err := s.Get(ctx, "s", id)
+			require.NoError(t, err)
+			return ev
+		}
+		// hold parks an event as held: its claim expires and the next
+		// claim (on_ambiguous hold) holds it.
+		hold := func(t *testing.T, id string) {
+			t.Helper()
+			_, err := s.Claim(ctx, store.ClaimParams{Scope: "s", EventID: id, Lease: shortLease})
+			require.NoError(t, err)
+			h := waitClaim(t, s, store.ClaimParams{Scope: "s", EventID: id, Lease: lease, HoldOnExpiry: true})
+			require.Equal(t, store.Held, h.Outcome)
+		}
+		// resolveExpired resolves a processing row once its short lease has
+		// expired by the database clock; before that it is a live claim.
+		resolveExpired := func(t *testing.T, id string, to store.State) {
+			t.Helper()
+			deadline := time.Now().Add(expiryWait)
+			for {
+				err := s.Resolve(ctx, "s", id, to)
+				if !errors.Is(err, store.ErrConflict) {
+					require.NoError(t, err)
+					return
+				}
+				require.True(t, time.Now().Before(deadline), "lease of %s did not expire within %s", shortLease, expiryWait)
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+
+		require.ErrorIs(t, s.Resolve(ctx, "s", "missing", store.StateReleased), store.ErrNotFound)
+
+		t.Run("held to released", func(t *testing.T) {
+			hold(t, "held_r")
+			require.NoError(t, s.Resolve(ctx, "s", "held_r", store.StateReleased))
+			ev := get(t, "held_r")
+			require.Equal(t, store.StateReleased, ev.State)
+			require.True(t, ev.LeaseUntil.IsZero())
+			require.True(t, ev.CompletedAt.IsZero())
+			// The next delivery is forwarded again.
+			c := claimed(t, s, "s", "held_r")
+			require.Equal(t, 2, c.Attempts)
+		})
+
+		t.Run("held to completed", func(t *testing.T) {
+			hold(t, "held_c")
+			before := get(t, "held_c")
+			require.NoError(t, s.Resolve(ctx, "s", "held_c", store.StateCompleted))
+			ev := get(t, "held_c")
+			require.Equal(t, store.StateCompleted, ev.State)
+			require.False(t, ev.CompletedAt.IsZero())
+			require.Zero(t, ev.Status, "no upstream answer was seen")
+			require.Equal(t, before.Attempts, ev.Attempts)
+			require.False(t, ev.UpdatedAt.Before(before.UpdatedAt))
+			d := claim(t, s, "s", "held_c")
+			require.Equal(t, store.Duplicate, d.Outcome)
+			// Again: already completed, nothing changes.
+			require.NoError(t, s.Resolve(ctx, "s", "held_c", store.StateCompleted))
+			require.Equal(t, ev, get(t, "held_c"))
+		})
+
+		t.Run("expired claim", func(t *testing.T) {
+			for _, to := range []store.State{store.StateReleased, store.StateCompleted} {
+				id := "expired_" + string(to)
+				c, err := s.Claim(ctx, store.ClaimParams{Scope: "s", EventID: id, Lease: shortLease})
+				require.NoError(t, err)
+				require.Equal(t, store.Claimed, c.Outcome)
+				resolveExpired(t, id, to)
+				require.Equal(t, to, get(t, id).State)
+				// The gateway that held the claim cannot settle it any more.
+				require.ErrorIs(t, s.Complete(ctx, "s", id, c.Token, 200), store.ErrLeaseLost)
+				require.ErrorIs(t, s.Release(ctx, "s", id, c.Token), store.ErrLeaseLost)
+				require.Equal(t, to, get(t, id).State)
+			}
+		})
+
+		t.Run("refused", func(t *testing.T) {
+			live := claimed(t, s, "s", "live")
+			done := claimed(t, s, "s", "done")
+			require.NoError(t, s.Complete(ctx, "s", "done", done.Token, 201))
+			gone := claimed(t, s, "s", "gone")
+			require.NoError(t, s.Release(ctx, "s", "gone", gone.Token))
+
+			cases := []struct {
+				id   string
+				to   store.State
+				want error // nil: accepted, row unchanged
+			}{
+				{"live", store.StateReleased, store.ErrConflict},
+				{"live", store.StateCompleted, store.ErrConflict},
+				{"done", store.StateReleased, store.ErrConflict},
+				{"done", store.StateCompleted, nil},
+				{"gone", store.StateCompleted, store.ErrConflict},
+				{"gone", store.StateReleased, nil},
+			}
+			for _, tc := range cases {
+				before := get(t, tc.id)
+				err := s.Resolve(ctx, "s", tc.id, tc.to)
+				if tc.want == nil {
+					require.NoError(t, err, "%s to %s", tc.id, tc.to)
+				} else {
+					require.ErrorIs(t, err, tc.want, "%s to %s", tc.id, tc.to)
+				}
+				require.Equal(t, before, get(t, tc.id), "%s to %s changed the row", tc.id, tc.to)
+			}
+			// Other target states are refused without touching the row.
+			hold(t, "held_x")
+			for _, to := range []store.State{store.StateProcessing, store.StateHeld, ""} {
+				err := s.Resolve(ctx, "s", "held_x", to)
+				require.Error(t, err)
+				require.NotErrorIs(t, err, store.ErrConflict)
+				require.Equal(t, store.StateHeld, get(t, "held_x").State)
+			}
+			// The live claim still settles normally.
+			require.NoError(t, s.Complete(ctx, "s", "live", live.Token, 200))
+			require.Equal(t, 201, get(t, "done").Status)
+		})
 	})
 
 	t.Run("ScopesIsolated", func(t *testing.T) {
@@ -556,7 +756,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 				break
 			}
 			paged = append(paged, page[0].EventID)
-			q.AfterScope, q.AfterID = page[0].Scope, page[0].EventID
+			q = after(q, page[0])
 		}
 		require.ElementsMatch(t, ids, paged)
 	})
@@ -672,6 +872,12 @@ func eventIDs(evs []store.Event) []string {
 		ids[i] = ev.EventID
 	}
 	return ids
+}
+
+// after sets q's paging cursor to ev, the last event of the previous page.
+func after(q store.ListQuery, ev store.Event) store.ListQuery {
+	q.AfterUpdatedAt, q.AfterScope, q.AfterID = ev.UpdatedAt, ev.Scope, ev.EventID
+	return q
 }
 
 func keys(evs []store.Event) []string {

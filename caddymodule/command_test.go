@@ -1,0 +1,274 @@
+package caddymodule
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/stretchr/testify/require"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/eventid"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
+)
+
+// cliSigningSecret is a well-formed signing secret for provider: Standard
+// Webhooks' whsec_<base64>, Discord's private seed, else plain text.
+func cliSigningSecret(t *testing.T, provider string) string {
+	t.Helper()
+	b := make([]byte, 32)
+	_, err := rand.Read(b)
+	require.NoError(t, err)
+	switch provider {
+	case "standard", "svix":
+		return "whsec_" + base64.StdEncoding.EncodeToString(b)
+	case "discord":
+		return hex.EncodeToString(b)
+	}
+	return "cli_" + hex.EncodeToString(b)
+}
+
+// TestSignAcceptedByEveryProvider signs a delivery with the CLI's signing
+// code for every preset and serves it through a real Handler configured for
+// that provider (SQLite store): the first delivery reaches the upstream,
+// the same event signed again is a duplicate.
+func TestSignAcceptedByEveryProvider(t *testing.T) {
+	t.Parallel()
+	for _, provider := range signature.Providers() {
+		t.Run(provider, func(t *testing.T) {
+			t.Parallel()
+			preset, ok := signature.Lookup(provider)
+			require.True(t, ok)
+			signing := cliSigningSecret(t, provider)
+			verifying, err := signature.PublicSecret(provider, signing)
+			require.NoError(t, err)
+
+			h := &Handler{
+				Provider: provider,
+				Secrets:  []string{verifying},
+				Storage:  &Storage{Backend: "sqlite", Path: filepath.Join(t.TempDir(), "events.db")},
+			}
+			p := signParams{Provider: provider, Secret: signing}
+			if preset.NeedsURL {
+				h.URL = "https://hooks.example.test/" + provider + "?tenant=a"
+				p.URL = h.URL
+			}
+			if provider == "hmac" {
+				h.HMAC = &HMACConfig{Header: "X-Webhook-Signature", Algorithm: "sha512", Encoding: "base64", Prefix: "sha512="}
+				p.HMAC = signature.HMACOptions{Header: "X-Webhook-Signature", Algorithm: "sha512", Encoding: "base64", Prefix: "sha512="}
+			}
+			if len(preset.EventID) == 0 {
+				h.EventID = []eventid.Source{{Kind: eventid.JSON, Name: "id"}}
+				p.EventIDFrom = "json id"
+			}
+			ctx, cancel := caddy.NewContext(caddy.Context{Context: t.Context()})
+			err = h.Provision(ctx)
+			t.Cleanup(func() {
+				cancel()
+				_ = h.Cleanup()
+			})
+			require.NoError(t, err)
+			require.NoError(t, h.Validate())
+
+			var calls atomic.Int32
+			var forwarded []byte
+			next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+				calls.Add(1)
+				forwarded, _ = io.ReadAll(r.Body)
+				w.WriteHeader(http.StatusAccepted)
+				_, _ = io.WriteString(w, `{"upstream":true}`)
+				return nil
+			})
+			serve := func(d testDelivery) *httptest.ResponseRecorder {
+				req := httptest.NewRequest(http.MethodPost, "http://gateway.test/hook", bytes.NewReader(d.Body))
+				for k, vs := range d.Header {
+					req.Header[k] = vs
+				}
+				req = req.WithContext(context.WithValue(req.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
+				rec := httptest.NewRecorder()
+				require.NoError(t, h.ServeHTTP(rec, req, next))
+				return rec
+			}
+
+			d, err := buildDelivery(p)
+			require.NoError(t, err)
+			require.NotEmpty(t, d.EventID)
+			rec := serve(d)
+			require.Equal(t, http.StatusAccepted, rec.Code, "refused: %s", rec.Body)
+			require.Empty(t, rec.Header().Get("Idempotent-Replayed"))
+			require.EqualValues(t, 1, calls.Load())
+			require.Equal(t, d.Body, forwarded)
+
+			// The same event, signed again (a provider's retry).
+			p.EventID = d.EventID
+			p.Now = time.Now().Add(time.Second)
+			again, err := buildDelivery(p)
+			require.NoError(t, err)
+			require.Equal(t, d.EventID, again.EventID)
+			rec = serve(again)
+			require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+			require.Equal(t, "true", rec.Header().Get("Idempotent-Replayed"))
+			require.EqualValues(t, 1, calls.Load())
+		})
+	}
+}
+
+func TestBuildDelivery(t *testing.T) {
+	t.Parallel()
+	t.Run("fresh id in the example payload, kept with --event-id", func(t *testing.T) {
+		t.Parallel()
+		a, err := buildDelivery(signParams{Provider: "stripe", Secret: "whsec_x"})
+		require.NoError(t, err)
+		b, err := buildDelivery(signParams{Provider: "stripe", Secret: "whsec_x"})
+		require.NoError(t, err)
+		require.NotEqual(t, a.EventID, b.EventID)
+		var body struct{ ID, Object string }
+		require.NoError(t, json.Unmarshal(a.Body, &body))
+		require.Equal(t, a.EventID, body.ID)
+		require.Equal(t, "event", body.Object, "the rest of the payload is kept")
+		require.Equal(t, "application/json", a.Header.Get("Content-Type"))
+
+		c, err := buildDelivery(signParams{Provider: "stripe", Secret: "whsec_x", EventID: "evt_fixed"})
+		require.NoError(t, err)
+		require.Equal(t, "evt_fixed", c.EventID)
+		require.Contains(t, string(c.Body), `"evt_fixed"`)
+	})
+	t.Run("own body keeps its id", func(t *testing.T) {
+		t.Parallel()
+		body := []byte(`{"id":"evt_mine","object":"event"}`)
+		d, err := buildDelivery(signParams{Provider: "stripe", Secret: "whsec_x", Body: body})
+		require.NoError(t, err)
+		require.Equal(t, "evt_mine", d.EventID)
+		require.Equal(t, body, d.Body, "sent byte for byte")
+	})
+	t.Run("header id and extra headers", func(t *testing.T) {
+		t.Parallel()
+		d, err := buildDelivery(signParams{
+			Provider: "github", Secret: "gh", EventID: "guid-1",
+			Headers: http.Header{"X-Github-Event": {"push"}},
+		})
+		require.NoError(t, err)
+		require.Equal(t, "guid-1", d.Header.Get("X-GitHub-Delivery"))
+		require.Equal(t, "push", d.Header.Get("X-GitHub-Event"))
+		require.True(t, strings.HasPrefix(d.Header.Get("X-Hub-Signature-256"), "sha256="))
+	})
+	t.Run("form body", func(t *testing.T) {
+		t.Parallel()
+		d, err := buildDelivery(signParams{
+			Provider: "hmac", Secret: "s", HMAC: signature.HMACOptions{Header: "X-Sig"},
+			Body: []byte("a=1&b=2"), ContentType: "application/x-www-form-urlencoded",
+			EventID: "ev-9", EventIDFrom: "form event",
+		})
+		require.NoError(t, err)
+		require.Equal(t, "a=1&b=2&event=ev-9", string(d.Body))
+		require.NotEmpty(t, d.Header.Get("X-Sig"))
+	})
+	t.Run("refusals", func(t *testing.T) {
+		t.Parallel()
+		for name, p := range map[string]signParams{
+			"unknown provider":     {Provider: "nope", Secret: "s"},
+			"no secret":            {Provider: "stripe"},
+			"id without a source":  {Provider: "hmac", Secret: "s", HMAC: signature.HMACOptions{Header: "X-Sig"}, EventID: "e"},
+			"bad source":           {Provider: "stripe", Secret: "s", EventIDFrom: "cookie x", EventID: "e"},
+			"json into a non-JSON": {Provider: "stripe", Secret: "s", Body: []byte("a=1"), EventID: "e"},
+			"url-signed, no url":   {Provider: "square", Secret: "s"},
+		} {
+			_, err := buildDelivery(p)
+			require.Error(t, err, name)
+			require.NotContains(t, err.Error(), "whsec", name)
+		}
+	})
+}
+
+// runCLI runs "caddy webhook-idempotency <args>" in process and returns its
+// standard output.
+func runCLI(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	root := &cobra.Command{Use: "webhook-idempotency", SilenceErrors: true, SilenceUsage: true}
+	configureCommand(root)
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(io.Discard)
+	root.SetArgs(args)
+	err := root.Execute()
+	return out.String(), err
+}
+
+// TestCommandEndToEnd runs the sign and event subcommands against the
+// in-process Caddy: deliveries signed by the CLI are forwarded once, and the
+// event commands see and change them through the admin API.
+func TestCommandEndToEnd(t *testing.T) {
+	secret := "whsec_" + randomHex(16)
+	g := startOpsGateway(t, opsConfig{secrets: []string{secret}})
+	id := "evt_cli_" + randomHex(6)
+	sign := func(extra ...string) (string, error) {
+		args := append([]string{"sign", "--provider", "stripe", "--secret", secret, "--to", g.url,
+			"--event-id", id, "--header", "X-Test-Event: " + id}, extra...)
+		return runCLI(t, args...)
+	}
+	event := func(action string, extra ...string) (string, error) {
+		return runCLI(t, append([]string{"event", action, "--admin", "localhost:2999", "--scope", g.scope, "--id", id}, extra...)...)
+	}
+
+	out, err := sign()
+	require.NoError(t, err, out)
+	require.Contains(t, out, "status: 200\n")
+	require.Contains(t, out, "Idempotent-Replayed: false\n")
+	require.Contains(t, out, `{"upstream":true}`)
+	require.Contains(t, out, "event_id="+id)
+	require.NotContains(t, out, secret)
+	require.Equal(t, 1, g.up.count(id))
+
+	out, err = sign()
+	require.NoError(t, err, out)
+	require.Contains(t, out, "status: 200\n")
+	require.Contains(t, out, "Idempotent-Replayed: true\n")
+	require.Contains(t, out, `"duplicate":true`)
+	require.Equal(t, 1, g.up.count(id))
+
+	out, err = event("get")
+	require.NoError(t, err)
+	var ev EventJSON
+	require.NoError(t, json.Unmarshal([]byte(out), &ev), out)
+	require.Equal(t, "completed", ev.State)
+	require.Equal(t, 1, ev.Attempts)
+	require.Equal(t, 200, ev.Status)
+
+	out, err = runCLI(t, "event", "list", "--admin", "localhost:2999", "--scope", g.scope, "--state", "completed")
+	require.NoError(t, err)
+	require.Contains(t, out, `"event_id": "`+id+`"`)
+
+	_, err = event("release")
+	require.ErrorContains(t, err, "HTTP 409", "a completed event is not released")
+
+	out, err = event("forget")
+	require.NoError(t, err)
+	require.Contains(t, out, `"forgotten": true`)
+	_, err = event("get")
+	require.ErrorContains(t, err, "HTTP 404")
+
+	out, err = sign()
+	require.NoError(t, err, out)
+	require.Contains(t, out, "Idempotent-Replayed: false\n")
+	require.Equal(t, 2, g.up.count(id), "forgotten: forwarded again")
+
+	// A refused delivery: the answer is printed and the command fails.
+	out, err = runCLI(t, "sign", "--provider", "stripe", "--secret", "whsec_wrong", "--to", g.url)
+	require.Error(t, err)
+	require.Contains(t, out, "status: 400\n")
+	require.Contains(t, out, "no matching signature")
+}

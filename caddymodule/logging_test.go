@@ -1,0 +1,151 @@
+package caddymodule
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// readLogLines returns the JSON lines of Caddy's log file, raw and decoded.
+func readLogLines(t *testing.T, path string) ([]string, []map[string]any) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	require.NoError(t, err)
+	var (
+		raw     []string
+		decoded []map[string]any
+	)
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(make([]byte, 0, 64*1024), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.TrimSpace(line) == "" {
+			continue
+		}
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &m), "not a JSON log line: %s", line)
+		raw = append(raw, line)
+		decoded = append(decoded, m)
+	}
+	require.NoError(t, sc.Err())
+	return raw, decoded
+}
+
+// TestDeliveryLogs runs the handler in Caddy with the default log written as
+// JSON to a file, and reads what the handler logged: one "delivery" line per
+// request with its fields, and never a secret, signature or body.
+func TestDeliveryLogs(t *testing.T) {
+	current, previous := "whsec_current_"+randomHex(16), "whsec_previous_"+randomHex(16)
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	g := startOpsGateway(t, opsConfig{secrets: []string{current, previous}, logFile: logFile})
+
+	marker := "body_marker_" + randomHex(12)
+	var sigHeaders []string
+	deliver := func(id, secret string) result {
+		t.Helper()
+		req := signedRequest(t, g.url, secret, id, stripeBody(id, marker))
+		sigHeaders = append(sigHeaders, req.Header.Get("Stripe-Signature"))
+		return send(t, req)
+	}
+	first, failing := "evt_log_"+randomHex(6), "evt_log_"+randomHex(6)
+
+	require.Equal(t, 200, deliver(first, previous).status) // rotation: the second secret verifies
+	require.True(t, deliver(first, current).replayed)
+	require.Equal(t, 400, deliver(first, "whsec_stranger_"+randomHex(8)).status)
+	g.up.answer(failing, http.StatusBadGateway)
+	require.Equal(t, http.StatusBadGateway, deliver(failing, current).status)
+	// An operator forgets the first event: the admin API logs it.
+	require.Equal(t, http.StatusOK, adminDo(t, http.MethodDelete, eventPath(g.scope, first)).status)
+
+	type want struct {
+		eventID, outcome string
+		attempt, status  float64
+	}
+	wants := []want{
+		{first, outcomeCompleted, 1, 200},
+		{first, outcomeDuplicate, 0, 200},
+		{"", outcomeInvalidSignature, 0, 0},
+		{failing, outcomeReleased, 1, http.StatusBadGateway},
+	}
+
+	// The line is written as the handler returns, which may be just after
+	// the client has its answer.
+	var raw []string
+	var deliveries, operator []map[string]any
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		var lines []map[string]any
+		raw, lines = readLogLines(t, logFile)
+		deliveries, operator = deliveries[:0], operator[:0]
+		for _, l := range lines {
+			switch {
+			case l["logger"] == "http.handlers.webhook_idempotency" && l["msg"] == "delivery":
+				deliveries = append(deliveries, l)
+			case l["logger"] == "admin.api.webhook_idempotency":
+				operator = append(operator, l)
+			}
+		}
+		if len(deliveries) >= len(wants) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.Len(t, deliveries, len(wants), "one delivery line per request")
+	for i, w := range wants {
+		// Lines are written as handlers return, not necessarily in the
+		// order the answers reached the client: find each by what it says.
+		var l map[string]any
+		for _, d := range deliveries {
+			if d["event_id"] == w.eventID && d["outcome"] == w.outcome {
+				require.Nil(t, l, "two lines for %s %s", w.eventID, w.outcome)
+				l = d
+			}
+		}
+		require.NotNil(t, l, "no delivery line for %s %s", w.eventID, w.outcome)
+		require.Equal(t, "info", l["level"], "line %d", i)
+		require.Equal(t, g.scope, l["scope"], "line %d", i)
+		require.Equal(t, "stripe", l["provider"], "line %d", i)
+		require.Equal(t, w.eventID, l["event_id"], "line %d", i)
+		require.Equal(t, w.outcome, l["outcome"], "line %d", i)
+		if w.outcome == outcomeDuplicate {
+			// Answered from the cache (no attempt count) or by the store
+			// (the attempts so far): either way not a new attempt.
+			require.Contains(t, []any{0.0, 1.0}, l["attempt"], "line %d", i)
+		} else {
+			require.Equal(t, w.attempt, l["attempt"], "line %d", i)
+		}
+		require.Equal(t, w.status, l["status"], "line %d", i)
+		require.Contains(t, l, "duration", "line %d", i)
+		require.IsType(t, 0.0, l["duration"], "line %d: duration in seconds", i)
+	}
+
+	require.Len(t, operator, 1, "the forget is logged")
+	require.Equal(t, "event forgotten by operator", operator[0]["msg"])
+	require.Equal(t, g.scope, operator[0]["scope"])
+	require.Equal(t, first, operator[0]["event_id"])
+
+	// Nothing secret anywhere in the log, from any logger.
+	require.NotEmpty(t, raw)
+	secrets := append([]string{current, previous, marker}, sigHeaders...)
+	for _, h := range sigHeaders {
+		_, v1, ok := strings.Cut(h, "v1=")
+		require.True(t, ok)
+		secrets = append(secrets, v1) // the bare signature
+	}
+	for _, line := range raw {
+		for _, s := range secrets {
+			require.NotContains(t, line, s)
+		}
+		require.NotContains(t, line, "payment_intent.succeeded", "body content")
+	}
+}
