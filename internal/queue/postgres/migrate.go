@@ -3,13 +3,11 @@ package postgres
 import (
 	"context"
 	"database/sql"
-	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
-	"github.com/pressly/goose/v3/lock"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/pgschema"
 )
 
 // migrations create the queue's two tables next to the events table. They
@@ -103,47 +101,15 @@ func execAll(stmts ...string) func(context.Context, *sql.Tx) error {
 // advisory lock of their own (see lockKey), so the queue and the store never
 // wait on each other's migrations.
 func (q *Queue) migrate(ctx context.Context, opts Options) error {
-	ctx, cancel := context.WithTimeout(ctx, opts.MigrationTimeout)
-	defer cancel()
-
-	qualified := q.names.events
-	if len(qualified) == 1 {
-		var schema string
-		if err := q.pool.QueryRow(ctx, `SELECT COALESCE(current_schema(), '')`).Scan(&schema); err != nil {
-			return interpretError(err)
-		}
-		qualified = pgx.Identifier{schema, qualified[0]}
-	}
-	tries := uint64(opts.MigrationTimeout/time.Second) + 1
-	locker, err := lock.NewPostgresSessionLocker(
-		lock.WithLockID(lockKey("migrate", qualified[0], qualified[1])),
-		lock.WithLockTimeout(1, tries),
-		lock.WithUnlockTimeout(1, 10),
-	)
+	qualified, err := pgschema.Qualify(ctx, q.pool, q.names.events)
 	if err != nil {
 		return err
 	}
-
-	db := stdlib.OpenDBFromPool(q.pool) // closing it leaves the pool open
-	defer db.Close()
-
-	options := []goose.ProviderOption{
-		goose.WithTableName(opts.Table + "_queue_goose_version"),
-		goose.WithSessionLocker(locker),
-		goose.WithGoMigrations(migrations(q.names)...),
-		goose.WithDisableGlobalRegistry(true),
-	}
-	if opts.Logger != nil {
-		options = append(options, goose.WithSlog(opts.Logger))
-	} else {
-		options = append(options, goose.WithLogger(goose.NopLogger()))
-	}
-	provider, err := goose.NewProvider(goose.DialectPostgres, db, nil, options...)
-	if err != nil {
-		return fmt.Errorf("setting up goose: %w", err)
-	}
-	if _, err := provider.Up(ctx); err != nil {
-		return err
-	}
-	return nil
+	return pgschema.Up(ctx, q.pool, pgschema.Migration{
+		VersionTable: opts.Table + "_queue_goose_version",
+		LockID:       lockKey("migrate", qualified[0], qualified[1]),
+		Migrations:   migrations(q.names),
+		Timeout:      opts.MigrationTimeout,
+		Logger:       opts.Logger,
+	})
 }

@@ -17,9 +17,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
-	"math"
 	"regexp"
 	"strings"
 	"time"
@@ -27,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/pgschema"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue"
 )
 
@@ -131,9 +130,7 @@ func parseTable(name string) (names, error) {
 // prefix, so it never collides with the store's migration lock by design
 // (and with an application's keys only by a 2^-63 chance).
 func lockKey(parts ...string) int64 {
-	h := fnv.New64a()
-	_, _ = h.Write([]byte("caddy-webhook-idempotency-queue\x00" + strings.Join(parts, "\x00")))
-	return int64(h.Sum64() & math.MaxInt64)
+	return pgschema.LockID(append([]string{"queue"}, parts...)...)
 }
 
 func micros(d time.Duration) int64 { return d.Microseconds() }

@@ -1,41 +1,19 @@
 package postgres
 
 import (
-	"context"
-	"errors"
-	"fmt"
 	"net/url"
 	"regexp"
 	"slices"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/pgschema"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
 
-// interpretError maps driver errors at the store's edge (River's
-// interpretError): pgx.ErrNoRows becomes store.ErrNotFound, context
-// cancellation and deadlines stay matchable with errors.Is, and everything
-// else is flattened into a plain error, so callers never see pgx.ErrNoRows,
-// *pgconn.PgError or other driver types.
-func interpretError(err error) error {
-	var pgErr *pgconn.PgError
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, pgx.ErrNoRows):
-		return store.ErrNotFound
-	case errors.Is(err, context.Canceled):
-		return fmt.Errorf("postgres: %w", context.Canceled)
-	case errors.Is(err, context.DeadlineExceeded):
-		return fmt.Errorf("postgres: %w", context.DeadlineExceeded)
-	case errors.As(err, &pgErr):
-		return fmt.Errorf("postgres: %s (SQLSTATE %s)", pgErr.Message, pgErr.Code)
-	}
-	return fmt.Errorf("postgres: %s", err.Error())
-}
+// interpretError maps driver errors at the store's edge: callers never see
+// pgx.ErrNoRows (it becomes store.ErrNotFound), *pgconn.PgError or other
+// driver types (see pgschema.MapError).
+func interpretError(err error) error { return pgschema.MapError(err, store.ErrNotFound) }
 
 var (
 	urlPasswordRE  = regexp.MustCompile(`://[^:@/]*:(.*)@`)

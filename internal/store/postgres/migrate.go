@@ -3,15 +3,11 @@ package postgres
 import (
 	"context"
 	"database/sql"
-	"fmt"
-	"hash/fnv"
-	"math"
-	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
-	"github.com/pressly/goose/v3/lock"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/pgschema"
 )
 
 // Migrations are goose Go migrations rather than embedded .sql files because
@@ -88,52 +84,15 @@ func execAll(stmts ...string) func(context.Context, *sql.Tx) error {
 // tables (or an application using goose with its default lock) never wait
 // on each other.
 func (s *Store) migrate(ctx context.Context, ident pgx.Identifier, opts Options) error {
-	ctx, cancel := context.WithTimeout(ctx, opts.MigrationTimeout)
-	defer cancel()
-
-	qualified := ident
-	if len(ident) == 1 {
-		var schema string
-		if err := s.pool.QueryRow(ctx, `SELECT COALESCE(current_schema(), '')`).Scan(&schema); err != nil {
-			return interpretError(err)
-		}
-		qualified = pgx.Identifier{schema, ident[0]}
-	}
-	h := fnv.New64a()
-	_, _ = h.Write([]byte("caddy-webhook-idempotency\x00" + qualified[0] + "\x00" + qualified[1]))
-	lockID := int64(h.Sum64() & math.MaxInt64)
-
-	// Retry the advisory lock every second until the migration timeout.
-	tries := uint64(opts.MigrationTimeout/time.Second) + 1
-	locker, err := lock.NewPostgresSessionLocker(
-		lock.WithLockID(lockID),
-		lock.WithLockTimeout(1, tries),
-		lock.WithUnlockTimeout(1, 10),
-	)
+	qualified, err := pgschema.Qualify(ctx, s.pool, ident)
 	if err != nil {
 		return err
 	}
-
-	db := stdlib.OpenDBFromPool(s.pool)
-	defer db.Close()
-
-	options := []goose.ProviderOption{
-		goose.WithTableName(s.table + "_goose_version"),
-		goose.WithSessionLocker(locker),
-		goose.WithGoMigrations(migrations(ident)...),
-		goose.WithDisableGlobalRegistry(true),
-	}
-	if opts.Logger != nil {
-		options = append(options, goose.WithSlog(opts.Logger))
-	} else {
-		options = append(options, goose.WithLogger(goose.NopLogger()))
-	}
-	provider, err := goose.NewProvider(goose.DialectPostgres, db, nil, options...)
-	if err != nil {
-		return fmt.Errorf("setting up goose: %w", err)
-	}
-	if _, err := provider.Up(ctx); err != nil {
-		return err
-	}
-	return nil
+	return pgschema.Up(ctx, s.pool, pgschema.Migration{
+		VersionTable: s.table + "_goose_version",
+		LockID:       pgschema.LockID(qualified[0], qualified[1]),
+		Migrations:   migrations(ident),
+		Timeout:      opts.MigrationTimeout,
+		Logger:       opts.Logger,
+	})
 }
