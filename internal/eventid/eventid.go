@@ -11,7 +11,9 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 )
@@ -27,6 +29,9 @@ var (
 	ErrTooLong   = errors.New("event id longer than 255 bytes")
 	ErrAmbiguous = errors.New("event id given more than once")
 	ErrBadBody   = errors.New("body is not valid for the event id source")
+	// ErrNotText: the ID holds a NUL byte or is not valid UTF-8; no
+	// provider sends one, and PostgreSQL's text cannot store it.
+	ErrNotText = errors.New("event id is not valid UTF-8 text")
 )
 
 // Kind is where a part of the ID is read from.
@@ -88,10 +93,11 @@ func (e *Extractor) Parts() [][]Source { return e.parts }
 
 // Extract returns the event ID of a delivery whose (decoded) body and headers
 // are given. The errors are ErrMissing, ErrEmpty, ErrNotScalar, ErrTooLong,
-// ErrAmbiguous and ErrBadBody, wrapped with the source's name.
+// ErrAmbiguous, ErrBadBody and ErrNotText, wrapped with the source's name.
 func (e *Extractor) Extract(body []byte, h http.Header) (string, error) {
 	var form url.Values
-	vals := make([]string, 0, len(e.parts))
+	var small [4]string // no allocation for the usual one-part key
+	vals := small[:0]
 	for _, alts := range e.parts {
 		var (
 			v   string
@@ -110,7 +116,7 @@ func (e *Extractor) Extract(body []byte, h http.Header) (string, error) {
 	}
 	id := vals[0]
 	if len(vals) > 1 {
-		b, _ := json.Marshal(vals)
+		b, _ := json.Marshal(slices.Clone(vals)) // a copy escapes, not small
 		id = string(b)
 	}
 	if len(id) > MaxLen {
@@ -122,14 +128,14 @@ func (e *Extractor) Extract(body []byte, h http.Header) (string, error) {
 func extractOne(s Source, body []byte, h http.Header, form *url.Values) (string, error) {
 	switch s.Kind {
 	case Header:
-		vs := h.Values(s.Name)
+		vs := headerValues(h, s.Name)
 		switch {
 		case len(vs) == 0:
 			return "", fmt.Errorf("header %s: %w", s.Name, ErrMissing)
 		case len(vs) > 1:
 			return "", fmt.Errorf("header %s: %w", s.Name, ErrAmbiguous)
 		}
-		return checkValue("header "+s.Name, strings.TrimSpace(vs[0]))
+		return checkValue(s, strings.TrimSpace(vs[0]))
 	case JSON:
 		if !gjson.ValidBytes(body) {
 			return "", fmt.Errorf("json %s: %w: not JSON", s.Name, ErrBadBody)
@@ -137,10 +143,10 @@ func extractOne(s Source, body []byte, h http.Header, form *url.Values) (string,
 		r := gjson.GetBytes(body, s.Name)
 		switch r.Type {
 		case gjson.String:
-			return checkValue("json "+s.Name, r.Str)
+			return checkValue(s, r.Str)
 		case gjson.Number:
 			// Keyed by the exact decimal text, so 2^63+1 is not rounded.
-			return checkValue("json "+s.Name, r.Raw)
+			return checkValue(s, r.Raw)
 		case gjson.Null:
 			if !r.Exists() {
 				return "", fmt.Errorf("json %s: %w", s.Name, ErrMissing)
@@ -164,17 +170,35 @@ func extractOne(s Source, body []byte, h http.Header, form *url.Values) (string,
 		case len(vs) > 1:
 			return "", fmt.Errorf("form %s: %w", s.Name, ErrAmbiguous)
 		}
-		return checkValue("form "+s.Name, vs[0])
+		return checkValue(s, vs[0])
 	}
 	return "", fmt.Errorf("unknown event id source %q", s.Kind)
 }
 
-func checkValue(src, v string) (string, error) {
+// headerValues returns every value of header name, also under keys that are
+// not in canonical form (a hand-built header, as HTTP/2 writes names), so
+// names are case-insensitive and a second line can never hide.
+func headerValues(h http.Header, name string) []string {
+	vals := slices.Clip(h.Values(name)) // append must not write into the header's array
+	canon := http.CanonicalHeaderKey(name)
+	for k, vs := range h {
+		if len(k) == len(name) && k != canon && strings.EqualFold(k, name) {
+			vals = append(vals, vs...)
+		}
+	}
+	return vals
+}
+
+// checkValue checks an ID part read from s; s names it in errors only, so
+// a valid ID costs no message string.
+func checkValue(s Source, v string) (string, error) {
 	switch {
 	case v == "":
-		return "", fmt.Errorf("%s: %w", src, ErrEmpty)
+		return "", fmt.Errorf("%s: %w", s, ErrEmpty)
 	case len(v) > MaxLen:
-		return "", fmt.Errorf("%s: %w", src, ErrTooLong)
+		return "", fmt.Errorf("%s: %w", s, ErrTooLong)
+	case !utf8.ValidString(v) || strings.IndexByte(v, 0) >= 0:
+		return "", fmt.Errorf("%s: %w", s, ErrNotText)
 	}
 	return v, nil
 }
