@@ -32,4 +32,4 @@ echo "== go test: PostgreSQL stopped and restarted under load (disruptive, runs 
 WEBHOOK_IDEMPOTENCY_DISRUPTIVE=1 go test -race -count=1 -timeout 10m -run '^TestPostgresRestartUnderLoad$' ./internal/e2e/
 
 echo "== short fuzz runs"
-bash scripts/fuzz.sh 5s
+bash scripts/fuzz.sh 1500x
