@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -157,6 +158,7 @@ type Handler struct {
 	counters   map[string]prometheus.Counter
 	ctx        caddy.Context
 	wg         *sync.WaitGroup
+	busy       *tracker // forwards and settles in flight
 	stopSweep  context.CancelFunc
 	// now is the verifier's clock for signed timestamps; nil means
 	// time.Now. Tests set it before Provision.
@@ -205,6 +207,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.ctx = ctx
 	h.logger = ctx.Logger()
+	h.busy = new(tracker)
 	repl := caddy.NewReplacer()
 
 	preset, ok := signature.Lookup(h.Provider)
@@ -380,15 +383,42 @@ func (h *Handler) Cleanup() error {
 		h.stopSweep()
 		h.wg.Wait()
 	}
-	if h.backend != nil {
-		unregisterScope(h.Scope, h.backend)
+	release := func() error {
+		if h.backend != nil {
+			unregisterScope(h.Scope, h.backend)
+		}
+		if h.poolKey != "" {
+			_, err := backends.Delete(h.poolKey)
+			return err
+		}
+		return nil
 	}
-	if h.poolKey != "" {
-		_, err := backends.Delete(h.poolKey)
-		return err
+	// A forward that outlives the config (a reload, or a route removed while
+	// it runs) must still settle its claim in this store: if the reload
+	// changed the storage, the store would otherwise close under it and the
+	// event, left processing, would be forwarded again after its lease.
+	if h.busy.active() {
+		go func() {
+			h.busy.wait()
+			if err := release(); err != nil {
+				h.logger.Warn("releasing the store after the last forward", zap.Error(err))
+			}
+		}()
+		return nil
 	}
-	return nil
+	return release()
 }
+
+// tracker counts a handler's forwards and background settles still running.
+type tracker struct {
+	wg sync.WaitGroup
+	n  atomic.Int64
+}
+
+func (t *tracker) add()         { t.n.Add(1); t.wg.Add(1) }
+func (t *tracker) done()        { t.wg.Done(); t.n.Add(-1) }
+func (t *tracker) active() bool { return t.n.Load() > 0 }
+func (t *tracker) wait()        { t.wg.Wait() }
 
 // ServeHTTP verifies, claims, forwards once and settles. See DESIGN.md,
 // "Request path".
@@ -416,11 +446,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return nil
 	}
 	if err := h.verifier.Verify(signed, r.Header); err != nil {
-		d.outcome, d.reason = outcomeInvalidSignature, signatureReason(err)
+		d.outcome, d.reason = outcomeInvalidSignature, err.Error()
 		if h.preset.NeedsURL {
 			d.signedURL = h.signedURL // a wrong configured url is the usual cause
 		}
-		respondError(w, http.StatusBadRequest, d.reason, 0)
+		respondError(w, http.StatusBadRequest, signatureReason(err), 0)
 		return nil
 	}
 	// The upstream gets the bytes exactly as they arrived.
@@ -433,7 +463,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	if h.preset.Handshake != nil && h.preset.Handshake(signed, r.Header) {
 		d.outcome = outcomeHandshake
-		return next.ServeHTTP(w, forwardable())
+		return h.passOn(w, forwardable(), next, &d)
 	}
 
 	id, err := h.extractor.Extract(signed, r.Header)
@@ -442,7 +472,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			d.outcome = outcomeForwardedNoID
 			h.logger.Warn("delivery has no usable event id; forwarded without deduplication (on_missing_id forward)",
 				zap.String("scope", h.Scope), zap.String("reason", eventIDReason(err)))
-			return next.ServeHTTP(w, forwardable())
+			return h.passOn(w, forwardable(), next, &d)
 		}
 		d.outcome, d.reason = outcomeBadRequest, eventIDReason(err)
 		respondError(w, http.StatusBadRequest, d.reason, 0)
@@ -517,6 +547,41 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	return h.forward(w, forwardable(), next, claims, &d)
 }
 
+// passOn runs the next handler for a delivery forwarded without a claim
+// (handshakes, on_missing_id forward) and answers its error itself.
+func (h *Handler) passOn(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, d *delivery) error {
+	rec := caddyhttp.NewResponseRecorder(w, nil, nil)
+	err := next.ServeHTTP(rec, r)
+	d.status = rec.Status()
+	return h.answerProxyError(rec, err, d)
+}
+
+// answerProxyError answers an error of the next handler (the upstream
+// refused the connection, timed out, the provider hung up) here instead of
+// returning it to Caddy: Caddy's error log line prints the request's headers,
+// and with them the signature or, for GitLab, the secret token itself.
+// The answer is the error's status (502 when it has none) with a JSON body;
+// the log line names the error, never a header. Routes' handle_errors blocks
+// therefore do not see upstream errors of this handler.
+func (h *Handler) answerProxyError(rec caddyhttp.ResponseRecorder, err error, d *delivery) error {
+	if err == nil {
+		return nil
+	}
+	status := http.StatusBadGateway
+	var he caddyhttp.HandlerError
+	if errors.As(err, &he) && he.StatusCode >= 400 {
+		status = he.StatusCode
+	}
+	if rec.Status() == 0 {
+		respondError(rec, status, "upstream unavailable", 0)
+		d.status = status
+	}
+	if c := h.logger.Check(zapcore.WarnLevel, "upstream error"); c != nil {
+		c.Write(zap.String("scope", h.Scope), zap.String("event_id", d.eventID), zap.Int("status", status), zap.Error(err))
+	}
+	return nil
+}
+
 // claimRef is one claim this delivery holds: the event ID's, and with
 // dedupe_body the body hash's.
 type claimRef struct {
@@ -527,6 +592,10 @@ type claimRef struct {
 // and settles them on the upstream's answer. The forward is detached from the
 // provider's connection and bounded by ForwardTimeout instead.
 func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, claims []claimRef, d *delivery) error {
+	// Keep the store open until this claim is settled, even if a config
+	// reload drops the handler meanwhile (see Cleanup).
+	h.busy.add()
+	defer h.busy.done()
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), time.Duration(h.ForwardTimeout))
 	defer cancel()
 
@@ -564,7 +633,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 		d.outcome = outcomeReleased
 		h.settle(r.Context(), claims, status, "release")
 	}
-	return err
+	return h.answerProxyError(rec, err, d)
 }
 
 // settle completes or releases every claim, with a context detached from
@@ -580,7 +649,11 @@ func (h *Handler) settle(parent context.Context, claims []claimRef, status int, 
 			h.logger.Warn("settling event failed; retrying in the background",
 				zap.String("scope", c.scope), zap.String("event_id", c.id), zap.String("settle", op), zap.Error(err))
 			if h.ctx.Context != nil {
-				go h.settleLater(c, status, op)
+				h.busy.add()
+				go func() {
+					defer h.busy.done()
+					h.settleLater(c, status, op)
+				}()
 			}
 		}
 	}
@@ -599,13 +672,12 @@ const settleRetryFor = 10 * time.Minute
 // no other delivery has claimed the event.
 func (h *Handler) settleLater(c claimRef, status int, op string) {
 	delay, deadline := 100*time.Millisecond, time.Now().Add(settleRetryFor)
+	// It outlives a config reload on purpose: the store stays open until it
+	// ends (see Cleanup), and giving up would let the event be forwarded again.
+	ctx := context.WithoutCancel(h.ctx)
 	for time.Now().Before(deadline) {
-		select {
-		case <-h.ctx.Done():
-			return
-		case <-time.After(delay):
-		}
-		err := h.settleOnce(h.ctx, c, status, op)
+		time.Sleep(delay)
+		err := h.settleOnce(ctx, c, status, op)
 		switch {
 		case err == nil:
 			h.logger.Info("settled event after a store error", zap.String("scope", c.scope),

@@ -59,15 +59,18 @@ func retrySeconds(d time.Duration) int {
 }
 
 // signatureReason turns a verification error into the reason the provider
-// (and the operator reading its dashboard) sees. It never includes a secret
-// or a signature: the signature package's errors don't carry them.
+// (and the operator reading its dashboard) sees: one of "missing signature
+// header", "malformed signature header", "no matching signature" and
+// "timestamp outside tolerance". The details (the header concerned,
+// how many secrets were tried, the tolerance) go to the log line only: they
+// tell a prober how the route is configured. No secret or signature is ever
+// in either.
 func signatureReason(err error) string {
-	switch {
-	case errors.Is(err, signature.ErrMissingHeader),
-		errors.Is(err, signature.ErrMalformedHeader),
-		errors.Is(err, signature.ErrNoMatchingSignature),
-		errors.Is(err, signature.ErrTimestampOutOfTolerance):
-		return err.Error()
+	for _, sentinel := range []error{signature.ErrMissingHeader, signature.ErrMalformedHeader,
+		signature.ErrNoMatchingSignature, signature.ErrTimestampOutOfTolerance} {
+		if errors.Is(err, sentinel) {
+			return sentinel.Error()
+		}
 	}
 	return "signature verification failed"
 }

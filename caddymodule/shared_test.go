@@ -2,11 +2,14 @@ package caddymodule
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/stretchr/testify/require"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
@@ -70,4 +73,51 @@ func TestStoreSharedAcrossHandlers(t *testing.T) {
 	require.NoError(t, d.Cleanup())
 	_, err = be.Claim(ctx, store.ClaimParams{Scope: "a", EventID: "evt_closed", Lease: time.Second})
 	require.Error(t, err, "the last cleanup closed the pool")
+}
+
+// A reload that changes a route's storage (or removes the route) while a
+// forward runs: the old handler is cleaned up mid-forward, yet its claim must
+// still settle in its store, or the event would be forwarded again after the
+// lease (found by a new user's trial).
+func TestForwardOutlivesItsConfig(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL")
+	}
+	dsn := testDSN(t)
+	table := "outlive_" + randomHex(6)
+	t.Cleanup(func() { dropTable(dsn, table) })
+	secret := "whsec_" + randomHex(8)
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	h := provisionFromCaddyfile(t, ctx, "webhook_idempotency {\n provider stripe\n secret "+secret+
+		"\n lease 2s\n storage postgres \""+dsn+"\"\n table "+table+"\n}")
+
+	entered, release := make(chan struct{}), make(chan struct{})
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		close(entered)
+		<-release
+		w.WriteHeader(http.StatusOK)
+		return nil
+	})
+	id := "evt_" + randomHex(8)
+	done := make(chan error, 1)
+	go func() {
+		done <- h.ServeHTTP(httptest.NewRecorder(), stripeDelivery(t, "http://127.0.0.1/hook", secret, id, time.Now()), next)
+	}()
+	<-entered
+	cancel() // the config is unloaded...
+	require.NoError(t, h.Cleanup())
+	time.Sleep(2500 * time.Millisecond) // ...for longer than the lease: the heartbeat must go on
+	close(release)
+	require.NoError(t, <-done)
+
+	// A fresh store on the same table sees the event completed.
+	ctx2, cancel2 := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel2)
+	other := provisionFromCaddyfile(t, ctx2, "webhook_idempotency {\n provider stripe\n secret s\n storage postgres \""+dsn+
+		"&application_name=after_reload\"\n table "+table+"\n}")
+	t.Cleanup(func() { _ = other.Cleanup() })
+	require.Eventually(t, func() bool {
+		ev, err := other.backend.Get(context.Background(), "stripe", id)
+		return err == nil && ev.State == store.StateCompleted
+	}, 5*time.Second, 50*time.Millisecond)
 }
