@@ -137,7 +137,8 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, seen map[string]
 	case "secret":
 		var s string
 		if !d.AllArgs(&s) {
-			return d.ArgErr()
+			// d.ArgErr would echo the token after the secret.
+			return d.Err("secret: want exactly one value (quote a secret that contains spaces)")
 		}
 		h.Secrets = append(h.Secrets, s)
 	case "tolerance":

@@ -115,6 +115,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			},
 		},
 		{name: "provider block repeats tolerance", input: "webhook_idempotency {\n provider stripe {\n tolerance 1m\n }\n tolerance 2m\n secret s\n}", wantErr: "tolerance already specified"},
+		{name: "secret with two values", input: "webhook_idempotency {\n provider stripe\n secret hunter2 extra\n}", wantErr: "secret: want exactly one value"},
 		{name: "no secret", input: "webhook_idempotency {\n provider stripe\n}", wantErr: "secret"},
 		{name: "no provider", input: "webhook_idempotency {\n secret s\n}", wantErr: "provider"},
 		{name: "unknown subdirective", input: "webhook_idempotency {\n provider stripe\n secret s\n frobnicate 1\n}", wantErr: `unknown subdirective "frobnicate"`},

@@ -222,6 +222,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.Scope == "" {
 		h.Scope = h.Provider
 	}
+	if strings.ContainsRune(h.Scope, '#') {
+		// "<scope>#body" is the namespace of dedupe_body's body hashes.
+		return fmt.Errorf("scope: %q must not contain '#'", h.Scope)
+	}
 	if h.Lease == 0 {
 		h.Lease = caddy.Duration(defaultLease)
 	}
@@ -270,7 +274,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	v, err := signature.New(h.Provider, opts)
 	if err != nil {
-		return fmt.Errorf("provider %s: %w", h.Provider, err)
+		return err // the signature package's errors name the provider
 	}
 	h.verifier = v
 	if u, err := url.Parse(opts.URL); err == nil && opts.URL != "" {
@@ -303,9 +307,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 
 	st := Storage{Backend: "sqlite", Path: filepath.Join(caddy.AppDataDir(), "webhook_idempotency", "events.db")}
 	if h.Storage != nil {
-		st = *h.Storage
-		st.DSN = repl.ReplaceAll(st.DSN, "")
-		st.Path = repl.ReplaceAll(st.Path, "")
+		table := h.Storage.Table
+		if h.Storage.Backend != "" {
+			st = *h.Storage
+			st.DSN = repl.ReplaceAll(st.DSN, "")
+			st.Path = repl.ReplaceAll(st.Path, "")
+		}
+		st.Table = table // `table` alone names the table of the default SQLite file
 	}
 	entries := defaultCache
 	if h.Cache != nil {
@@ -733,7 +741,7 @@ func (h *Handler) heartbeat(ctx context.Context, claims []claimRef, done <-chan 
 			switch {
 			case errors.Is(err, store.ErrLeaseLost):
 				h.logger.Warn("claim lease lost while forwarding", zap.String("scope", c.scope), zap.String("event_id", c.id))
-			case err != nil:
+			case err != nil && ctx.Err() == nil: // not the forward ending meanwhile
 				h.logger.Warn("renewing claim lease failed", zap.String("scope", c.scope),
 					zap.String("event_id", c.id), zap.Error(err))
 			}

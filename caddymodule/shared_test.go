@@ -121,3 +121,25 @@ func TestForwardOutlivesItsConfig(t *testing.T) {
 		return err == nil && ev.State == store.StateCompleted
 	}, 5*time.Second, 50*time.Millisecond)
 }
+
+// `table` without `storage` names the table of the default SQLite file
+// (it used to fail with `unknown storage backend ""`).
+func TestTableWithoutStorageUsesDefaultSQLite(t *testing.T) {
+	t.Setenv("XDG_DATA_HOME", t.TempDir())
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	h := provisionFromCaddyfile(t, ctx, "webhook_idempotency {\n provider stripe\n secret s\n table my_events\n}")
+	t.Cleanup(func() { cancel(); _ = h.Cleanup() })
+	require.Equal(t, "sqlite\x00"+caddy.AppDataDir()+"/webhook_idempotency/events.db\x00my_events", h.poolKey)
+	cl, err := h.backend.Claim(context.Background(), store.ClaimParams{Scope: "stripe", EventID: "evt_t", Lease: time.Second})
+	require.NoError(t, err)
+	require.Equal(t, store.Claimed, cl.Outcome)
+}
+
+func TestScopeMustNotContainHash(t *testing.T) {
+	t.Setenv("XDG_DATA_HOME", t.TempDir())
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	h := new(Handler)
+	require.NoError(t, h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("webhook_idempotency {\n provider stripe\n secret s\n scope a#body\n}")))
+	require.ErrorContains(t, h.Provision(ctx), "scope")
+}

@@ -26,15 +26,13 @@ import (
 
 func main() {
 	url := flag.String("url", "http://127.0.0.1:8080/webhooks/stripe", "gateway URL")
-	secret := flag.String("secret", os.Getenv("STRIPE_WEBHOOK_SECRET"), "Stripe signing secret (default $STRIPE_WEBHOOK_SECRET)")
+	secret := flag.String("secret", envOr("STRIPE_WEBHOOK_SECRET", "whsec_demo_not_a_real_secret"),
+		"Stripe signing secret (default $STRIPE_WEBHOOK_SECRET, else the demo's)")
 	n := flag.Int("n", 5, "how many times to deliver the event (1..1000)")
 	concurrent := flag.Bool("concurrent", false, "send all deliveries at once instead of one after another")
 	payload := flag.String("payload", "examples/payloads/stripe_payment_intent_succeeded.json", "event body template")
 	eventID := flag.String("id", "", "event ID (default: a fresh evt_...)")
 	flag.Parse()
-	if *secret == "" {
-		log.Fatal("no secret: pass -secret or set STRIPE_WEBHOOK_SECRET")
-	}
 	if *n < 1 || *n > 1000 {
 		log.Fatal("-n must be between 1 and 1000")
 	}
@@ -112,4 +110,11 @@ func replaceID(body []byte, id string) []byte {
 	out := append([]byte{}, body[:i+len(key)]...)
 	out = append(out, id...)
 	return append(out, body[i+len(key)+j:]...)
+}
+
+func envOr(name, fallback string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return fallback
 }

@@ -143,6 +143,12 @@ func extractOne(s Source, body []byte, h http.Header, form *url.Values) (string,
 		r := gjson.GetBytes(body, s.Name)
 		switch r.Type {
 		case gjson.String:
+			if loneSurrogate(r.Raw) {
+				// gjson (like encoding/json) turns a lone \ud800-\udfff
+				// escape into U+FFFD, so "\ud801" and "\ud802" would be one
+				// key: refuse such IDs instead of merging distinct events.
+				return "", fmt.Errorf("%s: %w", s, ErrNotText)
+			}
 			return checkValue(s, r.Str)
 		case gjson.Number:
 			// Keyed by the exact decimal text, so 2^63+1 is not rounded.
@@ -201,4 +207,51 @@ func checkValue(s Source, v string) (string, error) {
 		return "", fmt.Errorf("%s: %w", s, ErrNotText)
 	}
 	return v, nil
+}
+
+// loneSurrogate reports whether a raw JSON string holds a \uD800-\uDFFF
+// escape that is not half of a surrogate pair.
+func loneSurrogate(raw string) bool {
+	for i := 0; i+6 <= len(raw); i++ {
+		if raw[i] != '\\' {
+			continue
+		}
+		if raw[i+1] != 'u' {
+			i++ // skip the escaped character (it may be a backslash)
+			continue
+		}
+		hi, ok := hex4(raw[i+2 : i+6])
+		switch {
+		case !ok || hi < 0xD800 || hi > 0xDFFF:
+		case hi <= 0xDBFF && i+12 <= len(raw) && raw[i+6] == '\\' && raw[i+7] == 'u':
+			lo, ok := hex4(raw[i+8 : i+12])
+			if !ok || lo < 0xDC00 || lo > 0xDFFF {
+				return true
+			}
+			i += 11
+			continue
+		default:
+			return true
+		}
+		i += 5
+	}
+	return false
+}
+
+func hex4(s string) (rune, bool) {
+	var r rune
+	for i := 0; i < 4; i++ {
+		c := s[i]
+		switch {
+		case c >= '0' && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case c >= 'a' && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case c >= 'A' && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return r, true
 }

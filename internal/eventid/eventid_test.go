@@ -28,6 +28,12 @@ func TestExtract(t *testing.T) {
 		wantErr error
 	}{
 		{name: "json string", parts: [][]Source{jsonID}, body: `{"id":"evt_1"}`, want: "evt_1"},
+		{name: "json lone high surrogate", parts: [][]Source{jsonID}, body: `{"id":"evt_\ud801"}`, wantErr: ErrNotText},
+		{name: "json lone low surrogate", parts: [][]Source{jsonID}, body: `{"id":"evt_\udfff"}`, wantErr: ErrNotText},
+		{name: "json reversed pair", parts: [][]Source{jsonID}, body: `{"id":"evt_\udc00\ud800"}`, wantErr: ErrNotText},
+		{name: "json surrogate pair", parts: [][]Source{jsonID}, body: `{"id":"evt_\ud83d\ude00"}`, want: "evt_😀"},
+		{name: "json escaped backslash then u", parts: [][]Source{jsonID}, body: `{"id":"evt_\\ud801"}`, want: `evt_\ud801`},
+		{name: "json literal replacement character", parts: [][]Source{jsonID}, body: `{"id":"evt_\ufffd"}`, want: "evt_\ufffd"},
 		{name: "json string unescaped", parts: [][]Source{jsonID}, body: `{"id":"evt_\u00e9\"q"}`, want: "evt_é\"q"},
 		{name: "json big number keeps its text", parts: [][]Source{jsonID}, body: `{"id":18446744073709551617}`, want: "18446744073709551617"},
 		{name: "json nested path", parts: [][]Source{{{JSON, "data.object.id"}}}, body: `{"data":{"object":{"id":"pi_1"}}}`, want: "pi_1"},
