@@ -4,7 +4,7 @@ GO    ?= go
 BIN   := bin/caddy
 export STRIPE_WEBHOOK_SECRET ?= whsec_demo_not_a_real_secret
 
-.PHONY: run demo test test-short build accept fuzz soak vet clean
+.PHONY: run demo test test-short build accept fuzz soak bench bench-growth bench-memory bench-micro vet clean
 
 ## build: the custom Caddy binary (what xcaddy builds) into bin/caddy
 build:
@@ -35,6 +35,22 @@ accept:
 ## soak: 200,000+ deliveries through two gateways on one PostgreSQL, upstream failing 10% (see RELIABILITY.md)
 soak:
 	@DSN=$$(bash scripts/postgres.sh) && TEST_DATABASE_URL="$$DSN" $(GO) run ./internal/e2e/soak $(SOAKFLAGS)
+
+## bench: what a delivery costs, side by side with plain Caddy and the store's limit (BENCHMARKS.md); flags in BENCHFLAGS
+bench: build
+	@DSN=$$(bash scripts/postgres.sh) && BENCH_DATABASE_URL="$$DSN" $(GO) run ./bench $(BENCHFLAGS)
+
+## bench-growth: claim latency on an empty vs a 10M-row table, and during a retention sweep (needs ~6 GB of disk)
+bench-growth:
+	@DSN=$$(bash scripts/postgres.sh) && BENCH_DATABASE_URL="$$DSN" $(GO) run ./bench -mode growth $(BENCHFLAGS)
+
+## bench-memory: the gateway's peak RSS under 200 concurrent 1 MiB deliveries, and RSS over a soak of small ones
+bench-memory: build
+	@DSN=$$(bash scripts/postgres.sh) && BENCH_DATABASE_URL="$$DSN" $(GO) run ./bench -mode memory $(BENCHFLAGS)
+
+## bench-micro: the Go micro-benchmarks (signature schemes, event ID, the cached duplicate path)
+bench-micro:
+	$(GO) test -run '^$$' -bench . -benchmem ./internal/signature ./internal/eventid ./caddymodule
 
 ## fuzz: each fuzz target for FUZZTIME (default 30s)
 fuzz:

@@ -156,6 +156,8 @@ type Handler struct {
 	poolKey    string
 	logger     *zap.Logger
 	counters   map[string]prometheus.Counter
+	cacheHit   prometheus.Counter // cache_hits_total of the scope
+	cacheMiss  prometheus.Counter // cache_misses_total of the scope
 	ctx        caddy.Context
 	wg         *sync.WaitGroup
 	busy       *tracker // forwards and settles in flight
@@ -304,6 +306,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.extractor, err = eventid.New(parts); err != nil {
 		return fmt.Errorf("event_id: %w", err)
 	}
+	if h.preset.JSONBody {
+		// The verifier refuses every body that is not a valid JSON object
+		// before the ID is read (the same bytes, the same validator), so
+		// the extractor need not validate it a second time.
+		h.extractor.AssumeValidJSON()
+	}
 
 	st := Storage{Backend: "sqlite", Path: filepath.Join(caddy.AppDataDir(), "webhook_idempotency", "events.db")}
 	if h.Storage != nil {
@@ -336,6 +344,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	for _, o := range allOutcomes {
 		h.counters[o] = metrics.deliveries.WithLabelValues(h.Scope, h.Provider, o)
 	}
+	h.cacheHit = metrics.cacheHits.WithLabelValues(h.Scope)
+	h.cacheMiss = metrics.cacheMiss.WithLabelValues(h.Scope)
 	if err := h.provisionAsync(ctx); err != nil {
 		return err
 	}
@@ -493,7 +503,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	if h.completed != nil {
 		if status, ok := h.completed.Has(h.Scope, id); ok {
-			metrics.cacheHits.WithLabelValues(h.Scope).Inc()
+			h.cacheHit.Inc()
 			d.outcome, d.status, d.cached = outcomeDuplicate, status, true
 			if h.dedupeBody {
 				h.checkSameBody(r.Context(), id, signed)
@@ -501,7 +511,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			respondDuplicate(w)
 			return nil
 		}
-		metrics.cacheMiss.WithLabelValues(h.Scope).Inc()
+		h.cacheMiss.Inc()
 	}
 
 	cctx, cancel := context.WithTimeout(r.Context(), storeTimeout)

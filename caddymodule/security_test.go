@@ -204,7 +204,6 @@ func TestSecurity_HostileEventIDs(t *testing.T) {
 			`"evt_\\back\\slash%00%27"`:           `evt_\back\slash%00%27`,
 			`"evt_\u0001\u001f\t"`:                "evt_\x01\x1f\t",
 			`"` + strings.Repeat(check, 85) + `"`: strings.Repeat(check, 85), // exactly 255 bytes
-			`"evt_\ud800_lone_surrogate"`:         "evt_\ufffd_lone_surrogate",
 			`123456789012345678901234567890`:      "123456789012345678901234567890",
 			`"$1; SELECT pg_sleep(10)"`:           "$1; SELECT pg_sleep(10)",
 			`"evt_` + "\u00a0\u2028\u2029" + `"`:  "evt_\u00a0\u2028\u2029",
@@ -212,6 +211,7 @@ func TestSecurity_HostileEventIDs(t *testing.T) {
 		}
 		refused := map[string]string{ // JSON spelling -> the reason
 			`"evt_\u0000nul"`:                       "not valid UTF-8 text",
+			`"evt_\ud800_lone_surrogate"`:           "not valid UTF-8 text", // would merge with \udbff etc. as U+FFFD
 			"\"evt_\xff\xfe\"":                      "not valid UTF-8 text",
 			`"` + strings.Repeat(check, 85) + `x"`:  "longer than 255 bytes",
 			`"` + strings.Repeat("A", 10<<10) + `"`: "longer than 255 bytes",
