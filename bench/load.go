@@ -32,7 +32,20 @@ type scenario struct {
 	// dup: redeliveries of completed events; the events are completed
 	// through the same gateway before the warm-up.
 	dup bool
+	// async: mode async; deliveries are answered once queued.
+	async bool
 }
+
+// asyncTable is the events table of async/ack (its queue tables are
+// <asyncTable>_queue and _attempts); dropped at the end.
+const asyncTable = "bench_async"
+
+// slowUpstreamDelay is how long the upstream that async/ack's dispatcher
+// delivers to takes per event: the slow legacy handler async mode is for.
+const slowUpstreamDelay = 2 * time.Second
+
+// slowUpstreamAddr is that upstream's address, set by runLoad.
+var slowUpstreamAddr string
 
 func scenarios(c config) []scenario {
 	gateway := func(storage, extra string) func(string, int) string {
@@ -52,6 +65,10 @@ func scenarios(c config) []scenario {
 		{name: "new/sqlite", route: gateway(sq, "")},
 		{name: "dup/cached", route: gateway(pg, ""), dup: true},
 		{name: "dup/store", route: gateway(pg, "\tcache 0\n"), dup: true},
+		{name: "async/ack", async: true, route: func(up string, round int) string {
+			return fmt.Sprintf("webhook_idempotency {\n\tprovider stripe\n\tsecret %s\n\tstorage postgres %q\n\ttable %s\n"+
+				"\tmode async\n\tdeliver_to http://%s\n}\nreverse_proxy %s", secret, c.dsn, asyncTable, slowUpstreamAddr, up)
+		}},
 	}
 }
 
@@ -126,11 +143,23 @@ func runLoad(ctx context.Context, c config) (*LoadReport, error) {
 	}
 	trackPostgres(st)
 
-	up, upAddr, err := startUpstream(ctx)
+	up, upAddr, err := startUpstream(ctx, 0)
 	if err != nil {
 		return nil, err
 	}
 	defer up.stop()
+	slow, slowAddr, err := startUpstream(ctx, slowUpstreamDelay)
+	if err != nil {
+		return nil, err
+	}
+	defer slow.stop()
+	slowUpstreamAddr = slowAddr
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, _ = st.Pool().Exec(dctx, `DROP TABLE IF EXISTS `+asyncTable+`_attempts, `+asyncTable+`_queue, `+
+			asyncTable+`_queue_goose_version, `+asyncTable+`, `+asyncTable+`_goose_version`)
+	}()
 
 	slice := c.duration / time.Duration(c.rounds)
 	rep := &LoadReport{
@@ -197,7 +226,7 @@ func runLoad(ctx context.Context, c config) (*LoadReport, error) {
 // processes) hits every scenario of a ratio alike, instead of whichever ran
 // at that moment.
 var groups = [][]string{
-	{"respond", "dup/cached", "dup/store"},
+	{"respond", "dup/cached", "dup/store", "async/ack"},
 	{"proxy", "store-limit", "new/postgres", "new/sqlite"},
 }
 
@@ -242,6 +271,9 @@ func runGroup(ctx context.Context, c config, runners []*runner, st *postgres.Sto
 		}
 		r.gw, r.url = gw, url+"/webhooks/stripe"
 		r.check = checkForwarded
+		if r.sc.async {
+			r.check = checkQueued
+		}
 		var fixed []string
 		if r.sc.dup {
 			r.check = checkDuplicate
@@ -373,6 +405,17 @@ func checkForwarded(r *vegeta.Result) error {
 	return nil
 }
 
+// checkQueued: async mode acknowledged the delivery once it was queued.
+func checkQueued(r *vegeta.Result) error {
+	if r.Code != 200 {
+		return fmt.Errorf("status %d: %.80s", r.Code, r.Body)
+	}
+	if !strings.Contains(string(r.Body), `"queued":true`) {
+		return fmt.Errorf("unexpected body %.80q", r.Body)
+	}
+	return nil
+}
+
 // checkDuplicate: the delivery was answered 200 at the edge as a duplicate.
 func checkDuplicate(r *vegeta.Result) error {
 	if r.Code != 200 {
@@ -445,6 +488,7 @@ func ratios(m map[string]Result) (map[string]float64, map[string]string) {
 	div("dup/store ÷ respond", "dup/store", "respond")
 	div("new/postgres ÷ proxy", "new/postgres", "proxy")
 	div("new/sqlite ÷ proxy", "new/sqlite", "proxy")
+	div("async/ack ÷ respond", "async/ack", "respond")
 	if px, sl := m["proxy"].RPS, m["store-limit"].RPS; px > 0 && sl > 0 {
 		serial := 1 / (1/px + 1/sl)
 		r["serial (rps)"] = serial
@@ -473,7 +517,7 @@ func printTable(rep *LoadReport) {
 		rep.Machine.LoadBefore, rep.Machine.LoadAfter)
 	fmt.Println("| scenario | req/s | p50 ms | p99 ms | errors | gateway CPU ms/req | CPU cores: gateway / upstream / postgres / load gen | machine busy | WAL flushes/req |")
 	fmt.Println("| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
-	for _, sc := range []string{"respond", "proxy", "store-limit", "new/postgres", "new/sqlite", "dup/cached", "dup/store"} {
+	for _, sc := range []string{"respond", "proxy", "store-limit", "new/postgres", "new/sqlite", "dup/cached", "dup/store", "async/ack"} {
 		r, ok := rep.Summary[sc]
 		if !ok {
 			continue

@@ -27,6 +27,7 @@ import (
 func runUpstream(args []string) {
 	fs := flag.NewFlagSet("upstream", flag.ExitOnError)
 	listen := fs.String("listen", "127.0.0.1:0", "address")
+	delay := fs.Duration("delay", 0, "time each request takes (a slow legacy handler)")
 	_ = fs.Parse(args)
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
@@ -38,6 +39,7 @@ func runUpstream(args []string) {
 		ReadHeaderTimeout: 10 * time.Second,
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			_, _ = io.Copy(io.Discard, r.Body)
+			time.Sleep(*delay)
 			w.Header().Set("Content-Type", "application/json")
 			w.Header().Set("Content-Length", strconv.Itoa(len(answer)))
 			_, _ = w.Write(answer)
@@ -104,12 +106,12 @@ func (c *child) exited() bool {
 }
 
 // startUpstream starts the upstream child and returns it with its address.
-func startUpstream(ctx context.Context) (*child, string, error) {
+func startUpstream(ctx context.Context, delay time.Duration) (*child, string, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, "", err
 	}
-	cmd := exec.Command(self, "upstream", "-listen", "127.0.0.1:0")
+	cmd := exec.Command(self, "upstream", "-listen", "127.0.0.1:0", "-delay", delay.String())
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
