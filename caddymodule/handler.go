@@ -706,7 +706,12 @@ func (h *Handler) settleLater(c claimRef, status int, op string) {
 				zap.String("scope", c.scope), zap.String("event_id", c.id), zap.String("settle", op))
 			return
 		}
-		delay = min(2*delay, 2*time.Second)
+		// Every 100 ms while the outage is young, so the settle lands within
+		// moments of the store's return, before a redelivery to another
+		// instance can take the expired lease; then back off to 2 s.
+		if time.Since(deadline.Add(-settleRetryFor)) > 30*time.Second {
+			delay = min(2*delay, 2*time.Second)
+		}
 	}
 	h.logger.Error("gave up settling event; its lease will expire", zap.String("scope", c.scope),
 		zap.String("event_id", c.id), zap.String("settle", op))

@@ -230,12 +230,28 @@ func TestPostgresRestartUnderLoad(t *testing.T) {
 			t.Logf("event %s forwarded with success %d times: %s", id, countSuccess(cs), describeCalls(cs, stopBegin))
 		}
 	}
-	// Every event ends up completed, forwarded with success exactly once.
+	// Every event ends up completed, forwarded with success exactly once,
+	// but for the documented edge (RELIABILITY.md, "Limits"): a forward
+	// whose upstream answered 2xx as the server went down could not settle,
+	// its lease ran out during the outage, and a redelivery that reached the
+	// other gateway in the moments after the restart, before the background
+	// settle landed (it retries every 100 ms), took the expired claim. Only a
+	// first success that ended between the stop and the restart may have a
+	// second, and such events are counted and logged.
+	edge := 0
 	for _, id := range known {
 		require.True(t, ok[id], "event %s never got a 2xx", id)
 		require.Equal(t, "completed", rows[id].State, "event %s", id)
-		require.Equal(t, 1, countSuccess(calls[id]), "event %s: upstream successes: %s", id, describeCalls(calls[id], stopBegin))
+		cs := calls[id]
+		if n := countSuccess(cs); n == 2 && firstSuccessDuring(cs, stopBegin.Add(-500*time.Millisecond), startEnd) {
+			edge++
+			t.Logf("event %s: settle cut off by the stop, forwarded again after the restart (documented edge): %s",
+				id, describeCalls(cs, stopBegin))
+			continue
+		}
+		require.Equal(t, 1, countSuccess(cs), "event %s: upstream successes: %s", id, describeCalls(cs, stopBegin))
 	}
+	require.LessOrEqual(t, edge, 3, "events forwarded twice through the outage edge")
 
 	byStatus := map[string]int{}
 	for _, s := range append(sent, final...) {
@@ -251,8 +267,19 @@ func TestPostgresRestartUnderLoad(t *testing.T) {
 	t.Logf("settles retried after a store error: %d; settled once the store was back: %d",
 		logCount(gws[0], "retrying in the background")+logCount(gws[1], "retrying in the background"),
 		logCount(gws[0], "settled event after a store error")+logCount(gws[1], "settled event after a store error"))
-	t.Logf("%d deliveries under load + %d redeliveries after, %d events; by status %v; while down %v; rows %v; events forwarded twice %d",
-		len(sent), len(final), len(known), sortedCounts(byStatus), sortedCounts(down), sortedCounts(states), twice)
+	t.Logf("%d deliveries under load + %d redeliveries after, %d events; by status %v; while down %v; rows %v; events forwarded twice %d (outage edge %d)",
+		len(sent), len(final), len(known), sortedCounts(byStatus), sortedCounts(down), sortedCounts(states), twice, edge)
+}
+
+// firstSuccessDuring reports whether the first successful call ended
+// within [from, to].
+func firstSuccessDuring(cs []e2e.Call, from, to time.Time) bool {
+	for _, c := range cs {
+		if c.Success() {
+			return !c.Done.Before(from) && !c.Done.After(to)
+		}
+	}
+	return false
 }
 
 func countSuccess(cs []e2e.Call) int {
