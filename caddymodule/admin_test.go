@@ -140,12 +140,7 @@ func startOpsGateway(t *testing.T, cfg opsConfig) *opsGateway {
 	}
 	tester := caddytest.NewTester(t)
 	tester.InitServer(fmt.Sprintf(`{
-	skip_install_trust
-	admin localhost:2999
-	http_port 9080
-	https_port 9443
-	grace_period 1ns
-%[1]s}
+`+caddyTestGlobals+`%[1]s}
 http://localhost:9080 {
 	handle /metrics {
 		metrics

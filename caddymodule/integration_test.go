@@ -30,6 +30,10 @@ import (
 
 const gatewayBase = "http://localhost:9080"
 
+// caddyTestGlobals are the global options of every in-process Caddy test:
+// caddytest's admin port, fixed HTTP ports, no trust store, no grace period.
+const caddyTestGlobals = "\tskip_install_trust\n\tadmin localhost:2999\n\thttp_port 9080\n\thttps_port 9443\n\tgrace_period 1ns\n"
+
 // countingUpstream records every forwarded delivery by event ID.
 type countingUpstream struct {
 	*httptest.Server
@@ -137,12 +141,7 @@ func startGateway(t *testing.T, up *countingUpstream, secret string, extra strin
 	dbPath := filepath.Join(t.TempDir(), "events.db")
 	tester := caddytest.NewTester(t)
 	tester.InitServer(fmt.Sprintf(`{
-	skip_install_trust
-	admin localhost:2999
-	http_port 9080
-	https_port 9443
-	grace_period 1ns
-}
+`+caddyTestGlobals+`}
 http://localhost:9080 {
 	handle /postgres/* {
 		webhook_idempotency {

@@ -34,12 +34,7 @@ func TestSecretHeadersNotInCaddyLogs(t *testing.T) {
 	stripeSecret := "whsec_" + randomHex(12)
 	tester := caddytest.NewTester(t)
 	tester.InitServer(fmt.Sprintf(`{
-	skip_install_trust
-	admin localhost:2999
-	http_port 9080
-	https_port 9443
-	grace_period 1ns
-	log {
+`+caddyTestGlobals+`	log {
 		output file %[1]q
 		format json
 	}

@@ -5,6 +5,7 @@ package pgschema
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -70,6 +71,19 @@ func Up(ctx context.Context, pool *pgxpool.Pool, m Migration) error {
 	}
 	_, err = provider.Up(ctx)
 	return err
+}
+
+// ExecAll returns a goose transaction step that runs the statements in
+// order.
+func ExecAll(stmts ...string) func(context.Context, *sql.Tx) error {
+	return func(ctx context.Context, tx *sql.Tx) error {
+		for _, stmt := range stmts {
+			if _, err := tx.ExecContext(ctx, stmt); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 }
 
 // Qualify returns ident with its schema: the connection's current schema

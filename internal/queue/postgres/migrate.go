@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"database/sql"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/pressly/goose/v3"
@@ -19,7 +18,7 @@ func migrations(n names) []*goose.Migration {
 	idx := func(suffix string) string { return pgx.Identifier{n.base + suffix}.Sanitize() }
 	return []*goose.Migration{
 		goose.NewGoMigration(1,
-			&goose.GoFunc{RunTx: execAll(
+			&goose.GoFunc{RunTx: pgschema.ExecAll(
 				// One row per (scope, event ID): the key that makes enqueueing
 				// happen at most once. id is the arrival order.
 				`CREATE TABLE IF NOT EXISTS `+q+` (
@@ -79,19 +78,8 @@ func migrations(n names) []*goose.Migration {
 				// rate: attempts started in the window.
 				`CREATE INDEX IF NOT EXISTS `+idx("_attempts_started_idx")+` ON `+a+` (scope, started_at)`,
 			)},
-			&goose.GoFunc{RunTx: execAll(`DROP TABLE IF EXISTS ` + a + `, ` + q)},
+			&goose.GoFunc{RunTx: pgschema.ExecAll(`DROP TABLE IF EXISTS ` + a + `, ` + q)},
 		),
-	}
-}
-
-func execAll(stmts ...string) func(context.Context, *sql.Tx) error {
-	return func(ctx context.Context, tx *sql.Tx) error {
-		for _, stmt := range stmts {
-			if _, err := tx.ExecContext(ctx, stmt); err != nil {
-				return err
-			}
-		}
-		return nil
 	}
 }
 

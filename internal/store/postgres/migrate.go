@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"database/sql"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/pressly/goose/v3"
@@ -19,7 +18,7 @@ func migrations(ident pgx.Identifier) []*goose.Migration {
 	idx := func(suffix string) string { return pgx.Identifier{name + suffix}.Sanitize() }
 	return []*goose.Migration{
 		goose.NewGoMigration(1,
-			&goose.GoFunc{RunTx: execAll(
+			&goose.GoFunc{RunTx: pgschema.ExecAll(
 				`CREATE TABLE IF NOT EXISTS `+table+` (
 					scope        text COLLATE "C" NOT NULL,
 					event_id     text COLLATE "C" NOT NULL,
@@ -39,16 +38,16 @@ func migrations(ident pgx.Identifier) []*goose.Migration {
 				// Operator listings (List by state, oldest first).
 				`CREATE INDEX IF NOT EXISTS `+idx("_state_updated_at_idx")+` ON `+table+` (state, updated_at)`,
 			)},
-			&goose.GoFunc{RunTx: execAll(`DROP TABLE IF EXISTS ` + table)},
+			&goose.GoFunc{RunTx: pgschema.ExecAll(`DROP TABLE IF EXISTS ` + table)},
 		),
 		// Retention is per scope (DeleteBefore takes the route's scopes), so
 		// its index leads with the scope.
 		goose.NewGoMigration(2,
-			&goose.GoFunc{RunTx: execAll(
+			&goose.GoFunc{RunTx: pgschema.ExecAll(
 				`CREATE INDEX IF NOT EXISTS `+idx("_scope_first_seen_idx")+` ON `+table+` (scope, first_seen)`,
 				`DROP INDEX IF EXISTS `+schemaIdx(ident, "_first_seen_idx"),
 			)},
-			&goose.GoFunc{RunTx: execAll(
+			&goose.GoFunc{RunTx: pgschema.ExecAll(
 				`CREATE INDEX IF NOT EXISTS `+idx("_first_seen_idx")+` ON `+table+` (first_seen)`,
 				`DROP INDEX IF EXISTS `+schemaIdx(ident, "_scope_first_seen_idx"),
 			)},
@@ -64,17 +63,6 @@ func schemaIdx(ident pgx.Identifier, suffix string) string {
 		return pgx.Identifier{ident[0], name}.Sanitize()
 	}
 	return pgx.Identifier{name}.Sanitize()
-}
-
-func execAll(stmts ...string) func(context.Context, *sql.Tx) error {
-	return func(ctx context.Context, tx *sql.Tx) error {
-		for _, stmt := range stmts {
-			if _, err := tx.ExecContext(ctx, stmt); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
 }
 
 // migrate brings the table to the latest version with goose. The history is
