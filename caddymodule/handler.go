@@ -158,10 +158,14 @@ type Handler struct {
 	counters   map[string]prometheus.Counter
 	cacheHit   prometheus.Counter // cache_hits_total of the scope
 	cacheMiss  prometheus.Counter // cache_misses_total of the scope
-	ctx        caddy.Context
-	wg         *sync.WaitGroup
-	busy       *tracker // forwards and settles in flight
-	stopSweep  context.CancelFunc
+	// claimsInFlight and upstreamTime are the scope's claims_in_flight
+	// gauge and upstream_duration_seconds histogram.
+	claimsInFlight prometheus.Gauge
+	upstreamTime   prometheus.Observer
+	ctx            caddy.Context
+	wg             *sync.WaitGroup
+	busy           *tracker // forwards and settles in flight
+	stopSweep      context.CancelFunc
 	// now is the verifier's clock for signed timestamps; nil means
 	// time.Now. Tests set it before Provision.
 	now func() time.Time
@@ -346,6 +350,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.cacheHit = metrics.cacheHits.WithLabelValues(h.Scope)
 	h.cacheMiss = metrics.cacheMiss.WithLabelValues(h.Scope)
+	h.claimsInFlight = metrics.inFlight.WithLabelValues(h.Scope)
+	h.upstreamTime = metrics.upstream.WithLabelValues(h.Scope, h.Provider)
 	if err := h.provisionAsync(ctx); err != nil {
 		return err
 	}
@@ -514,16 +520,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		h.cacheMiss.Inc()
 	}
 
-	cctx, cancel := context.WithTimeout(r.Context(), storeTimeout)
-	t0 := time.Now()
-	claim, err := h.backend.Claim(cctx, store.ClaimParams{
-		Scope:        h.Scope,
-		EventID:      id,
-		Lease:        time.Duration(h.Lease),
-		HoldOnExpiry: h.OnAmbiguous == "hold",
-	})
-	metrics.store.WithLabelValues("claim").Observe(time.Since(t0).Seconds())
-	cancel()
+	claim, err := h.claim(r.Context(), h.Scope, id)
 	if err != nil {
 		d.outcome = outcomeStoreError
 		h.logger.Warn("claiming event failed; answered 503, nothing forwarded",
@@ -563,6 +560,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		claims = append(claims, bc)
 	}
 	return h.forward(w, forwardable(), next, claims, &d)
+}
+
+// claim claims (scope, key) in the store with the route's lease and
+// on_ambiguous policy, bounded by storeTimeout, and times it.
+func (h *Handler) claim(parent context.Context, scope, key string) (store.Claim, error) {
+	ctx, cancel := context.WithTimeout(parent, storeTimeout)
+	defer cancel()
+	t0 := time.Now()
+	c, err := h.backend.Claim(ctx, store.ClaimParams{
+		Scope: scope, EventID: key, Lease: time.Duration(h.Lease), HoldOnExpiry: h.OnAmbiguous == "hold",
+	})
+	metrics.store.WithLabelValues("claim").Observe(time.Since(t0).Seconds())
+	return c, err
 }
 
 // passOn runs the next handler for a delivery forwarded without a claim
@@ -621,16 +631,15 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 	hbStopped := make(chan struct{})
 	go h.heartbeat(fctx, claims, hbDone, hbStopped)
 
-	gauge := metrics.inFlight.WithLabelValues(h.Scope)
-	gauge.Inc()
+	h.claimsInFlight.Inc()
 	rec := caddyhttp.NewResponseRecorder(w, nil, nil)
 	upstart := time.Now()
 	err := next.ServeHTTP(rec, r.WithContext(fctx))
 	d.upstream = time.Since(upstart)
 	close(hbDone)
 	<-hbStopped
-	gauge.Dec()
-	metrics.upstream.WithLabelValues(h.Scope, h.Provider).Observe(d.upstream.Seconds())
+	h.claimsInFlight.Dec()
+	h.upstreamTime.Observe(d.upstream.Seconds())
 
 	status := rec.Status()
 	d.status = status
@@ -778,13 +787,7 @@ func bodyKey(body []byte) string {
 // it returns false it has answered the delivery and released idClaim.
 func (h *Handler) claimBody(w http.ResponseWriter, r *http.Request, body []byte, idClaim claimRef, d *delivery) (claimRef, bool) {
 	key := bodyKey(body)
-	ctx, cancel := context.WithTimeout(r.Context(), storeTimeout)
-	t0 := time.Now()
-	bc, err := h.backend.Claim(ctx, store.ClaimParams{
-		Scope: h.bodyScope(), EventID: key, Lease: time.Duration(h.Lease), HoldOnExpiry: h.OnAmbiguous == "hold",
-	})
-	metrics.store.WithLabelValues("claim").Observe(time.Since(t0).Seconds())
-	cancel()
+	bc, err := h.claim(r.Context(), h.bodyScope(), key)
 	if err == nil && bc.Outcome == store.Claimed {
 		return claimRef{h.bodyScope(), key, bc.Token}, true
 	}
