@@ -117,7 +117,7 @@ func startOpsGateway(t *testing.T, cfg opsConfig) *opsGateway {
 	g := &opsGateway{
 		url:   gatewayBase + "/hook",
 		scope: "ops_" + randomHex(6),
-		dsn:   testDSN(t),
+		dsn:   pgDSN(t),
 		table: "ops_" + randomHex(6),
 		up:    newOpsUpstream(t),
 	}

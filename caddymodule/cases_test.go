@@ -779,7 +779,7 @@ func TestCase_BR10_UnsignedDeliveryIDReplay(t *testing.T) {
 	requireRelayed(t, st.serve(req))
 	st.clock.Advance(30 * time.Second) // within tolerance
 	requireDuplicate(t, st.serve(newDelivery("http://gateway.test/webhooks/stripe", sb,
-		"Content-Type", "application/json", "Stripe-Signature", sig, "X-Request-Id", "req_"+randToken(4))))
+		"Content-Type", "application/json", "Stripe-Signature", sig, "X-Request-Id", "req_"+randomHex(4))))
 	require.Equal(t, 1, st.up.count())
 
 	// (c) control, Standard Webhooks: webhook-id is signed.

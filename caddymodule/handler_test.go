@@ -5,7 +5,6 @@ import (
 	"compress/gzip"
 	"context"
 	"crypto/hmac"
-	"crypto/rand"
 	"crypto/sha1" //nolint:gosec // SIG-GH1 and SIG-TWILIO are HMAC-SHA1
 	"crypto/sha256"
 	"encoding/base64"
@@ -238,7 +237,7 @@ func newGateway(t testing.TB, caddyfileSnippet string, opts ...gatewayOption) *g
 		}
 	} else if o.postgres {
 		dsn := pgDSN(t)
-		table := "ct_" + randToken(8)
+		table := "ct_" + randomHex(8)
 		g.storage = Storage{Backend: "postgres", DSN: dsn + o.dsnExtra, Table: table}
 		if o.password != "" {
 			u, err := url.Parse(g.storage.DSN)
@@ -447,16 +446,9 @@ func (g *gateway) outcomes(outcome string) float64 {
 	return counterValue(g.t, metrics.deliveries.WithLabelValues(g.h.Scope, g.h.Provider, outcome))
 }
 
-// randToken returns n random hex characters' worth of bytes, hex-encoded.
-func randToken(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
 // uniqueScope is a scope name no other test uses, so per-scope metrics are
 // this test's own.
-func uniqueScope(name string) string { return name + "_" + randToken(4) }
+func uniqueScope(name string) string { return name + "_" + randomHex(4) }
 
 var (
 	pgOnce sync.Once

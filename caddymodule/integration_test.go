@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"bytes"
-	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -11,7 +10,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -20,7 +18,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddytest"
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -112,32 +109,15 @@ func send(t *testing.T, req *http.Request) result {
 	return result{resp.StatusCode, string(b), resp.Header.Get("Idempotent-Replayed") == "true", resp.Header.Get("Retry-After")}
 }
 
-func testDSN(t *testing.T) string {
-	dsn := os.Getenv("TEST_DATABASE_URL")
-	if dsn == "" {
-		dsn = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-	}
-	return dsn
-}
-
 // startGateway loads a Caddy config with one route per backend, both in
 // front of the upstream, and returns the route prefixes.
 func startGateway(t *testing.T, up *countingUpstream, secret string, extra string) map[string]string {
 	if testing.Short() {
 		t.Skip("in-process Caddy: skipped with -short")
 	}
-	dsn := testDSN(t)
+	dsn := pgDSN(t)
 	table := "it_" + randomHex(6)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, dsn)
-		if err != nil {
-			return
-		}
-		defer conn.Close(ctx)
-		_, _ = conn.Exec(ctx, "DROP TABLE IF EXISTS "+table+", "+table+"_goose_version")
-	})
+	t.Cleanup(func() { dropTable(dsn, table) })
 	dbPath := filepath.Join(t.TempDir(), "events.db")
 	tester := caddytest.NewTester(t)
 	tester.InitServer(fmt.Sprintf(`{

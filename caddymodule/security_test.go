@@ -27,13 +27,13 @@ import (
 // in any field of any log entry, nor in any answer the gateway wrote itself.
 func TestSecurity_NoSecretsSignaturesOrBodiesInLogs(t *testing.T) {
 	t.Parallel()
-	canary := "CANARY-" + randToken(8)
-	stripeSecret := "whsec_LOGSECRET_" + randToken(8)
-	ghSecret := "gh_LOGSECRET_" + randToken(8)
-	gitlabToken := "glpat-LOGSECRET-" + randToken(8)
-	swSecret := "whsec_" + b64Of([]byte("LOGSECRET-sw-"+randToken(9)))
-	slackSecret := "slack_LOGSECRET_" + randToken(8)
-	pgPassword := "PGPASSWORD-" + randToken(8)
+	canary := "CANARY-" + randomHex(8)
+	stripeSecret := "whsec_LOGSECRET_" + randomHex(8)
+	ghSecret := "gh_LOGSECRET_" + randomHex(8)
+	gitlabToken := "glpat-LOGSECRET-" + randomHex(8)
+	swSecret := "whsec_" + b64Of([]byte("LOGSECRET-sw-"+randomHex(9)))
+	slackSecret := "slack_LOGSECRET_" + randomHex(8)
+	pgPassword := "PGPASSWORD-" + randomHex(8)
 	forbidden := []string{canary, stripeSecret, ghSecret, gitlabToken, swSecret, strings.TrimPrefix(swSecret, "whsec_"), slackSecret, pgPassword}
 	var answers []answer
 	var gateways []*gateway

@@ -34,7 +34,7 @@ func TestStoreSharedAcrossHandlers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs PostgreSQL")
 	}
-	dsn := testDSN(t)
+	dsn := pgDSN(t)
 	table := "shared_" + randomHex(6)
 	t.Cleanup(func() { dropTable(dsn, table) })
 	block := func(scope string) string {
@@ -83,7 +83,7 @@ func TestForwardOutlivesItsConfig(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs PostgreSQL")
 	}
-	dsn := testDSN(t)
+	dsn := pgDSN(t)
 	table := "outlive_" + randomHex(6)
 	t.Cleanup(func() { dropTable(dsn, table) })
 	secret := "whsec_" + randomHex(8)
