@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/e2e"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store/postgres"
 )
 
@@ -87,10 +88,10 @@ func runMemory(ctx context.Context, c config) (*MemoryReport, error) {
 		url += "/webhooks/stripe"
 		small, _ := loadPayload("examples/payloads/stripe_payment_intent_succeeded.json")
 		attack(ctx, newClient(4), targeter(url, small, g, nil, true), 4, 2*time.Second, checkForwarded, nil)
-		before, _, _ := procStatus(gw.pid())
+		before, _, _ := e2e.ProcessMemory(gw.pid())
 		col := newCollector()
 		attack(ctx, newClient(c.memBig), targeter(url, paddedPayload(c.memBigSize), g, nil, true), c.memBig, c.memBigTime, checkForwarded, col)
-		after, hwm, _ := procStatus(gw.pid()) // VmHWM: the kernel's own peak
+		after, hwm, _ := e2e.ProcessMemory(gw.pid()) // VmHWM: the kernel's own peak
 		r := col.result("big", 0)
 		rep.Big = BigPhase{Concurrency: c.memBig, BodyBytes: c.memBigSize, Seconds: r.Seconds, Deliveries: r.OK,
 			Errors: r.Errors, RSSBeforeMB: mb(before), PeakRSSMB: mb(hwm), RSSAfterMB: mb(after), P99ms: r.P99ms}
@@ -160,7 +161,7 @@ func sampleRSS(pid int, interval time.Duration, f func(int64)) (stop func()) {
 				return
 			case <-t.C:
 			}
-			if rss, _, err := procStatus(pid); err == nil && f != nil {
+			if rss, _, err := e2e.ProcessMemory(pid); err == nil && f != nil {
 				f(rss)
 			}
 		}

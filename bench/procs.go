@@ -19,6 +19,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/e2e"
 )
 
 // runUpstream is the fast upstream: it reads the whole body and answers 200
@@ -140,20 +142,10 @@ func startUpstream(ctx context.Context, delay time.Duration) (*child, string, er
 	return nil, "", errors.New("upstream did not start")
 }
 
-// freePort asks the kernel for a free loopback port.
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
-
 // startCaddy writes a Caddyfile with one site on a free loopback port whose
 // only route is route, starts bin/caddy on it, and waits until it answers.
 func startCaddy(ctx context.Context, c config, name, route string) (*child, string, error) {
-	port, err := freePort()
+	port, err := e2e.FreePort()
 	if err != nil {
 		return nil, "", err
 	}
@@ -164,7 +156,7 @@ func startCaddy(ctx context.Context, c config, name, route string) (*child, stri
 	}
 	admin := "off"
 	if c.pprof {
-		ap, err := freePort()
+		ap, err := e2e.FreePort()
 		if err != nil {
 			return nil, "", err
 		}
@@ -234,32 +226,6 @@ func tail(path string) string {
 		b = b[len(b)-2000:]
 	}
 	return string(bytes.TrimSpace(b))
-}
-
-// procStatus reads VmRSS and VmHWM (bytes) of a process.
-func procStatus(pid int) (rss, hwm int64, err error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		k, v, ok := strings.Cut(line, ":")
-		if !ok {
-			continue
-		}
-		f := strings.Fields(v)
-		if len(f) == 0 {
-			continue
-		}
-		n, _ := strconv.ParseInt(f[0], 10, 64)
-		switch k {
-		case "VmRSS":
-			rss = n << 10
-		case "VmHWM":
-			hwm = n << 10
-		}
-	}
-	return rss, hwm, nil
 }
 
 // cpuTicks is the user+system CPU time of a process, in clock ticks.

@@ -196,31 +196,47 @@ func (g *Gateway) OpenFiles() (int, error) {
 
 // ProcessRSS reads VmRSS of a process from /proc/<pid>/status, in bytes.
 func ProcessRSS(pid int) (int64, error) {
+	rss, _, err := ProcessMemory(pid)
+	return rss, err
+}
+
+// ProcessMemory reads VmRSS (resident now) and VmHWM (the kernel's own peak
+// of it) of a process from /proc/<pid>/status, in bytes.
+func ProcessMemory(pid int) (rss, hwm int64, err error) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
+	seen := 0
 	for sc.Scan() {
-		rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:")
-		if !ok {
+		name, rest, ok := strings.Cut(sc.Text(), ":")
+		if !ok || (name != "VmRSS" && name != "VmHWM") {
 			continue
 		}
 		fields := strings.Fields(rest) // "123456 kB"
 		if len(fields) != 2 || fields[1] != "kB" {
-			return 0, fmt.Errorf("e2e: unexpected VmRSS line %q", sc.Text())
+			return 0, 0, fmt.Errorf("e2e: unexpected %s line %q", name, sc.Text())
 		}
 		kb, err := strconv.ParseInt(fields[0], 10, 64)
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
-		return kb * 1024, nil
+		if name == "VmRSS" {
+			rss = kb * 1024
+		} else {
+			hwm = kb * 1024
+		}
+		seen++
 	}
 	if err := sc.Err(); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return 0, errors.New("e2e: no VmRSS in /proc status")
+	if seen < 2 {
+		return 0, 0, errors.New("e2e: no VmRSS or VmHWM in /proc status")
+	}
+	return rss, hwm, nil
 }
 
 // LogTail returns the last n lines of the gateway's log.
