@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -68,48 +67,16 @@ func (a *Admin) Routes() []caddy.AdminRoute {
 const adminPrefix = "/webhook_idempotency/"
 
 // scopes maps each scope of a provisioned handler to its backends, so the
-// admin API finds the store of an event. Several handlers (and, during a
-// reload, two configs) may register the same scope.
-var scopes = struct {
-	sync.Mutex
-	m map[string]map[*backend]int
-}{m: map[string]map[*backend]int{}}
-
-func registerScope(scope string, b *backend) {
-	scopes.Lock()
-	defer scopes.Unlock()
-	if scopes.m[scope] == nil {
-		scopes.m[scope] = map[*backend]int{}
-	}
-	scopes.m[scope][b]++
-}
-
-func unregisterScope(scope string, b *backend) {
-	scopes.Lock()
-	defer scopes.Unlock()
-	if n := scopes.m[scope][b]; n > 1 {
-		scopes.m[scope][b] = n - 1
-		return
-	}
-	delete(scopes.m[scope], b)
-	if len(scopes.m[scope]) == 0 {
-		delete(scopes.m, scope)
-	}
-}
+// admin API finds the store of an event.
+var scopes = newScopeIndex[*backend]()
 
 // backendsFor returns the backends of a scope, or of every scope when scope
 // is "". A body-hash scope ("<scope>#body") has the backends of its scope.
 func backendsFor(scope string) []*backend {
-	scope = strings.TrimSuffix(scope, bodyScopeSuffix)
-	scopes.Lock()
-	defer scopes.Unlock()
 	seen := map[*backend]bool{}
 	var out []*backend
-	for s, bs := range scopes.m {
-		if scope != "" && s != scope {
-			continue
-		}
-		for b := range bs {
+	for _, bs := range scopes.lookup(strings.TrimSuffix(scope, bodyScopeSuffix)) {
+		for _, b := range bs {
 			if !seen[b] {
 				seen[b] = true
 				out = append(out, b)

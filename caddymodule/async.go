@@ -19,7 +19,6 @@ import (
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/eventid"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue"
-	pgstore "github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store/postgres"
 )
 
 func init() {
@@ -301,11 +300,7 @@ func (h *Handler) provisionAsync(ctx caddy.Context) error {
 	if err := initQueueMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering queue metrics: %w", err)
 	}
-	table := h.Storage.Table
-	if table == "" {
-		table = pgstore.DefaultTable
-	}
-	qb, err := openQueue(h.poolKey, h.backend, table)
+	qb, err := openQueue(h.poolKey, h.backend)
 	if err != nil {
 		return fmt.Errorf("mode async: opening the queue: %w", err)
 	}
@@ -526,49 +521,7 @@ func (a *QueueAdmin) Routes() []caddy.AdminRoute {
 
 // queueScopes maps each scope of a provisioned async handler to its queue
 // backends, so the admin API finds an event's queue.
-var queueScopes = struct {
-	sync.Mutex
-	m map[string]map[*queueBackend]int
-}{m: map[string]map[*queueBackend]int{}}
-
-func registerQueueScope(scope string, qb *queueBackend) {
-	queueScopes.Lock()
-	defer queueScopes.Unlock()
-	if queueScopes.m[scope] == nil {
-		queueScopes.m[scope] = map[*queueBackend]int{}
-	}
-	queueScopes.m[scope][qb]++
-}
-
-func unregisterQueueScope(scope string, qb *queueBackend) {
-	queueScopes.Lock()
-	defer queueScopes.Unlock()
-	if n := queueScopes.m[scope][qb]; n > 1 {
-		queueScopes.m[scope][qb] = n - 1
-		return
-	}
-	delete(queueScopes.m[scope], qb)
-	if len(queueScopes.m[scope]) == 0 {
-		delete(queueScopes.m, scope)
-	}
-}
-
-// queuesFor returns the queue backends of a scope; with scope "" every
-// scope and its backends.
-func queuesFor(scope string) map[string][]*queueBackend {
-	queueScopes.Lock()
-	defer queueScopes.Unlock()
-	out := map[string][]*queueBackend{}
-	for s, qbs := range queueScopes.m {
-		if scope != "" && s != scope {
-			continue
-		}
-		for qb := range qbs {
-			out[s] = append(out[s], qb)
-		}
-	}
-	return out
-}
+var queueScopes = newScopeIndex[*queueBackend]()
 
 // QueuedEventJSON is a queued event as the admin API shows it.
 type QueuedEventJSON struct {
@@ -643,7 +596,7 @@ func (a *QueueAdmin) serve(w http.ResponseWriter, r *http.Request) error {
 		parts[i] = u
 	}
 	scope := parts[0]
-	qbs := queuesFor(scope)[scope]
+	qbs := queueScopes.lookup(scope)[scope]
 	if len(qbs) == 0 {
 		return apiErr(http.StatusNotFound, "no async handler has scope %q", scope)
 	}
@@ -708,7 +661,7 @@ func (a *QueueAdmin) overview(ctx context.Context, w http.ResponseWriter) error 
 		OldestAge  float64 `json:"oldest_age_seconds"`
 	}
 	out := []scopeStats{}
-	for scope, qbs := range queuesFor("") {
+	for scope, qbs := range queueScopes.lookup("") {
 		s := scopeStats{Scope: scope}
 		for _, qb := range qbs {
 			st, err := qb.q.Stats(ctx, scope)

@@ -86,10 +86,11 @@ func (qb *queueBackend) Destruct() error {
 }
 
 // openQueue returns the pooled queue of a store backend, creating its
-// tables on first use. key is the store backend's pool key: the queue uses
-// the store's connection pool, and a handler releases the queue before the
-// store, so the pool outlives the dispatcher.
-func openQueue(key string, b *backend, table string) (*queueBackend, error) {
+// tables (named after the store's table) on first use. key is the store
+// backend's pool key: the queue uses the store's connection pool, and a
+// handler releases the queue before the store, so the pool outlives the
+// dispatcher.
+func openQueue(key string, b *backend) (*queueBackend, error) {
 	val, _, err := queues.LoadOrNew(key, func() (caddy.Destructor, error) {
 		ps, ok := b.Store.(*pgstore.Store)
 		if !ok {
@@ -97,7 +98,7 @@ func openQueue(key string, b *backend, table string) (*queueBackend, error) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		q, err := pgqueue.New(ctx, ps.Pool(), pgqueue.Options{Table: table})
+		q, err := pgqueue.New(ctx, ps, pgqueue.Options{})
 		if err != nil {
 			return nil, err
 		}
@@ -181,7 +182,7 @@ func (d *dispatcher) register(qb *queueBackend, cfg *routeConfig) *registration 
 	reg := &registration{rt: rt, cfg: cfg, qb: qb}
 	rt.regs = append(rt.regs, reg)
 	rt.cfg.Store(cfg)
-	registerQueueScope(cfg.scope, qb)
+	queueScopes.add(cfg.scope, qb)
 	return reg
 }
 
@@ -210,7 +211,7 @@ func (d *dispatcher) unregister(reg *registration) {
 		}()
 	}
 	d.mu.Unlock()
-	unregisterQueueScope(reg.cfg.scope, reg.qb)
+	queueScopes.remove(reg.cfg.scope, reg.qb)
 }
 
 // stop stops every route gracefully and waits for them.

@@ -336,7 +336,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("storage %s: %w", st.Backend, err)
 	}
 	h.backend, h.poolKey = b, st.poolKey()
-	registerScope(h.Scope, b)
+	scopes.add(h.Scope, b)
 	if entries > 0 {
 		h.completed = b.completed
 	}
@@ -409,7 +409,7 @@ func (h *Handler) Cleanup() error {
 	}
 	release := func() error {
 		if h.backend != nil {
-			unregisterScope(h.Scope, h.backend)
+			scopes.remove(h.Scope, h.backend)
 		}
 		if h.poolKey != "" {
 			_, err := backends.Delete(h.poolKey)

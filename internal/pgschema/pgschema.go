@@ -1,6 +1,7 @@
 // Package pgschema holds what the PostgreSQL store and queue share at their
 // edge with the database: migrations run with goose under a session advisory
-// lock, and the mapping of driver errors to plain errors.
+// lock, the table names as identifiers, and the mapping of driver errors to
+// plain errors.
 package pgschema
 
 import (
@@ -19,6 +20,8 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
 
 // Migration describes one goose run.
@@ -132,4 +135,13 @@ func MapError(err, notFound error) error {
 		return fmt.Errorf("postgres: %s (SQLSTATE %s)", pgErr.Message, pgErr.Code)
 	}
 	return fmt.Errorf("postgres: %s", err.Error())
+}
+
+// Ident is a validated table name as a pgx identifier (quoted when
+// sanitized), schema-qualified when t is.
+func Ident(t store.Table) pgx.Identifier {
+	if t.Schema != "" {
+		return pgx.Identifier{t.Schema, t.Name}
+	}
+	return pgx.Identifier{t.Name}
 }

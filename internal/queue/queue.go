@@ -52,7 +52,8 @@ const (
 	Duplicate
 	// InFlight: a claim is held by a live synchronous forward; answer 409.
 	InFlight
-	// Held: a claim is parked in the held state (on_ambiguous hold); 503.
+	// Held: a claim is parked in the held state, or is an expired claim
+	// under on_ambiguous hold; 503.
 	Held
 )
 
@@ -103,7 +104,9 @@ type Entry struct {
 	Claims      []Key
 	ClaimStatus int
 	// HoldOnExpiry: a claim in processing whose lease expired is not taken
-	// over (on_ambiguous hold); the event is answered InFlight.
+	// over (on_ambiguous hold): the store's rule parks it as held and the
+	// event is answered Held. The parking is rolled back with the refused
+	// enqueue; the next synchronous claim parks it for good.
 	HoldOnExpiry bool
 }
 

@@ -2,14 +2,14 @@
 // events: one row per (scope, event ID), claimed atomically before a delivery
 // is forwarded and settled after the upstream answers.
 //
-// Implementations live in the postgres and sqlite sub-packages; both pass the
-// shared conformance suite in storetest.
+// The rules (what is claimable, what an outcome means) are written once, in
+// Rules; the postgres and sqlite sub-packages are Drivers that supply their
+// SQL, and both pass the shared conformance suite in storetest.
 package store
 
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 )
 
@@ -183,21 +183,6 @@ type ListQuery struct {
 // Resolvable reports whether to is a state Resolve moves events to.
 func Resolvable(to State) bool {
 	return to == StateReleased || to == StateCompleted
-}
-
-// ResolveRefused is what Resolve reports when its statement changed no row
-// and ev is the row as read afterwards: nil when ev is already in state to,
-// else ErrConflict, wrapped with the state found. Store implementations
-// share it so they word refusals alike.
-func ResolveRefused(ev Event, to State) error {
-	switch {
-	case ev.State == to:
-		return nil
-	case ev.State == StateProcessing:
-		return fmt.Errorf("resolving event: %w: a delivery holds a live claim on it (lease until %s)",
-			ErrConflict, ev.LeaseUntil.UTC().Format(time.RFC3339))
-	}
-	return fmt.Errorf("resolving event: %w: it is %s, not held", ErrConflict, ev.State)
 }
 
 // CheckCursor rejects a paging cursor that has a scope or event ID but no

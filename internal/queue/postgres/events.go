@@ -16,9 +16,9 @@ import (
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
 
-// maxClaimRounds bounds how often a claim is tried again when its row
-// changed between the claim statement and the read that explains it.
-const maxClaimRounds = 5
+// claimLease is the lease of a claim the queue records: never seen by
+// anyone, since the claim is completed in the transaction that takes it.
+const claimLease = time.Minute
 
 // batch is the most rows one bulk statement (retry all, purge) touches.
 const batch = 1000
@@ -49,8 +49,9 @@ func (q *Queue) Enqueue(ctx context.Context, e queue.Entry) (queue.Enqueued, err
 			return queue.Enqueued{}, fmt.Errorf("enqueueing event: %w", interpretError(err))
 		}
 	}
+	claims := q.store.InTx(tx)
 	for i, k := range e.Claims {
-		out, retry, err := q.claim(ctx, tx, k, e.ClaimStatus, e.HoldOnExpiry)
+		out, retry, err := claim(ctx, claims, k, e.ClaimStatus, e.HoldOnExpiry)
 		if err != nil {
 			return queue.Enqueued{}, fmt.Errorf("enqueueing event: %w", err)
 		}
@@ -73,39 +74,25 @@ func (q *Queue) Enqueue(ctx context.Context, e queue.Entry) (queue.Enqueued, err
 	return out, nil
 }
 
-// claim records one claim in the events table within tx: Queued when this
-// transaction now holds it, else why not.
-func (q *Queue) claim(ctx context.Context, tx pgx.Tx, k queue.Key, status int, hold bool) (queue.Outcome, time.Duration, error) {
-	for range maxClaimRounds {
-		var ok bool
-		err := tx.QueryRow(ctx, q.sql.claim, k.Scope, k.EventID, status, hold).Scan(&ok)
-		if err == nil {
-			return queue.Queued, 0, nil
-		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return 0, 0, interpretError(err)
-		}
-		var (
-			state     string
-			remaining int64
-		)
-		err = tx.QueryRow(ctx, q.sql.inspect, k.Scope, k.EventID).Scan(&state, &remaining)
-		if errors.Is(err, pgx.ErrNoRows) {
-			continue // deleted in between
-		}
-		if err != nil {
-			return 0, 0, interpretError(err)
-		}
-		switch store.State(state) {
-		case store.StateCompleted:
-			return queue.Duplicate, 0, nil
-		case store.StateHeld:
-			return queue.Held, 0, nil
-		case store.StateProcessing:
-			return queue.InFlight, store.RetryAfter(time.Duration(remaining) * time.Microsecond), nil
-		}
+// claim records one claim in the events table through the store's rules
+// (st runs in the enqueue's transaction): claimed, then completed with
+// status at once, so the event reads as accepted; else why not.
+func claim(ctx context.Context, st store.Store, k queue.Key, status int, hold bool) (queue.Outcome, time.Duration, error) {
+	c, err := st.Claim(ctx, store.ClaimParams{Scope: k.Scope, EventID: k.EventID, Lease: claimLease, HoldOnExpiry: hold})
+	if err != nil {
+		return 0, 0, err
 	}
-	return 0, 0, fmt.Errorf("claiming event: the row changed under %d consecutive claims", maxClaimRounds)
+	switch c.Outcome {
+	case store.Claimed:
+		return queue.Queued, 0, st.Complete(ctx, k.Scope, k.EventID, c.Token, status)
+	case store.Duplicate:
+		return queue.Duplicate, 0, nil
+	case store.InFlight:
+		return queue.InFlight, c.RetryAfter, nil
+	case store.Held:
+		return queue.Held, 0, nil
+	}
+	return 0, 0, fmt.Errorf("claiming event: unexpected outcome %v", c.Outcome)
 }
 
 // Take takes back expired leases, then hands out due events within the

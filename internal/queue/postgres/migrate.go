@@ -15,7 +15,7 @@ import (
 // released one.
 func migrations(n names) []*goose.Migration {
 	q, a := n.queue.Sanitize(), n.attempts.Sanitize()
-	idx := func(suffix string) string { return pgx.Identifier{n.base + suffix}.Sanitize() }
+	idx := func(suffix string) string { return pgx.Identifier{n.table.Name + suffix}.Sanitize() }
 	return []*goose.Migration{
 		goose.NewGoMigration(1,
 			&goose.GoFunc{RunTx: pgschema.ExecAll(
@@ -94,7 +94,7 @@ func (q *Queue) migrate(ctx context.Context, opts Options) error {
 		return err
 	}
 	return pgschema.Up(ctx, q.pool, pgschema.Migration{
-		VersionTable: opts.Table + "_queue_goose_version",
+		VersionTable: q.names.table.String() + "_queue_goose_version",
 		LockID:       lockKey("migrate", qualified[0], qualified[1]),
 		Migrations:   migrations(q.names),
 		Timeout:      opts.MigrationTimeout,

@@ -18,8 +18,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -27,22 +25,14 @@ import (
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/pgschema"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
+	pgstore "github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store/postgres"
 )
-
-// DefaultTable is the events table used when Options.Table is empty; the
-// store's default.
-const DefaultTable = "webhook_events"
 
 const defaultMigrationTimeout = time.Minute
 
 // Options configure New. Zero values mean the documented defaults.
 type Options struct {
-	// Table is the store's events table, optionally schema-qualified; the
-	// queue's tables are named after it (<table>_queue, <table>_attempts,
-	// <table>_queue_goose_version). It must exist: the store creates it.
-	// Each part is a lowercase SQL identifier, the table at most 40 bytes.
-	// Defaults to "webhook_events".
-	Table string
 	// MigrationTimeout bounds waiting for the migration lock plus running
 	// the migrations. Defaults to 1m.
 	MigrationTimeout time.Duration
@@ -50,9 +40,10 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// Queue is a queue.Queue on PostgreSQL. It does not own its pool: the
-// caller closes the pool after the last use of the queue.
+// Queue is a queue.Queue on PostgreSQL. It does not own its store: the
+// caller closes the store (and its pool) after the last use of the queue.
 type Queue struct {
+	store *pgstore.Store
 	pool  *pgxpool.Pool
 	names names
 	sql   queries
@@ -65,31 +56,35 @@ var _ queue.Queue = (*Queue)(nil)
 
 // names are the identifiers derived from the events table.
 type names struct {
-	base     string // the events table's own name, unqualified
+	table    store.Table // the events table
 	events   pgx.Identifier
 	queue    pgx.Identifier
 	attempts pgx.Identifier
 }
 
-// New creates or migrates the queue's tables (see migrate.go) on pool and
-// returns the queue. The events table must already exist.
-func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Queue, error) {
-	if pool == nil {
-		return nil, errors.New("postgres queue: no pool")
-	}
-	if opts.Table == "" {
-		opts.Table = DefaultTable
+// New creates or migrates the queue's tables (see migrate.go) next to the
+// store's events table, on the store's pool, and returns the queue. The
+// queue's tables are named after the events table: <table>_queue,
+// <table>_attempts, <table>_queue_goose_version. Claims are recorded
+// through the store (InTx), so the events table's rules stay the store's.
+func New(ctx context.Context, s *pgstore.Store, opts Options) (*Queue, error) {
+	if s == nil {
+		return nil, errors.New("postgres queue: no store")
 	}
 	if opts.MigrationTimeout <= 0 {
 		opts.MigrationTimeout = defaultMigrationTimeout
 	}
-	n, err := parseTable(opts.Table)
-	if err != nil {
-		return nil, err
+	t := s.Table()
+	n := names{
+		table:    t,
+		events:   pgschema.Ident(t),
+		queue:    pgschema.Ident(t.Suffixed("_queue")),
+		attempts: pgschema.Ident(t.Suffixed("_attempts")),
 	}
-	q := &Queue{pool: pool, names: n, sql: buildQueries(n)}
+	pool := s.Pool()
+	q := &Queue{store: s, pool: pool, names: n, sql: buildQueries(n)}
 	if err := q.migrate(ctx, opts); err != nil {
-		return nil, fmt.Errorf("migrating queue tables of %s: %w", opts.Table, err)
+		return nil, fmt.Errorf("migrating queue tables of %s: %w", t, err)
 	}
 	var schema string
 	if err := pool.QueryRow(ctx, `SELECT COALESCE(current_schema(), '')`).Scan(&schema); err != nil {
@@ -100,30 +95,6 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Queue, error) 
 	}
 	q.lockBase = schema + "." + n.queue[len(n.queue)-1]
 	return q, nil
-}
-
-var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
-
-// maxTableLen is the store's limit; it leaves room for the longest derived
-// name, <table>_queue_goose_version, within PostgreSQL's 63 bytes.
-const maxTableLen = 40
-
-func parseTable(name string) (names, error) {
-	schema, table, qualified := strings.Cut(name, ".")
-	if !qualified {
-		schema, table = "", name
-	}
-	if !identRE.MatchString(table) || len(table) > maxTableLen ||
-		(qualified && (!identRE.MatchString(schema) || len(schema) > 63)) {
-		return names{}, fmt.Errorf("postgres queue: invalid table name %q: want [schema.]table, lowercase letters, digits and underscores, the table at most %d bytes", name, maxTableLen)
-	}
-	ident := func(t string) pgx.Identifier {
-		if qualified {
-			return pgx.Identifier{schema, t}
-		}
-		return pgx.Identifier{t}
-	}
-	return names{base: table, events: ident(table), queue: ident(table + "_queue"), attempts: ident(table + "_attempts")}, nil
 }
 
 // lockKey derives an advisory lock key. Every key of the queue has its own

@@ -56,7 +56,7 @@ func newFixture(t *testing.T) *fixture {
 		}
 		_ = s.Close()
 	})
-	q, err := pgqueue.New(ctx, s.Pool(), pgqueue.Options{Table: table})
+	q, err := pgqueue.New(ctx, s, pgqueue.Options{})
 	require.NoError(t, err)
 	return &fixture{t: t, store: s, q: q, table: table}
 }
@@ -490,12 +490,54 @@ func TestSweep(t *testing.T) {
 	require.Equal(t, queue.StateQueued, f.state("s", "evt_2"))
 }
 
-func TestInvalidTable(t *testing.T) {
+func TestNewTwice(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	_, err := pgqueue.New(ctxT(t), f.store.Pool(), pgqueue.Options{Table: "Bad-Name"})
-	require.ErrorContains(t, err, "invalid table name")
-	// Migrating twice is a no-op.
-	_, err = pgqueue.New(ctxT(t), f.store.Pool(), pgqueue.Options{Table: f.table})
+	_, err := pgqueue.New(ctxT(t), nil, pgqueue.Options{})
+	require.ErrorContains(t, err, "no store")
+	// Migrating twice is a no-op; the second queue sees the first's events.
+	out := f.enqueue(entry("s", "evt_1"))
+	q2, err := pgqueue.New(ctxT(t), f.store, pgqueue.Options{})
 	require.NoError(t, err)
+	ev, err := q2.Get(ctxT(t), "s", "evt_1")
+	require.NoError(t, err)
+	require.Equal(t, out.ID, ev.ID)
+}
+
+// An expired synchronous claim is the store's rule: taken over without
+// on_ambiguous hold, Held with it (and nothing stored).
+func TestEnqueueExpiredClaim(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	for _, id := range []string{"evt_reforward", "evt_hold"} {
+		c, err := f.store.Claim(ctxT(t), store.ClaimParams{Scope: "s", EventID: id, Lease: 200 * time.Millisecond})
+		require.NoError(t, err)
+		require.Equal(t, store.Claimed, c.Outcome)
+	}
+	// The lease is judged by the database clock: enqueue until it refuses
+	// no more (a refused enqueue changes nothing).
+	enqueueExpired := func(e queue.Entry) queue.Enqueued {
+		deadline := time.Now().Add(3 * time.Second)
+		for {
+			out := f.enqueue(e)
+			if out.Outcome != queue.InFlight {
+				return out
+			}
+			require.True(t, time.Now().Before(deadline), "lease did not expire")
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	require.Equal(t, queue.Queued, enqueueExpired(entry("s", "evt_reforward")).Outcome)
+	ev, err := f.store.Get(ctxT(t), "s", "evt_reforward")
+	require.NoError(t, err)
+	require.Equal(t, store.StateCompleted, ev.State)
+	require.Equal(t, 2, ev.Attempts)
+
+	e := entry("s", "evt_hold")
+	e.HoldOnExpiry = true
+	out := enqueueExpired(e)
+	require.Equal(t, queue.Held, out.Outcome)
+	require.Equal(t, 0, out.Refused)
+	_, err = f.q.Get(ctxT(t), "s", "evt_hold")
+	require.ErrorIs(t, err, queue.ErrNotFound)
 }

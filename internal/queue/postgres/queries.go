@@ -4,7 +4,7 @@ package postgres
 // quoted table names. Durations travel as microseconds ($n::bigint *
 // interval '1 microsecond'); every time is the database's.
 type queries struct {
-	claim, inspect, insert                 string
+	insert                                 string
 	reap, loseAttempts, budget, take       string
 	startAttempts, nextDue                 string
 	heartbeat, settle, finishAttempt       string
@@ -21,30 +21,8 @@ const eventColumns = `id, scope, event_id, COALESCE(order_key, ''), state, attem
 	delivered_at, last_status, last_error`
 
 func buildQueries(n names) queries {
-	ev, q, a := n.events.Sanitize(), n.queue.Sanitize(), n.attempts.Sanitize()
+	q, a := n.queue.Sanitize(), n.attempts.Sanitize()
 	return queries{
-		// The claim of the sync mode, recorded as completed with the
-		// queue's status: the same rule as the store's claim (a released
-		// row, or a processing one whose lease expired unless $4 holds it,
-		// is taken over), in the caller's transaction. The conflicting row
-		// is locked even when it is not updated, so inspect reads it stably.
-		claim: `INSERT INTO ` + ev + ` AS e
-				(scope, event_id, state, token, attempts, first_seen, updated_at, completed_at, status)
-			VALUES ($1, $2, 'completed', '', 1, now(), now(), now(), $3)
-			ON CONFLICT (scope, event_id) DO UPDATE SET
-				state        = 'completed',
-				token        = '',
-				lease_until  = NULL,
-				attempts     = e.attempts + 1,
-				updated_at   = now(),
-				completed_at = now(),
-				status       = EXCLUDED.status
-			WHERE e.state = 'released'
-				OR (e.state = 'processing' AND e.lease_until <= now() AND NOT $4::boolean)
-			RETURNING true`,
-		inspect: `SELECT state,
-				COALESCE(GREATEST(0, CEIL(EXTRACT(EPOCH FROM (lease_until - now())) * 1000000)), 0)::bigint
-			FROM ` + ev + ` WHERE scope = $1 AND event_id = $2`,
 		insert: `INSERT INTO ` + q + `
 				(scope, event_id, state, order_key, method, uri, header, body)
 			VALUES ($1, $2, 'queued', NULLIF($3::text, ''), $4, $5, $6, $7)

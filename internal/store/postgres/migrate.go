@@ -77,7 +77,7 @@ func (s *Store) migrate(ctx context.Context, ident pgx.Identifier, opts Options)
 		return err
 	}
 	return pgschema.Up(ctx, s.pool, pgschema.Migration{
-		VersionTable: s.table + "_goose_version",
+		VersionTable: s.table.String() + "_goose_version",
 		LockID:       pgschema.LockID(qualified[0], qualified[1]),
 		Migrations:   migrations(ident),
 		Timeout:      opts.MigrationTimeout,

@@ -9,18 +9,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/pgschema"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
-
-// DefaultTable is the table used when Options.Table is empty.
-const DefaultTable = "webhook_events"
 
 // DefaultMaxConns is the pool size unless the DSN (pool_max_conns) or
 // Options.MaxConns says otherwise. A claim and a settle each wait for a
@@ -45,7 +42,7 @@ type Options struct {
 	// ("webhooks.events"); the schema must exist. Each part is a lowercase
 	// SQL identifier ([a-z_][a-z0-9_]*), the table part at most 40 bytes.
 	// The migration history lives next to it in <table>_goose_version.
-	// Defaults to "webhook_events".
+	// Defaults to store.DefaultTable ("webhook_events"); see store.ParseTable.
 	Table string
 	// ConnectTimeout bounds the first connection (the ping in New), so a
 	// wrong DSN or a down server fails clearly. Defaults to 5s.
@@ -61,11 +58,13 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// Store is a store.Store backed by PostgreSQL. It is safe for concurrent
-// use, also by several processes sharing the database.
+// Store is a store.Store backed by PostgreSQL: store.Rules over this
+// package's driver. It is safe for concurrent use, also by several
+// processes sharing the database.
 type Store struct {
+	store.Rules
 	pool  *pgxpool.Pool
-	table string // as configured, e.g. "webhook_events"
+	table store.Table
 	q     queries
 }
 
@@ -81,13 +80,11 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 	if opts.DSN == "" {
 		return nil, errors.New("postgres: DSN is required")
 	}
-	if opts.Table == "" {
-		opts.Table = DefaultTable
-	}
-	ident, err := parseTable(opts.Table)
+	table, err := store.ParseTable(opts.Table)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("postgres: %w", err)
 	}
+	ident := pgschema.Ident(table)
 	if opts.ConnectTimeout <= 0 {
 		opts.ConnectTimeout = defaultConnectTimeout
 	}
@@ -119,10 +116,11 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 			redact(opts.DSN, describeTarget(cfg)), redact(opts.DSN, err.Error()))
 	}
 
-	s := &Store{pool: pool, table: opts.Table, q: buildQueries(ident)}
+	s := &Store{pool: pool, table: table, q: buildQueries(ident)}
+	s.Rules = store.NewRules(driver{db: pool, q: &s.q, pool: pool})
 	if err := s.migrate(ctx, ident, opts); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("migrating postgres table %s: %s", opts.Table, redact(opts.DSN, err.Error()))
+		return nil, fmt.Errorf("migrating postgres table %s: %s", table, redact(opts.DSN, err.Error()))
 	}
 	return s, nil
 }
@@ -130,39 +128,16 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 // Pool returns the store's connection pool, for tests and diagnostics.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
-// Table returns the events table name as configured (possibly
-// schema-qualified, unquoted).
-func (s *Store) Table() string { return s.table }
+// Table returns the events table name, possibly schema-qualified.
+func (s *Store) Table() store.Table { return s.table }
 
-// Close closes the pool, waiting for acquired connections to be released.
-// It always returns nil.
-func (s *Store) Close() error {
-	s.pool.Close()
-	return nil
-}
-
-var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
-
-// maxTableLen leaves room for the suffixes of the derived names
-// (<table>_goose_version, <table>_scope_first_seen_idx) within PostgreSQL's
-// 63-byte identifier limit.
-const maxTableLen = 40
-
-// parseTable validates a table name, optionally schema-qualified, and returns
-// it as a pgx.Identifier (quoted when sanitized).
-func parseTable(name string) (pgx.Identifier, error) {
-	schema, table, qualified := strings.Cut(name, ".")
-	if !qualified {
-		schema, table = "", name
-	}
-	if !identRE.MatchString(table) || len(table) > maxTableLen ||
-		(qualified && (!identRE.MatchString(schema) || len(schema) > 63)) {
-		return nil, fmt.Errorf("postgres: invalid table name %q: want [schema.]table, lowercase letters, digits and underscores, the table at most %d bytes", name, maxTableLen)
-	}
-	if qualified {
-		return pgx.Identifier{schema, table}, nil
-	}
-	return pgx.Identifier{table}, nil
+// InTx returns the store's operations within the caller's transaction tx,
+// so a caller can claim events together with its own writes (the async
+// queue records a delivery's claims and the delivery in one transaction).
+// A row a claim conflicts on stays locked until tx ends. Its Close does
+// nothing: the caller ends tx, and the pool is the Store's.
+func (s *Store) InTx(tx pgx.Tx) store.Store {
+	return store.NewRules(driver{db: tx, q: &s.q})
 }
 
 // describeTarget names the server and database for connection errors,

@@ -168,7 +168,7 @@ func TestSchemaQualifiedTable(t *testing.T) {
 	})
 
 	s := newStore(t, postgres.Options{Table: schema + ".events"})
-	require.Equal(t, schema+".events", s.Table())
+	require.Equal(t, schema+".events", s.Table().String())
 	c, err := s.Claim(ctx, store.ClaimParams{Scope: "s", EventID: "e", Lease: time.Minute})
 	require.NoError(t, err)
 	require.Equal(t, store.Claimed, c.Outcome)
@@ -256,7 +256,7 @@ func TestDriverErrorsMapped(t *testing.T) {
 	require.NotContains(t, fmt.Sprintf("%T", unwrapAll(err)), "pgconn")
 
 	// A dropped table is a store failure, not "not found".
-	_, err = s.Pool().Exec(t.Context(), "DROP TABLE "+pgx.Identifier{s.Table()}.Sanitize())
+	_, err = s.Pool().Exec(t.Context(), "DROP TABLE "+pgx.Identifier{s.Table().String()}.Sanitize())
 	require.NoError(t, err)
 	_, err = s.Get(t.Context(), "s", "e")
 	require.Error(t, err)

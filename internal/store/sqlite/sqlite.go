@@ -16,7 +16,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sync"
 
 	"github.com/pressly/goose/v3"
@@ -24,9 +23,6 @@ import (
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
-
-// DefaultTable is the table used when Options.Table is empty.
-const DefaultTable = "webhook_events"
 
 // busyTimeoutMillis is how long a statement waits for another process's
 // lock on the file before failing.
@@ -38,16 +34,18 @@ type Options struct {
 	// (mode 0700) when missing.
 	Path string
 	// Table is the events table, a lowercase SQL identifier
-	// ([a-z_][a-z0-9_]*, at most 40 bytes). The migration history lives
-	// next to it in <table>_goose_version. Defaults to "webhook_events".
+	// ([a-z_][a-z0-9_]*, at most 40 bytes, no schema). The migration
+	// history lives next to it in <table>_goose_version. Defaults to
+	// store.DefaultTable ("webhook_events"); see store.ParseTable.
 	Table string
 	// Logger receives the migration log. Nil discards it.
 	Logger *slog.Logger
 }
 
-// Store is a store.Store backed by an SQLite file. It is safe for
-// concurrent use.
+// Store is a store.Store backed by an SQLite file: store.Rules over this
+// package's driver. It is safe for concurrent use.
 type Store struct {
+	store.Rules
 	db    *sql.DB
 	path  string
 	table string
@@ -64,12 +62,14 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 	if opts.Path == "" {
 		return nil, errors.New("sqlite: path is required")
 	}
-	if opts.Table == "" {
-		opts.Table = DefaultTable
+	table, err := store.ParseTable(opts.Table)
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: %w", err)
 	}
-	if !identRE.MatchString(opts.Table) || len(opts.Table) > maxTableLen {
-		return nil, fmt.Errorf("sqlite: invalid table name %q: want lowercase letters, digits and underscores, at most %d bytes", opts.Table, maxTableLen)
+	if table.Schema != "" {
+		return nil, fmt.Errorf("sqlite: invalid table name %q: SQLite tables take no schema", opts.Table)
 	}
+	opts.Table = table.Name
 	path, err := filepath.Abs(opts.Path)
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: resolving path: %w", err)
@@ -95,6 +95,7 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("sqlite: opening %s: %w", path, interpretError(err))
 	}
 	s := &Store{db: db, path: path, table: opts.Table, q: buildQueries(quoteIdent(opts.Table))}
+	s.Rules = store.NewRules(driver{db: db, q: &s.q})
 	if err := s.migrate(ctx, opts); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("sqlite: migrating table %s: %w", opts.Table, interpretError(err))
@@ -123,19 +124,6 @@ func (s *Store) Table() string { return s.table }
 
 // Path returns the absolute path of the database file.
 func (s *Store) Path() string { return s.path }
-
-// Close closes the database.
-func (s *Store) Close() error {
-	if err := s.db.Close(); err != nil {
-		return fmt.Errorf("sqlite: closing: %w", interpretError(err))
-	}
-	return nil
-}
-
-var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
-
-// maxTableLen keeps table names in line with the postgres store.
-const maxTableLen = 40
 
 // quoteIdent quotes a validated identifier.
 func quoteIdent(name string) string { return `"` + name + `"` }

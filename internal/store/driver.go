@@ -1,0 +1,87 @@
+package store
+
+import (
+	"context"
+	"time"
+)
+
+// Driver is one backend's SQL for the events table: one call per
+// statement, answering what the statement did (the row read, whether a row
+// changed). It holds no rule: what is claimable, what a refused claim
+// means, when a settle has lost its lease, all live in Rules, once for
+// every backend (River's drivers carry SQL only). Errors are already mapped
+// at the driver's edge: callers never see driver types.
+//
+// Adding an operation to Store means a statement here, in each backend,
+// and its rule in Rules.
+type Driver interface {
+	// ClaimRow runs the claim statement: INSERT the row as processing
+	// (token, attempts 1, lease_until = database now + p.Lease) ON CONFLICT
+	// DO UPDATE, taking an existing row over (attempts + 1, status 0, no
+	// completed_at) only WHERE ClaimableSQL holds. ok is false when a row
+	// exists and is not claimable.
+	ClaimRow(ctx context.Context, p ClaimParams, token string) (attempts int, ok bool, err error)
+	// InspectRow reads what explains a refused claim; ok is false when
+	// there is no row.
+	InspectRow(ctx context.Context, scope, eventID string) (r Inspection, ok bool, err error)
+	// HoldExpiredRow moves the row to held when it is still processing
+	// under token with a lease expired by the database clock; ok is false
+	// when it is no longer so (renewed, settled, claimed again).
+	HoldExpiredRow(ctx context.Context, scope, eventID, token string) (attempts int, ok bool, err error)
+
+	// RenewRow sets lease_until to database now + lease; CompleteRow moves
+	// the row to completed with status; ReleaseRow moves it to released.
+	// Each changes the row only while it is processing under token, and
+	// reports whether it did.
+	RenewRow(ctx context.Context, scope, eventID, token string, lease time.Duration) (bool, error)
+	CompleteRow(ctx context.Context, scope, eventID, token string, status int) (bool, error)
+	ReleaseRow(ctx context.Context, scope, eventID, token string) (bool, error)
+
+	// GetRow reads one row; ok is false when there is none.
+	GetRow(ctx context.Context, scope, eventID string) (ev Event, ok bool, err error)
+	// ForgetRow deletes one row, whatever its state, and reports whether
+	// there was one.
+	ForgetRow(ctx context.Context, scope, eventID string) (bool, error)
+	// ResolveRow moves the row to to (StateReleased or StateCompleted, with
+	// status 0, no token or lease; completed_at set when completed) only
+	// WHERE ResolvableSQL holds, and reports whether it did.
+	ResolveRow(ctx context.Context, scope, eventID string, to State) (bool, error)
+	// ListRows runs q, whose cursor Rules has checked and whose Limit is
+	// between 1 and 1000: rows ordered by updated_at, scope, event_id.
+	ListRows(ctx context.Context, q ListQuery) ([]Event, error)
+	// DeleteRows deletes at most limit (positive) rows of scopes (not
+	// empty) first seen before cutoff that are not processing, and reports
+	// how many.
+	DeleteRows(ctx context.Context, scopes []string, cutoff time.Time, limit int) (int, error)
+	// Close releases the driver's resources.
+	Close() error
+}
+
+// Inspection is a row as a refused claim reads it.
+type Inspection struct {
+	State    State
+	Token    string
+	Attempts int
+	Status   int
+	// Remaining is the time left on the lease by the database clock; 0
+	// when it has expired or the row is not processing.
+	Remaining time.Duration
+}
+
+// ClaimableSQL is the claimable predicate over the conflicting row "e" of a
+// claim statement's ON CONFLICT ... DO UPDATE ... WHERE: a released row, or
+// a processing one whose lease has expired, unless the claim holds expired
+// claims (on_ambiguous hold). now is the dialect's expression for the
+// database clock, hold its parameter for ClaimParams.HoldOnExpiry. Rules'
+// explanation of a refused claim is its mirror.
+func ClaimableSQL(now, hold string) string {
+	return `e.state = '` + string(StateReleased) + `'
+				OR (e.state = '` + string(StateProcessing) + `' AND e.lease_until <= ` + now + ` AND NOT ` + hold + `)`
+}
+
+// ResolvableSQL is the predicate of the rows an operator may resolve: held,
+// or processing with a lease expired by now (its gateway died). A live
+// claim is never resolved.
+func ResolvableSQL(now string) string {
+	return `(state = '` + string(StateHeld) + `' OR (state = '` + string(StateProcessing) + `' AND lease_until <= ` + now + `))`
+}

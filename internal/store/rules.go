@@ -1,0 +1,220 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// maxClaimRounds bounds how often Claim tries again when the row changes
+// between its claim statement and the read that explains it (deleted,
+// released or expired in between).
+const maxClaimRounds = 5
+
+// Rules is the Store every backend shares: the claim algorithm and the
+// meaning of each statement's result, over a backend's Driver.
+type Rules struct {
+	d Driver
+}
+
+var _ Store = Rules{}
+
+// NewRules returns the Store over d.
+func NewRules(d Driver) Rules { return Rules{d: d} }
+
+// Claim claims (p.Scope, p.EventID) with the driver's one claim statement;
+// when the row is not claimable it reads the row to report Duplicate (with
+// Status), InFlight (with RetryAfter, the lease left by the database clock,
+// rounded up to whole seconds, at least 1s) or Held. With p.HoldOnExpiry, a
+// processing row whose lease has expired is moved to held (only if it still
+// carries the token that was read) and Held is returned. p.Lease must be
+// positive. Errors are store failures.
+func (r Rules) Claim(ctx context.Context, p ClaimParams) (Claim, error) {
+	if p.Lease <= 0 {
+		return Claim{}, fmt.Errorf("claiming event: lease must be positive, got %s", p.Lease)
+	}
+	for range maxClaimRounds {
+		token := NewToken()
+		attempts, ok, err := r.d.ClaimRow(ctx, p, token)
+		if err != nil {
+			return Claim{}, fmt.Errorf("claiming event: %w", err)
+		}
+		if ok {
+			return Claim{Outcome: Claimed, Token: token, Attempts: attempts}, nil
+		}
+		c, ok, err := r.explain(ctx, p)
+		if err != nil {
+			return Claim{}, fmt.Errorf("claiming event: %w", err)
+		}
+		if ok {
+			return c, nil
+		}
+	}
+	return Claim{}, fmt.Errorf("claiming event: the row changed under %d consecutive claims", maxClaimRounds)
+}
+
+// explain reads the row a claim was refused on, the mirror of
+// ClaimableSQL. ok is false when the row became claimable in between
+// (deleted, released, lease just expired) and the claim should be tried
+// again.
+func (r Rules) explain(ctx context.Context, p ClaimParams) (c Claim, ok bool, err error) {
+	row, found, err := r.d.InspectRow(ctx, p.Scope, p.EventID)
+	if err != nil || !found {
+		return Claim{}, false, err
+	}
+	switch row.State {
+	case StateCompleted:
+		return Claim{Outcome: Duplicate, Attempts: row.Attempts, Status: row.Status}, true, nil
+	case StateHeld:
+		return Claim{Outcome: Held, Attempts: row.Attempts}, true, nil
+	case StateReleased:
+		return Claim{}, false, nil
+	case StateProcessing:
+		if row.Remaining > 0 {
+			return Claim{Outcome: InFlight, Attempts: row.Attempts, RetryAfter: RetryAfter(row.Remaining)}, true, nil
+		}
+		if !p.HoldOnExpiry {
+			return Claim{}, false, nil
+		}
+		attempts, held, err := r.d.HoldExpiredRow(ctx, p.Scope, p.EventID, row.Token)
+		if err != nil || !held {
+			return Claim{}, false, err // renewed or settled meanwhile: try again
+		}
+		return Claim{Outcome: Held, Attempts: attempts}, true, nil
+	}
+	return Claim{}, false, fmt.Errorf("unknown event state %q", row.State)
+}
+
+// Heartbeat sets the claim's lease to now + lease by the database clock.
+// It returns ErrLeaseLost if the row is not processing under token.
+func (r Rules) Heartbeat(ctx context.Context, scope, eventID, token string, lease time.Duration) error {
+	if lease <= 0 {
+		return fmt.Errorf("renewing lease: lease must be positive, got %s", lease)
+	}
+	return leaseHeld("renewing lease")(r.d.RenewRow(ctx, scope, eventID, token, lease))
+}
+
+// Complete marks the claimed event completed with the upstream's HTTP
+// status. It returns ErrLeaseLost if the row is not processing under token.
+func (r Rules) Complete(ctx context.Context, scope, eventID, token string, status int) error {
+	return leaseHeld("completing event")(r.d.CompleteRow(ctx, scope, eventID, token, status))
+}
+
+// Release marks the claimed event released, so the next delivery claims it
+// again. It returns ErrLeaseLost if the row is not processing under token.
+func (r Rules) Release(ctx context.Context, scope, eventID, token string) error {
+	return leaseHeld("releasing event")(r.d.ReleaseRow(ctx, scope, eventID, token))
+}
+
+// leaseHeld is the rule of every statement keyed by a claim's token: no row
+// changed means the token no longer holds the row.
+func leaseHeld(op string) func(changed bool, err error) error {
+	return func(changed bool, err error) error {
+		switch {
+		case err != nil:
+			return fmt.Errorf("%s: %w", op, err)
+		case !changed:
+			return ErrLeaseLost
+		}
+		return nil
+	}
+}
+
+// Get returns one event, or ErrNotFound.
+func (r Rules) Get(ctx context.Context, scope, eventID string) (Event, error) {
+	ev, ok, err := r.d.GetRow(ctx, scope, eventID)
+	switch {
+	case err != nil:
+		return Event{}, fmt.Errorf("getting event: %w", err)
+	case !ok:
+		return Event{}, ErrNotFound
+	}
+	return ev, nil
+}
+
+// Forget deletes one event, whatever its state. It returns ErrNotFound when
+// there is no such row.
+func (r Rules) Forget(ctx context.Context, scope, eventID string) error {
+	ok, err := r.d.ForgetRow(ctx, scope, eventID)
+	switch {
+	case err != nil:
+		return fmt.Errorf("forgetting event: %w", err)
+	case !ok:
+		return ErrNotFound
+	}
+	return nil
+}
+
+// Resolve moves a held event, or a processing one whose lease has expired
+// by the database clock, to to (StateReleased or StateCompleted) in one
+// statement. See Store.
+func (r Rules) Resolve(ctx context.Context, scope, eventID string, to State) error {
+	if !Resolvable(to) {
+		return fmt.Errorf("resolving event: cannot resolve to state %q", to)
+	}
+	ok, err := r.d.ResolveRow(ctx, scope, eventID, to)
+	if err != nil {
+		return fmt.Errorf("resolving event: %w", err)
+	}
+	if ok {
+		return nil
+	}
+	ev, err := r.Get(ctx, scope, eventID)
+	if err != nil {
+		return err
+	}
+	return resolveRefused(ev, to)
+}
+
+// resolveRefused is what Resolve reports when its statement changed no row
+// and ev is the row as read afterwards: nil when ev is already in state to,
+// else ErrConflict, wrapped with the state found.
+func resolveRefused(ev Event, to State) error {
+	switch {
+	case ev.State == to:
+		return nil
+	case ev.State == StateProcessing:
+		return fmt.Errorf("resolving event: %w: a delivery holds a live claim on it (lease until %s)",
+			ErrConflict, ev.LeaseUntil.UTC().Format(time.RFC3339))
+	}
+	return fmt.Errorf("resolving event: %w: it is %s, not held", ErrConflict, ev.State)
+}
+
+// List returns events matching q, ordered by UpdatedAt, then scope, then
+// event ID. q.Limit defaults to 100 and is capped at 1000. The cursor
+// (q.AfterUpdatedAt, q.AfterScope, q.AfterID) is the last event of the
+// previous page; it is compared, never looked up.
+func (r Rules) List(ctx context.Context, q ListQuery) ([]Event, error) {
+	if err := CheckCursor(q); err != nil {
+		return nil, fmt.Errorf("listing events: %w", err)
+	}
+	switch {
+	case q.Limit <= 0:
+		q.Limit = 100
+	case q.Limit > 1000:
+		q.Limit = 1000
+	}
+	evs, err := r.d.ListRows(ctx, q)
+	if err != nil {
+		return nil, fmt.Errorf("listing events: %w", err)
+	}
+	return evs, nil
+}
+
+// DeleteBefore deletes, in one statement, at most limit events of scopes
+// whose FirstSeen is before cutoff and that are not processing, and returns
+// how many it deleted. A limit of zero or less, or no scopes, deletes
+// nothing.
+func (r Rules) DeleteBefore(ctx context.Context, scopes []string, cutoff time.Time, limit int) (int, error) {
+	if limit <= 0 || len(scopes) == 0 {
+		return 0, nil
+	}
+	n, err := r.d.DeleteRows(ctx, scopes, cutoff, limit)
+	if err != nil {
+		return 0, fmt.Errorf("deleting old events: %w", err)
+	}
+	return n, nil
+}
+
+// Close closes the driver.
+func (r Rules) Close() error { return r.d.Close() }
