@@ -37,8 +37,6 @@ const (
 	// queuedStatus is the status recorded on the events row of an event
 	// accepted into the queue (202 Accepted: the work is still to be done).
 	queuedStatus = http.StatusAccepted
-	// outcomeQueued counts deliveries stored for async delivery.
-	outcomeQueued = "queued"
 )
 
 // AsyncConfig is the store-and-forward mode of the handler. Its fields sit
@@ -318,6 +316,7 @@ func (h *Handler) provisionAsync(ctx caddy.Context) error {
 		retention:      time.Duration(h.Retention),
 		keepBody:       time.Duration(h.KeepBody),
 		logger:         h.logger,
+		attempts:       queueAttempts(h.Scope),
 	}
 	if h.Rate != nil {
 		cfg.rate, cfg.per = h.Rate.Events, time.Duration(h.Rate.Window)
@@ -374,13 +373,13 @@ func respondQueued(w http.ResponseWriter) {
 // held / unavailable answers. The upstream is never called here.
 func (h *Handler) serveAsync(w http.ResponseWriter, r *http.Request, raw, signed []byte, id string, d *delivery) error {
 	if status, ok := h.completed.Has(h.Scope, id); ok {
-		metrics.cacheHits.WithLabelValues(h.Scope).Inc()
+		h.cacheHit.Inc()
 		d.outcome, d.status, d.cached = outcomeDuplicate, status, true
 		respondDuplicate(w)
 		return nil
 	}
 	if h.completed != nil {
-		metrics.cacheMiss.WithLabelValues(h.Scope).Inc()
+		h.cacheMiss.Inc()
 	}
 	e := queue.Entry{
 		Scope:   h.Scope,
@@ -410,7 +409,7 @@ func (h *Handler) serveAsync(w http.ResponseWriter, r *http.Request, raw, signed
 	ctx, cancel := context.WithTimeout(r.Context(), storeTimeout)
 	t0 := time.Now()
 	out, err := h.async.qb.q.Enqueue(ctx, e)
-	metrics.store.WithLabelValues("enqueue").Observe(time.Since(t0).Seconds())
+	observe(metrics.storeTime.enqueue, t0)
 	cancel()
 	if err != nil {
 		d.outcome = outcomeStoreError

@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/lease"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue"
 	pgqueue "github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue/postgres"
 	pgstore "github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store/postgres"
@@ -272,6 +273,9 @@ type routeConfig struct {
 	retention      time.Duration
 	keepBody       time.Duration
 	logger         *zap.Logger
+	// attempts are the scope's queue_attempts_total series by outcome,
+	// resolved at Provision (queueAttempts).
+	attempts map[string]prometheus.Counter
 }
 
 // workers is how many deliveries this instance runs at once.
@@ -437,7 +441,7 @@ func (rt *route) run() {
 		}
 		failures = 0
 		if b.Lost > 0 {
-			queueMetrics.attempts.WithLabelValues(cfg.scope, queue.AttemptLost).Add(float64(b.Lost))
+			cfg.attempts[queue.AttemptLost].Add(float64(b.Lost))
 			rt.logger().Warn("took back events whose dispatcher stopped mid-delivery; they may be delivered twice",
 				zap.String("scope", cfg.scope), zap.Int("events", b.Lost), zap.Int("dead", b.LostDead))
 		}
@@ -499,7 +503,7 @@ func (rt *route) deliver(cfg *routeConfig, j queue.Job) {
 		sctx, scancel := context.WithTimeout(context.Background(), storeTimeout)
 		err := rt.d.q.Release(sctx, j.ID, j.Token, j.Attempt)
 		scancel()
-		queueMetrics.attempts.WithLabelValues(cfg.scope, queue.AttemptReleased).Inc()
+		cfg.attempts[queue.AttemptReleased].Inc()
 		if err != nil {
 			log.Warn("handing a delivery back at shutdown failed; its lease will expire", append(fields, zap.Error(err))...)
 		}
@@ -515,16 +519,16 @@ func (rt *route) deliver(cfg *routeConfig, j queue.Job) {
 		ID: j.ID, Token: j.Token, Attempt: j.Attempt, Status: status, Error: errText, Duration: dur,
 		Delivered: delivered, RetryIn: cfg.backoff(j.RoundAttempts), MaxAttempts: cfg.maxAttempts, MaxAge: cfg.maxAge,
 	})
-	metrics.store.WithLabelValues("settle_queued").Observe(time.Since(t0).Seconds())
+	observe(metrics.storeTime.settleQueued, t0)
 	scancel()
 	fields = append(fields, zap.Int("status", status), zap.Duration("duration", dur))
 	switch {
 	case errors.Is(err, queue.ErrLeaseLost):
-		queueMetrics.attempts.WithLabelValues(cfg.scope, "lease_lost").Inc()
+		cfg.attempts[attemptLeaseLost].Inc()
 		log.Warn("queue lease lost before settling; the event may be delivered twice", fields...)
 		return
 	case err != nil:
-		queueMetrics.attempts.WithLabelValues(cfg.scope, "settle_failed").Inc()
+		cfg.attempts[attemptSettleFailed].Inc()
 		log.Warn("settling a delivery failed; its lease will expire and it will be delivered again",
 			append(fields, zap.Error(err))...)
 		return
@@ -536,7 +540,7 @@ func (rt *route) deliver(cfg *routeConfig, j queue.Job) {
 	case queue.StateDead:
 		outcome = queue.AttemptDead
 	}
-	queueMetrics.attempts.WithLabelValues(cfg.scope, outcome).Inc()
+	cfg.attempts[outcome].Inc()
 	fields = append(fields, zap.String("outcome", outcome))
 	switch {
 	case state == queue.StateDead:
@@ -557,29 +561,18 @@ func (rt *route) deliver(cfg *routeConfig, j queue.Job) {
 // delivery (another dispatcher holds the event now).
 func (rt *route) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, cfg *routeConfig, j queue.Job, stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
-	t := time.NewTicker(max(cfg.lease/3, 10*time.Millisecond))
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		hctx, hcancel := context.WithTimeout(ctx, cfg.lease/3)
-		t0 := time.Now()
-		err := rt.d.q.Heartbeat(hctx, j.ID, j.Token, cfg.lease)
-		metrics.store.WithLabelValues("heartbeat_queued").Observe(time.Since(t0).Seconds())
-		hcancel()
-		switch {
-		case errors.Is(err, queue.ErrLeaseLost):
-			cancel(errLeaseLost)
-			return
-		case err != nil && ctx.Err() == nil:
-			rt.logger().Warn("renewing queue lease failed", zap.String("scope", cfg.scope),
-				zap.String("event_id", j.EventID), zap.Error(err))
-		}
+	err := lease.Keep(ctx, stop, lease.Renewal{
+		Lease: cfg.lease,
+		Renew: func(ctx context.Context) error {
+			defer observe(metrics.storeTime.heartbeatQueued, time.Now())
+			return rt.d.q.Heartbeat(ctx, j.ID, j.Token, cfg.lease)
+		},
+		Lost:   queue.ErrLeaseLost,
+		Logger: rt.logger(), Name: "queue lease",
+		Fields: []zap.Field{zap.String("scope", cfg.scope), zap.String("event_id", j.EventID)},
+	})
+	if err != nil {
+		cancel(errLeaseLost)
 	}
 }
 
@@ -688,52 +681,4 @@ func (rt *route) sweep() {
 			return
 		}
 	}
-}
-
-// Queue metrics, on Caddy's registry next to the handler's:
-//
-//	caddy_webhook_idempotency_queue_depth{scope,state}          queued and delivering events (all instances)
-//	caddy_webhook_idempotency_queue_oldest_age_seconds{scope}   age of the oldest event not yet delivered
-//	caddy_webhook_idempotency_queue_attempts_total{scope,outcome}  this instance's attempts: delivered, retry, dead, lost, released, lease_lost, settle_failed
-//	caddy_webhook_idempotency_queue_dead_letters{scope}         dead events waiting for an operator (all instances)
-var queueMetrics = struct {
-	once     sync.Once
-	depth    *prometheus.GaugeVec
-	oldest   *prometheus.GaugeVec
-	attempts *prometheus.CounterVec
-	dead     *prometheus.GaugeVec
-}{}
-
-func initQueueMetrics(reg *prometheus.Registry) error {
-	const ns, sub = "caddy", "webhook_idempotency"
-	queueMetrics.once.Do(func() {
-		queueMetrics.depth = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: ns, Subsystem: sub, Name: "queue_depth",
-			Help: "Events of the async queue waiting (queued) or in delivery, across all instances.",
-		}, []string{"scope", "state"})
-		queueMetrics.oldest = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: ns, Subsystem: sub, Name: "queue_oldest_age_seconds",
-			Help: "Age of the oldest queued or delivering event, in seconds; 0 when the queue is empty.",
-		}, []string{"scope"})
-		queueMetrics.attempts = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "queue_attempts_total",
-			Help: "Delivery attempts of queued events made by this instance, by outcome.",
-		}, []string{"scope", "outcome"})
-		queueMetrics.dead = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: ns, Subsystem: sub, Name: "queue_dead_letters",
-			Help: "Dead events (out of attempts or max_age) waiting for an operator, across all instances.",
-		}, []string{"scope"})
-	})
-	if reg == nil {
-		return nil
-	}
-	for _, c := range []prometheus.Collector{queueMetrics.depth, queueMetrics.oldest, queueMetrics.attempts, queueMetrics.dead} {
-		if err := reg.Register(c); err != nil {
-			var are prometheus.AlreadyRegisteredError
-			if !errors.As(err, &are) {
-				return err
-			}
-		}
-	}
-	return nil
 }

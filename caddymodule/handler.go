@@ -31,6 +31,7 @@ import (
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/cache"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/eventid"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/lease"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
@@ -158,6 +159,8 @@ type Handler struct {
 	counters   map[string]prometheus.Counter
 	cacheHit   prometheus.Counter // cache_hits_total of the scope
 	cacheMiss  prometheus.Counter // cache_misses_total of the scope
+	// bodyMismatch is the scope's body_mismatch_total.
+	bodyMismatch prometheus.Counter
 	// claimsInFlight and upstreamTime are the scope's claims_in_flight
 	// gauge and upstream_duration_seconds histogram.
 	claimsInFlight prometheus.Gauge
@@ -341,17 +344,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.completed = b.completed
 	}
 
-	if err := initMetrics(ctx.GetMetricsRegistry()); err != nil {
-		return fmt.Errorf("registering metrics: %w", err)
+	if err := h.provisionMetrics(ctx); err != nil {
+		return err
 	}
-	h.counters = make(map[string]prometheus.Counter)
-	for _, o := range allOutcomes {
-		h.counters[o] = metrics.deliveries.WithLabelValues(h.Scope, h.Provider, o)
-	}
-	h.cacheHit = metrics.cacheHits.WithLabelValues(h.Scope)
-	h.cacheMiss = metrics.cacheMiss.WithLabelValues(h.Scope)
-	h.claimsInFlight = metrics.inFlight.WithLabelValues(h.Scope)
-	h.upstreamTime = metrics.upstream.WithLabelValues(h.Scope, h.Provider)
 	if err := h.provisionAsync(ctx); err != nil {
 		return err
 	}
@@ -362,15 +357,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.wg.Add(1)
 	go h.sweepRetention(sweepCtx)
 	return nil
-}
-
-// deliveries returns the counter of an outcome, prepared at provision time so
-// the request path does no label lookup.
-func (h *Handler) deliveries(outcome string) prometheus.Counter {
-	if c, ok := h.counters[outcome]; ok {
-		return c
-	}
-	return metrics.deliveries.WithLabelValues(h.Scope, h.Provider, outcome)
 }
 
 // Validate checks the configuration; Provision has applied defaults.
@@ -571,7 +557,7 @@ func (h *Handler) claim(parent context.Context, scope, key string) (store.Claim,
 	c, err := h.backend.Claim(ctx, store.ClaimParams{
 		Scope: scope, EventID: key, Lease: time.Duration(h.Lease), HoldOnExpiry: h.OnAmbiguous == "hold",
 	})
-	metrics.store.WithLabelValues("claim").Observe(time.Since(t0).Seconds())
+	observe(metrics.storeTime.claim, t0)
 	return c, err
 }
 
@@ -731,46 +717,39 @@ func (h *Handler) settleOnce(parent context.Context, c claimRef, status int, op 
 	ctx, cancel := context.WithTimeout(parent, storeTimeout)
 	defer cancel()
 	t0 := time.Now()
-	var err error
 	if op == "complete" {
-		err = h.backend.Complete(ctx, c.scope, c.id, c.token, status)
-	} else {
-		err = h.backend.Release(ctx, c.scope, c.id, c.token)
+		defer observe(metrics.storeTime.complete, t0)
+		return h.backend.Complete(ctx, c.scope, c.id, c.token, status)
 	}
-	metrics.store.WithLabelValues(op).Observe(time.Since(t0).Seconds())
-	return err
+	defer observe(metrics.storeTime.release, t0)
+	return h.backend.Release(ctx, c.scope, c.id, c.token)
 }
 
 // heartbeat renews the claims' leases every third of the lease until done is
-// closed or the forward's context ends.
+// closed or the forward's context ends; a claim whose lease is lost is
+// logged and renewed no more.
 func (h *Handler) heartbeat(ctx context.Context, claims []claimRef, done <-chan struct{}, stopped chan<- struct{}) {
 	defer close(stopped)
-	lease := time.Duration(h.Lease)
-	t := time.NewTicker(lease / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-done:
-			return
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		for _, c := range claims {
-			hctx, cancel := context.WithTimeout(ctx, lease/3)
-			t0 := time.Now()
-			err := h.backend.Heartbeat(hctx, c.scope, c.id, c.token, lease)
-			metrics.store.WithLabelValues("heartbeat").Observe(time.Since(t0).Seconds())
-			cancel()
-			switch {
-			case errors.Is(err, store.ErrLeaseLost):
+	d := time.Duration(h.Lease)
+	var wg sync.WaitGroup
+	for _, c := range claims {
+		wg.Go(func() {
+			err := lease.Keep(ctx, done, lease.Renewal{
+				Lease: d,
+				Renew: func(ctx context.Context) error {
+					defer observe(metrics.storeTime.heartbeat, time.Now())
+					return h.backend.Heartbeat(ctx, c.scope, c.id, c.token, d)
+				},
+				Lost:   store.ErrLeaseLost,
+				Logger: h.logger, Name: "claim lease",
+				Fields: []zap.Field{zap.String("scope", c.scope), zap.String("event_id", c.id)},
+			})
+			if err != nil {
 				h.logger.Warn("claim lease lost while forwarding", zap.String("scope", c.scope), zap.String("event_id", c.id))
-			case err != nil && ctx.Err() == nil: // not the forward ending meanwhile
-				h.logger.Warn("renewing claim lease failed", zap.String("scope", c.scope),
-					zap.String("event_id", c.id), zap.Error(err))
 			}
-		}
+		})
 	}
+	wg.Wait()
 }
 
 // bodyScope is the scope of body-hash keys (dedupe_body): a scope of its
@@ -821,7 +800,7 @@ func (h *Handler) checkSameBody(parent context.Context, id string, body []byte) 
 	defer cancel()
 	_, err := h.backend.Get(ctx, h.bodyScope(), bodyKey(body))
 	if errors.Is(err, store.ErrNotFound) {
-		metrics.bodyMismatch.WithLabelValues(h.Scope).Inc()
+		h.bodyMismatch.Inc()
 		h.logger.Warn("completed event id arrived with a different body; answered as a duplicate",
 			zap.String("scope", h.Scope), zap.String("event_id", id))
 	}

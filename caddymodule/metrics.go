@@ -2,9 +2,15 @@ package caddymodule
 
 import (
 	"errors"
+	"fmt"
 	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue"
 )
 
 // Metrics, exposed on Caddy's own registry (its /metrics endpoint, next to
@@ -22,6 +28,7 @@ var metrics = struct {
 	once         sync.Once
 	deliveries   *prometheus.CounterVec
 	store        *prometheus.HistogramVec
+	storeTime    storeTimes // store's series, one per operation
 	upstream     *prometheus.HistogramVec
 	inFlight     *prometheus.GaugeVec
 	cacheHits    *prometheus.CounterVec
@@ -45,11 +52,23 @@ const (
 	outcomeHandshake        = "handshake"     // verified challenge, forwarded without a claim
 	outcomeForwardedNoID    = "forwarded"     // on_missing_id forward: forwarded without deduplication
 	outcomeBodyReplay       = "body_replayed" // dedupe_body: same body under another event ID, 200 at the edge
+	outcomeQueued           = "queued"        // async: stored for delivery, 200 at once
 )
 
 var allOutcomes = []string{outcomeCompleted, outcomeReleased, outcomeAmbiguous, outcomeDuplicate,
 	outcomeInFlight, outcomeHeld, outcomeInvalidSignature, outcomeBadRequest, outcomeTooLarge,
-	outcomeUnsupported, outcomeStoreError, outcomeHandshake, outcomeForwardedNoID, outcomeBodyReplay}
+	outcomeUnsupported, outcomeStoreError, outcomeHandshake, outcomeForwardedNoID, outcomeBodyReplay,
+	outcomeQueued}
+
+// storeTimes are the store_duration_seconds series, one per operation,
+// resolved once so no store call does a label lookup.
+type storeTimes struct {
+	claim, complete, release, heartbeat    prometheus.Observer
+	enqueue, settleQueued, heartbeatQueued prometheus.Observer
+}
+
+// observe records the time since t0.
+func observe(o prometheus.Observer, t0 time.Time) { o.Observe(time.Since(t0).Seconds()) }
 
 func initMetrics(reg *prometheus.Registry) error {
 	const ns, sub = "caddy", "webhook_idempotency"
@@ -84,6 +103,11 @@ func initMetrics(reg *prometheus.Registry) error {
 			Namespace: ns, Subsystem: sub, Name: "body_mismatch_total",
 			Help: "Completed event IDs that arrived again with a different body (dedupe_body), answered as duplicates.",
 		}, []string{"scope"})
+		op := metrics.store.WithLabelValues
+		metrics.storeTime = storeTimes{
+			claim: op("claim"), complete: op("complete"), release: op("release"), heartbeat: op("heartbeat"),
+			enqueue: op("enqueue"), settleQueued: op("settle_queued"), heartbeatQueued: op("heartbeat_queued"),
+		}
 	})
 	if reg == nil {
 		return nil
@@ -98,4 +122,98 @@ func initMetrics(reg *prometheus.Registry) error {
 		}
 	}
 	return nil
+}
+
+// provisionMetrics registers the collectors and resolves every series of
+// the handler's scope and provider, so the request path does no label
+// lookup.
+func (h *Handler) provisionMetrics(ctx caddy.Context) error {
+	if err := initMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("registering metrics: %w", err)
+	}
+	h.counters = make(map[string]prometheus.Counter, len(allOutcomes))
+	for _, o := range allOutcomes {
+		h.counters[o] = metrics.deliveries.WithLabelValues(h.Scope, h.Provider, o)
+	}
+	h.cacheHit = metrics.cacheHits.WithLabelValues(h.Scope)
+	h.cacheMiss = metrics.cacheMiss.WithLabelValues(h.Scope)
+	h.bodyMismatch = metrics.bodyMismatch.WithLabelValues(h.Scope)
+	h.claimsInFlight = metrics.inFlight.WithLabelValues(h.Scope)
+	h.upstreamTime = metrics.upstream.WithLabelValues(h.Scope, h.Provider)
+	return nil
+}
+
+// deliveries returns the counter of an outcome, resolved at Provision.
+func (h *Handler) deliveries(outcome string) prometheus.Counter {
+	if c, ok := h.counters[outcome]; ok {
+		return c
+	}
+	return metrics.deliveries.WithLabelValues(h.Scope, h.Provider, outcome) // an outcome missing from allOutcomes
+}
+
+// Queue metrics, on Caddy's registry next to the handler's:
+//
+//	caddy_webhook_idempotency_queue_depth{scope,state}          queued and delivering events (all instances)
+//	caddy_webhook_idempotency_queue_oldest_age_seconds{scope}   age of the oldest event not yet delivered
+//	caddy_webhook_idempotency_queue_attempts_total{scope,outcome}  this instance's attempts: delivered, retry, dead, lost, released, lease_lost, settle_failed
+//	caddy_webhook_idempotency_queue_dead_letters{scope}         dead events waiting for an operator (all instances)
+var queueMetrics = struct {
+	once     sync.Once
+	depth    *prometheus.GaugeVec
+	oldest   *prometheus.GaugeVec
+	attempts *prometheus.CounterVec
+	dead     *prometheus.GaugeVec
+}{}
+
+func initQueueMetrics(reg *prometheus.Registry) error {
+	const ns, sub = "caddy", "webhook_idempotency"
+	queueMetrics.once.Do(func() {
+		queueMetrics.depth = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "queue_depth",
+			Help: "Events of the async queue waiting (queued) or in delivery, across all instances.",
+		}, []string{"scope", "state"})
+		queueMetrics.oldest = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "queue_oldest_age_seconds",
+			Help: "Age of the oldest queued or delivering event, in seconds; 0 when the queue is empty.",
+		}, []string{"scope"})
+		queueMetrics.attempts = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "queue_attempts_total",
+			Help: "Delivery attempts of queued events made by this instance, by outcome.",
+		}, []string{"scope", "outcome"})
+		queueMetrics.dead = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "queue_dead_letters",
+			Help: "Dead events (out of attempts or max_age) waiting for an operator, across all instances.",
+		}, []string{"scope"})
+	})
+	if reg == nil {
+		return nil
+	}
+	for _, c := range []prometheus.Collector{queueMetrics.depth, queueMetrics.oldest, queueMetrics.attempts, queueMetrics.dead} {
+		if err := reg.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if !errors.As(err, &are) {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Attempt outcomes of queue_attempts_total besides the queue's own.
+const (
+	attemptLeaseLost    = "lease_lost"    // the lease was lost before settling
+	attemptSettleFailed = "settle_failed" // the store failed the settle
+)
+
+// queueAttempts resolves the queue_attempts_total series of a scope, one
+// per outcome, so no delivery does a label lookup. The queue gauges are
+// set every statsInterval and deleted when a route stops, so they are
+// looked up when set.
+func queueAttempts(scope string) map[string]prometheus.Counter {
+	m := map[string]prometheus.Counter{}
+	for _, o := range []string{queue.AttemptDelivered, queue.AttemptRetry, queue.AttemptDead, queue.AttemptLost,
+		queue.AttemptReleased, attemptLeaseLost, attemptSettleFailed} {
+		m[o] = queueMetrics.attempts.WithLabelValues(scope, o)
+	}
+	return m
 }
