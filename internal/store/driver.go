@@ -12,8 +12,9 @@ import (
 // every backend (River's drivers carry SQL only). Errors are already mapped
 // at the driver's edge: callers never see driver types.
 //
-// Adding an operation to Store means a statement here, in each backend,
-// and its rule in Rules.
+// Adding an operation that changes one row (say, holding a claim) means a
+// Stmt constant, its SQL in each driver's table of statements, and a Rules
+// method giving the result its meaning (leaseHeld for token-keyed ones).
 type Driver interface {
 	// ClaimRow runs the claim statement: INSERT the row as processing
 	// (token, attempts 1, lease_until = database now + p.Lease) ON CONFLICT
@@ -29,23 +30,14 @@ type Driver interface {
 	// when it is no longer so (renewed, settled, claimed again).
 	HoldExpiredRow(ctx context.Context, scope, eventID, token string) (attempts int, ok bool, err error)
 
-	// RenewRow sets lease_until to database now + lease; CompleteRow moves
-	// the row to completed with status; ReleaseRow moves it to released.
-	// Each changes the row only while it is processing under token, and
-	// reports whether it did.
-	RenewRow(ctx context.Context, scope, eventID, token string, lease time.Duration) (bool, error)
-	CompleteRow(ctx context.Context, scope, eventID, token string, status int) (bool, error)
-	ReleaseRow(ctx context.Context, scope, eventID, token string) (bool, error)
+	// Exec runs stmt, which changes at most the one row (scope, event ID)
+	// its args name, and reports whether it changed it. Args are as Stmt
+	// lists them: strings, ints, a State, a time.Duration (a lease, which
+	// the driver converts to its unit).
+	Exec(ctx context.Context, stmt Stmt, args ...any) (changed bool, err error)
 
 	// GetRow reads one row; ok is false when there is none.
 	GetRow(ctx context.Context, scope, eventID string) (ev Event, ok bool, err error)
-	// ForgetRow deletes one row, whatever its state, and reports whether
-	// there was one.
-	ForgetRow(ctx context.Context, scope, eventID string) (bool, error)
-	// ResolveRow moves the row to to (StateReleased or StateCompleted, with
-	// status 0, no token or lease; completed_at set when completed) only
-	// WHERE ResolvableSQL holds, and reports whether it did.
-	ResolveRow(ctx context.Context, scope, eventID string, to State) (bool, error)
 	// ListRows runs q, whose cursor Rules has checked and whose Limit is
 	// between 1 and 1000: rows ordered by updated_at, scope, event_id.
 	ListRows(ctx context.Context, q ListQuery) ([]Event, error)
@@ -56,6 +48,32 @@ type Driver interface {
 	// Close releases the driver's resources.
 	Close() error
 }
+
+// Stmt names a statement of a Driver that changes one row; Rules gives
+// each its meaning. Adding one means its SQL in every driver's table of
+// statements and its rule in Rules.
+type Stmt int
+
+const (
+	// StmtRenew (scope, event ID, token, lease time.Duration): lease_until
+	// = database now + lease, while the row is processing under token.
+	StmtRenew Stmt = iota
+	// StmtComplete (scope, event ID, token, status int): completed with
+	// status, completed_at now, no token or lease, while the row is
+	// processing under token.
+	StmtComplete
+	// StmtRelease (scope, event ID, token): released, no token or lease,
+	// while the row is processing under token.
+	StmtRelease
+	// StmtForget (scope, event ID): the row deleted, whatever its state.
+	StmtForget
+	// StmtResolve (scope, event ID, to State): to (StateReleased or
+	// StateCompleted) with status 0, no token or lease, completed_at now
+	// when completed, only WHERE ResolvableSQL holds.
+	StmtResolve
+	// NumStmts sizes a driver's table of statements.
+	NumStmts
+)
 
 // Inspection is a row as a refused claim reads it.
 type Inspection struct {

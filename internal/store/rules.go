@@ -91,19 +91,19 @@ func (r Rules) Heartbeat(ctx context.Context, scope, eventID, token string, leas
 	if lease <= 0 {
 		return fmt.Errorf("renewing lease: lease must be positive, got %s", lease)
 	}
-	return leaseHeld("renewing lease")(r.d.RenewRow(ctx, scope, eventID, token, lease))
+	return leaseHeld("renewing lease")(r.d.Exec(ctx, StmtRenew, scope, eventID, token, lease))
 }
 
 // Complete marks the claimed event completed with the upstream's HTTP
 // status. It returns ErrLeaseLost if the row is not processing under token.
 func (r Rules) Complete(ctx context.Context, scope, eventID, token string, status int) error {
-	return leaseHeld("completing event")(r.d.CompleteRow(ctx, scope, eventID, token, status))
+	return leaseHeld("completing event")(r.d.Exec(ctx, StmtComplete, scope, eventID, token, status))
 }
 
 // Release marks the claimed event released, so the next delivery claims it
 // again. It returns ErrLeaseLost if the row is not processing under token.
 func (r Rules) Release(ctx context.Context, scope, eventID, token string) error {
-	return leaseHeld("releasing event")(r.d.ReleaseRow(ctx, scope, eventID, token))
+	return leaseHeld("releasing event")(r.d.Exec(ctx, StmtRelease, scope, eventID, token))
 }
 
 // leaseHeld is the rule of every statement keyed by a claim's token: no row
@@ -135,7 +135,7 @@ func (r Rules) Get(ctx context.Context, scope, eventID string) (Event, error) {
 // Forget deletes one event, whatever its state. It returns ErrNotFound when
 // there is no such row.
 func (r Rules) Forget(ctx context.Context, scope, eventID string) error {
-	ok, err := r.d.ForgetRow(ctx, scope, eventID)
+	ok, err := r.d.Exec(ctx, StmtForget, scope, eventID)
 	switch {
 	case err != nil:
 		return fmt.Errorf("forgetting event: %w", err)
@@ -152,7 +152,7 @@ func (r Rules) Resolve(ctx context.Context, scope, eventID string, to State) err
 	if !Resolvable(to) {
 		return fmt.Errorf("resolving event: cannot resolve to state %q", to)
 	}
-	ok, err := r.d.ResolveRow(ctx, scope, eventID, to)
+	ok, err := r.d.Exec(ctx, StmtResolve, scope, eventID, to)
 	if err != nil {
 		return fmt.Errorf("resolving event: %w", err)
 	}

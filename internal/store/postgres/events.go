@@ -15,10 +15,9 @@ import (
 )
 
 type queries struct {
-	claim, inspect, hold         string
-	heartbeat, complete, release string
-	get, forget, resolve         string
-	list, deleteBatch            string
+	claim, inspect, hold   string
+	stmts                  [store.NumStmts]string
+	get, list, deleteBatch string
 }
 
 const columns = `scope, event_id, state, attempts, first_seen, updated_at, lease_until, completed_at, status`
@@ -52,20 +51,23 @@ func buildQueries(ident pgx.Identifier) queries {
 		hold: `UPDATE ` + t + ` SET state = 'held', token = '', lease_until = NULL, updated_at = now()
 			WHERE scope = $1 AND event_id = $2 AND state = 'processing' AND token = $3 AND lease_until <= now()
 			RETURNING attempts`,
-		heartbeat: `UPDATE ` + t + ` SET lease_until = now() + $4::bigint * interval '1 microsecond', updated_at = now()
-			WHERE scope = $1 AND event_id = $2 AND token = $3 AND state = 'processing'`,
-		complete: `UPDATE ` + t + ` SET state = 'completed', status = $4, token = '', lease_until = NULL,
-				completed_at = now(), updated_at = now()
-			WHERE scope = $1 AND event_id = $2 AND token = $3 AND state = 'processing'`,
-		release: `UPDATE ` + t + ` SET state = 'released', token = '', lease_until = NULL, updated_at = now()
-			WHERE scope = $1 AND event_id = $2 AND token = $3 AND state = 'processing'`,
-		get:    `SELECT ` + columns + ` FROM ` + t + ` WHERE scope = $1 AND event_id = $2`,
-		forget: `DELETE FROM ` + t + ` WHERE scope = $1 AND event_id = $2`,
-		// An operator's decision on a held row or an expired claim; $3 is
-		// 'released' or 'completed'.
-		resolve: `UPDATE ` + t + ` SET state = $3::text, token = '', lease_until = NULL, status = 0,
-				completed_at = CASE WHEN $3::text = 'completed' THEN now() END, updated_at = now()
-			WHERE scope = $1 AND event_id = $2 AND ` + store.ResolvableSQL("now()"),
+		// The statements that change one row (see store.Stmt).
+		stmts: [store.NumStmts]string{
+			store.StmtRenew: `UPDATE ` + t + ` SET lease_until = now() + $4::bigint * interval '1 microsecond', updated_at = now()
+				WHERE scope = $1 AND event_id = $2 AND token = $3 AND state = 'processing'`,
+			store.StmtComplete: `UPDATE ` + t + ` SET state = 'completed', status = $4, token = '', lease_until = NULL,
+					completed_at = now(), updated_at = now()
+				WHERE scope = $1 AND event_id = $2 AND token = $3 AND state = 'processing'`,
+			store.StmtRelease: `UPDATE ` + t + ` SET state = 'released', token = '', lease_until = NULL, updated_at = now()
+				WHERE scope = $1 AND event_id = $2 AND token = $3 AND state = 'processing'`,
+			store.StmtForget: `DELETE FROM ` + t + ` WHERE scope = $1 AND event_id = $2`,
+			// An operator's decision on a held row or an expired claim; $3 is
+			// 'released' or 'completed'.
+			store.StmtResolve: `UPDATE ` + t + ` SET state = $3::text, token = '', lease_until = NULL, status = 0,
+					completed_at = CASE WHEN $3::text = 'completed' THEN now() END, updated_at = now()
+				WHERE scope = $1 AND event_id = $2 AND ` + store.ResolvableSQL("now()"),
+		},
+		get:  `SELECT ` + columns + ` FROM ` + t + ` WHERE scope = $1 AND event_id = $2`,
 		list: `SELECT ` + columns + ` FROM ` + t,
 		// Bounded: at most $2 rows of the scopes $3, skipping rows other
 		// sessions hold (a claim in progress), never a processing row.
@@ -122,18 +124,6 @@ func (d driver) HoldExpiredRow(ctx context.Context, scope, eventID, token string
 	return attempts, err == nil, noRows(err)
 }
 
-func (d driver) RenewRow(ctx context.Context, scope, eventID, token string, lease time.Duration) (bool, error) {
-	return d.exec(ctx, d.q.heartbeat, scope, eventID, token, leaseMicros(lease))
-}
-
-func (d driver) CompleteRow(ctx context.Context, scope, eventID, token string, status int) (bool, error) {
-	return d.exec(ctx, d.q.complete, scope, eventID, token, status)
-}
-
-func (d driver) ReleaseRow(ctx context.Context, scope, eventID, token string) (bool, error) {
-	return d.exec(ctx, d.q.release, scope, eventID, token)
-}
-
 func (d driver) GetRow(ctx context.Context, scope, eventID string) (store.Event, bool, error) {
 	rows, err := d.db.Query(ctx, d.q.get, scope, eventID)
 	if err != nil {
@@ -141,14 +131,6 @@ func (d driver) GetRow(ctx context.Context, scope, eventID string) (store.Event,
 	}
 	ev, err := pgx.CollectExactlyOneRow(rows, scanEvent)
 	return ev, err == nil, noRows(err)
-}
-
-func (d driver) ForgetRow(ctx context.Context, scope, eventID string) (bool, error) {
-	return d.exec(ctx, d.q.forget, scope, eventID)
-}
-
-func (d driver) ResolveRow(ctx context.Context, scope, eventID string, to store.State) (bool, error) {
-	return d.exec(ctx, d.q.resolve, scope, eventID, string(to))
 }
 
 func (d driver) ListRows(ctx context.Context, q store.ListQuery) ([]store.Event, error) {
@@ -202,9 +184,18 @@ func (d driver) Close() error {
 	return nil
 }
 
-// exec runs a statement on one row and reports whether it changed it.
-func (d driver) exec(ctx context.Context, query string, args ...any) (bool, error) {
-	tag, err := d.db.Exec(ctx, query, args...)
+// Exec runs one of the statements that change a row; a lease travels in
+// microseconds, a state as text.
+func (d driver) Exec(ctx context.Context, stmt store.Stmt, args ...any) (bool, error) {
+	for i, a := range args {
+		switch v := a.(type) {
+		case time.Duration:
+			args[i] = leaseMicros(v)
+		case store.State:
+			args[i] = string(v)
+		}
+	}
+	tag, err := d.db.Exec(ctx, d.q.stmts[stmt], args...)
 	if err != nil {
 		return false, interpretError(err)
 	}
