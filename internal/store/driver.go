@@ -16,20 +16,11 @@ import (
 // Stmt constant, its SQL in each driver's table of statements, and a Rules
 // method giving the result its meaning (leaseHeld for token-keyed ones).
 type Driver interface {
-	// ClaimRow runs the claim statement: INSERT the row as processing
-	// (token, attempts 1, lease_until = database now + p.Lease) ON CONFLICT
-	// DO UPDATE, taking an existing row over (attempts + 1, status 0, no
-	// completed_at) only WHERE ClaimableSQL holds. ok is false when a row
-	// exists and is not claimable.
-	ClaimRow(ctx context.Context, p ClaimParams, token string) (attempts int, ok bool, err error)
-	// InspectRow reads what explains a refused claim; ok is false when
-	// there is no row.
-	InspectRow(ctx context.Context, scope, eventID string) (r Inspection, ok bool, err error)
-	// HoldExpiredRow moves the row to held when it is still processing
-	// under token with a lease expired by the database clock; ok is false
-	// when it is no longer so (renewed, settled, claimed again).
-	HoldExpiredRow(ctx context.Context, scope, eventID, token string) (attempts int, ok bool, err error)
-
+	// QueryRow runs stmt, which reads or changes at most one row and
+	// returns the columns Stmt lists. Scan reports ErrNotFound when there
+	// is no row (a refused claim, a vanished row), other errors mapped.
+	// Args are converted as for Exec.
+	QueryRow(ctx context.Context, stmt Stmt, args ...any) Row
 	// Exec runs stmt, which changes at most the one row (scope, event ID)
 	// its args name, and reports whether it changed it. Args are as Stmt
 	// lists them: strings, ints, a State, a time.Duration (a lease, which
@@ -55,9 +46,23 @@ type Driver interface {
 type Stmt int
 
 const (
+	// StmtClaim (scope, event ID, token, lease time.Duration, hold bool)
+	// returns attempts: INSERT the row as processing (token, attempts 1,
+	// lease_until = database now + lease) ON CONFLICT DO UPDATE, taking an
+	// existing row over (attempts + 1, status 0, no completed_at) only WHERE
+	// ClaimableSQL holds; no row when it is not claimable.
+	StmtClaim Stmt = iota
+	// StmtInspect (scope, event ID) returns state, token, attempts, status
+	// and the lease left in microseconds by the database clock (0 when
+	// expired or not processing): what explains a refused claim.
+	StmtInspect
+	// StmtHoldExpired (scope, event ID, token) returns attempts: the row
+	// moved to held when it is still processing under token with a lease
+	// expired by the database clock; no row when it is no longer so.
+	StmtHoldExpired
 	// StmtRenew (scope, event ID, token, lease time.Duration): lease_until
 	// = database now + lease, while the row is processing under token.
-	StmtRenew Stmt = iota
+	StmtRenew
 	// StmtComplete (scope, event ID, token, status int): completed with
 	// status, completed_at now, no token or lease, while the row is
 	// processing under token.
@@ -75,15 +80,9 @@ const (
 	NumStmts
 )
 
-// Inspection is a row as a refused claim reads it.
-type Inspection struct {
-	State    State
-	Token    string
-	Attempts int
-	Status   int
-	// Remaining is the time left on the lease by the database clock; 0
-	// when it has expired or the row is not processing.
-	Remaining time.Duration
+// Row is one row a statement returned.
+type Row interface {
+	Scan(dest ...any) error
 }
 
 // ClaimableSQL is the claimable predicate over the conflicting row "e" of a

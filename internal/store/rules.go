@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -35,12 +36,13 @@ func (r Rules) Claim(ctx context.Context, p ClaimParams) (Claim, error) {
 	}
 	for range maxClaimRounds {
 		token := NewToken()
-		attempts, ok, err := r.d.ClaimRow(ctx, p, token)
-		if err != nil {
-			return Claim{}, fmt.Errorf("claiming event: %w", err)
-		}
-		if ok {
+		var attempts int
+		err := r.d.QueryRow(ctx, StmtClaim, p.Scope, p.EventID, token, p.Lease, p.HoldOnExpiry).Scan(&attempts)
+		if err == nil {
 			return Claim{Outcome: Claimed, Token: token, Attempts: attempts}, nil
+		}
+		if !errors.Is(err, ErrNotFound) {
+			return Claim{}, fmt.Errorf("claiming event: %w", err)
 		}
 		c, ok, err := r.explain(ctx, p)
 		if err != nil {
@@ -58,31 +60,46 @@ func (r Rules) Claim(ctx context.Context, p ClaimParams) (Claim, error) {
 // (deleted, released, lease just expired) and the claim should be tried
 // again.
 func (r Rules) explain(ctx context.Context, p ClaimParams) (c Claim, ok bool, err error) {
-	row, found, err := r.d.InspectRow(ctx, p.Scope, p.EventID)
-	if err != nil || !found {
-		return Claim{}, false, err
+	var (
+		state            string
+		token            string
+		attempts, status int
+		micros           int64
+	)
+	err = r.d.QueryRow(ctx, StmtInspect, p.Scope, p.EventID).Scan(&state, &token, &attempts, &status, &micros)
+	if err != nil {
+		return Claim{}, false, gone(err) // deleted in between: try again
 	}
-	switch row.State {
+	switch State(state) {
 	case StateCompleted:
-		return Claim{Outcome: Duplicate, Attempts: row.Attempts, Status: row.Status}, true, nil
+		return Claim{Outcome: Duplicate, Attempts: attempts, Status: status}, true, nil
 	case StateHeld:
-		return Claim{Outcome: Held, Attempts: row.Attempts}, true, nil
+		return Claim{Outcome: Held, Attempts: attempts}, true, nil
 	case StateReleased:
 		return Claim{}, false, nil
 	case StateProcessing:
-		if row.Remaining > 0 {
-			return Claim{Outcome: InFlight, Attempts: row.Attempts, RetryAfter: RetryAfter(row.Remaining)}, true, nil
+		if micros > 0 {
+			remaining := time.Duration(micros) * time.Microsecond
+			return Claim{Outcome: InFlight, Attempts: attempts, RetryAfter: RetryAfter(remaining)}, true, nil
 		}
 		if !p.HoldOnExpiry {
 			return Claim{}, false, nil
 		}
-		attempts, held, err := r.d.HoldExpiredRow(ctx, p.Scope, p.EventID, row.Token)
-		if err != nil || !held {
-			return Claim{}, false, err // renewed or settled meanwhile: try again
+		err := r.d.QueryRow(ctx, StmtHoldExpired, p.Scope, p.EventID, token).Scan(&attempts)
+		if err != nil {
+			return Claim{}, false, gone(err) // renewed or settled meanwhile: try again
 		}
 		return Claim{Outcome: Held, Attempts: attempts}, true, nil
 	}
-	return Claim{}, false, fmt.Errorf("unknown event state %q", row.State)
+	return Claim{}, false, fmt.Errorf("unknown event state %q", state)
+}
+
+// gone is nil for a statement that found no row, else err.
+func gone(err error) error {
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	return err
 }
 
 // Heartbeat sets the claim's lease to now + lease by the database clock.

@@ -15,7 +15,6 @@ import (
 )
 
 type queries struct {
-	claim, inspect, hold   string
 	stmts                  [store.NumStmts]string
 	get, list, deleteBatch string
 }
@@ -27,32 +26,32 @@ const columns = `scope, event_id, state, attempts, first_seen, updated_at, lease
 func buildQueries(ident pgx.Identifier) queries {
 	t := ident.Sanitize()
 	return queries{
-		// One statement decides the claim: the primary key settles races,
-		// and a conflicting row is taken over only when it is claimable.
-		// $4 is the lease in microseconds.
-		claim: `INSERT INTO ` + t + ` AS e
-				(scope, event_id, state, token, attempts, lease_until, first_seen, updated_at)
-			VALUES ($1, $2, 'processing', $3, 1, now() + $4::bigint * interval '1 microsecond', now(), now())
-			ON CONFLICT (scope, event_id) DO UPDATE SET
-				state        = 'processing',
-				token        = EXCLUDED.token,
-				attempts     = e.attempts + 1,
-				lease_until  = EXCLUDED.lease_until,
-				updated_at   = EXCLUDED.updated_at,
-				completed_at = NULL,
-				status       = 0
-			WHERE ` + store.ClaimableSQL("now()", "$5::boolean") + `
-			RETURNING e.attempts`,
-		// Why the claim was refused; the lease left in microseconds, by the
-		// database clock.
-		inspect: `SELECT state, token, attempts, status,
-				COALESCE(GREATEST(0, CEIL(EXTRACT(EPOCH FROM (lease_until - now())) * 1000000)), 0)::bigint
-			FROM ` + t + ` WHERE scope = $1 AND event_id = $2`,
-		hold: `UPDATE ` + t + ` SET state = 'held', token = '', lease_until = NULL, updated_at = now()
-			WHERE scope = $1 AND event_id = $2 AND state = 'processing' AND token = $3 AND lease_until <= now()
-			RETURNING attempts`,
-		// The statements that change one row (see store.Stmt).
+		// The statements of store.Driver's QueryRow and Exec (see store.Stmt).
 		stmts: [store.NumStmts]string{
+			// One statement decides the claim: the primary key settles races,
+			// and a conflicting row is taken over only when it is claimable.
+			// $4 is the lease in microseconds.
+			store.StmtClaim: `INSERT INTO ` + t + ` AS e
+					(scope, event_id, state, token, attempts, lease_until, first_seen, updated_at)
+				VALUES ($1, $2, 'processing', $3, 1, now() + $4::bigint * interval '1 microsecond', now(), now())
+				ON CONFLICT (scope, event_id) DO UPDATE SET
+					state        = 'processing',
+					token        = EXCLUDED.token,
+					attempts     = e.attempts + 1,
+					lease_until  = EXCLUDED.lease_until,
+					updated_at   = EXCLUDED.updated_at,
+					completed_at = NULL,
+					status       = 0
+				WHERE ` + store.ClaimableSQL("now()", "$5::boolean") + `
+				RETURNING e.attempts`,
+			// Why the claim was refused; the lease left in microseconds, by the
+			// database clock.
+			store.StmtInspect: `SELECT state, token, attempts, status,
+					COALESCE(GREATEST(0, CEIL(EXTRACT(EPOCH FROM (lease_until - now())) * 1000000)), 0)::bigint
+				FROM ` + t + ` WHERE scope = $1 AND event_id = $2`,
+			store.StmtHoldExpired: `UPDATE ` + t + ` SET state = 'held', token = '', lease_until = NULL, updated_at = now()
+				WHERE scope = $1 AND event_id = $2 AND state = 'processing' AND token = $3 AND lease_until <= now()
+				RETURNING attempts`,
 			store.StmtRenew: `UPDATE ` + t + ` SET lease_until = now() + $4::bigint * interval '1 microsecond', updated_at = now()
 				WHERE scope = $1 AND event_id = $2 AND token = $3 AND state = 'processing'`,
 			store.StmtComplete: `UPDATE ` + t + ` SET state = 'completed', status = $4, token = '', lease_until = NULL,
@@ -99,30 +98,6 @@ type driver struct {
 }
 
 var _ store.Driver = driver{}
-
-func (d driver) ClaimRow(ctx context.Context, p store.ClaimParams, token string) (int, bool, error) {
-	var attempts int
-	err := d.db.QueryRow(ctx, d.q.claim, p.Scope, p.EventID, token, leaseMicros(p.Lease), p.HoldOnExpiry).
-		Scan(&attempts)
-	return attempts, err == nil, noRows(err)
-}
-
-func (d driver) InspectRow(ctx context.Context, scope, eventID string) (store.Inspection, bool, error) {
-	var (
-		r      store.Inspection
-		state  string
-		micros int64
-	)
-	err := d.db.QueryRow(ctx, d.q.inspect, scope, eventID).Scan(&state, &r.Token, &r.Attempts, &r.Status, &micros)
-	r.State, r.Remaining = store.State(state), time.Duration(micros)*time.Microsecond
-	return r, err == nil, noRows(err)
-}
-
-func (d driver) HoldExpiredRow(ctx context.Context, scope, eventID, token string) (int, bool, error) {
-	var attempts int
-	err := d.db.QueryRow(ctx, d.q.hold, scope, eventID, token).Scan(&attempts)
-	return attempts, err == nil, noRows(err)
-}
 
 func (d driver) GetRow(ctx context.Context, scope, eventID string) (store.Event, bool, error) {
 	rows, err := d.db.Query(ctx, d.q.get, scope, eventID)
@@ -184,9 +159,23 @@ func (d driver) Close() error {
 	return nil
 }
 
-// Exec runs one of the statements that change a row; a lease travels in
-// microseconds, a state as text.
+// QueryRow runs a statement that returns one row; see args.
+func (d driver) QueryRow(ctx context.Context, stmt store.Stmt, args ...any) store.Row {
+	return row{d.db.QueryRow(ctx, d.q.stmts[stmt], convert(args)...)}
+}
+
+// Exec runs a statement that changes one row; see args.
 func (d driver) Exec(ctx context.Context, stmt store.Stmt, args ...any) (bool, error) {
+	tag, err := d.db.Exec(ctx, d.q.stmts[stmt], convert(args)...)
+	if err != nil {
+		return false, interpretError(err)
+	}
+	return tag.RowsAffected() > 0, nil
+}
+
+// convert turns a statement's args into PostgreSQL's: a lease in
+// microseconds, a state as text.
+func convert(args []any) []any {
 	for i, a := range args {
 		switch v := a.(type) {
 		case time.Duration:
@@ -195,12 +184,13 @@ func (d driver) Exec(ctx context.Context, stmt store.Stmt, args ...any) (bool, e
 			args[i] = string(v)
 		}
 	}
-	tag, err := d.db.Exec(ctx, d.q.stmts[stmt], args...)
-	if err != nil {
-		return false, interpretError(err)
-	}
-	return tag.RowsAffected() > 0, nil
+	return args
 }
+
+// row maps the errors of a scanned row (no row: store.ErrNotFound).
+type row struct{ r pgx.Row }
+
+func (r row) Scan(dest ...any) error { return interpretError(r.r.Scan(dest...)) }
 
 // noRows maps a single-row statement's error: no row is not an error
 // (the caller reports ok false), anything else is mapped.

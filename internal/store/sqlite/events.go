@@ -16,7 +16,6 @@ import (
 const now = `CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER)`
 
 type queries struct {
-	claim, inspect, hold   string
 	stmts                  [store.NumStmts]string
 	get, list, deleteBatch string
 }
@@ -25,28 +24,29 @@ const columns = `scope, event_id, state, attempts, first_seen, updated_at, lease
 
 func buildQueries(t string) queries {
 	return queries{
-		// One statement decides the claim, as in the postgres store. ?4 is
-		// the lease in milliseconds.
-		claim: `INSERT INTO ` + t + ` AS e
-				(scope, event_id, state, token, attempts, lease_until, first_seen, updated_at)
-			VALUES (?1, ?2, 'processing', ?3, 1, ` + now + ` + ?4, ` + now + `, ` + now + `)
-			ON CONFLICT (scope, event_id) DO UPDATE SET
-				state        = 'processing',
-				token        = excluded.token,
-				attempts     = e.attempts + 1,
-				lease_until  = excluded.lease_until,
-				updated_at   = excluded.updated_at,
-				completed_at = NULL,
-				status       = 0
-			WHERE ` + store.ClaimableSQL(now, "?5") + `
-			RETURNING attempts`,
-		inspect: `SELECT state, token, attempts, status, COALESCE(MAX(lease_until - ` + now + `, 0), 0)
-			FROM ` + t + ` WHERE scope = ?1 AND event_id = ?2`,
-		hold: `UPDATE ` + t + ` SET state = 'held', token = '', lease_until = NULL, updated_at = ` + now + `
-			WHERE scope = ?1 AND event_id = ?2 AND state = 'processing' AND token = ?3 AND lease_until <= ` + now + `
-			RETURNING attempts`,
-		// The statements that change one row (see store.Stmt).
+		// The statements of store.Driver's QueryRow and Exec (see store.Stmt).
 		stmts: [store.NumStmts]string{
+			// One statement decides the claim, as in the postgres store. ?4 is
+			// the lease in milliseconds.
+			store.StmtClaim: `INSERT INTO ` + t + ` AS e
+					(scope, event_id, state, token, attempts, lease_until, first_seen, updated_at)
+				VALUES (?1, ?2, 'processing', ?3, 1, ` + now + ` + ?4, ` + now + `, ` + now + `)
+				ON CONFLICT (scope, event_id) DO UPDATE SET
+					state        = 'processing',
+					token        = excluded.token,
+					attempts     = e.attempts + 1,
+					lease_until  = excluded.lease_until,
+					updated_at   = excluded.updated_at,
+					completed_at = NULL,
+					status       = 0
+				WHERE ` + store.ClaimableSQL(now, "?5") + `
+				RETURNING attempts`,
+			// The lease left in microseconds, as the store wants it.
+			store.StmtInspect: `SELECT state, token, attempts, status, COALESCE(MAX(lease_until - ` + now + `, 0), 0) * 1000
+				FROM ` + t + ` WHERE scope = ?1 AND event_id = ?2`,
+			store.StmtHoldExpired: `UPDATE ` + t + ` SET state = 'held', token = '', lease_until = NULL, updated_at = ` + now + `
+				WHERE scope = ?1 AND event_id = ?2 AND state = 'processing' AND token = ?3 AND lease_until <= ` + now + `
+				RETURNING attempts`,
 			store.StmtRenew: `UPDATE ` + t + ` SET lease_until = ` + now + ` + ?4, updated_at = ` + now + `
 				WHERE scope = ?1 AND event_id = ?2 AND token = ?3 AND state = 'processing'`,
 			store.StmtComplete: `UPDATE ` + t + ` SET state = 'completed', status = ?4, token = '', lease_until = NULL,
@@ -78,30 +78,6 @@ type driver struct {
 }
 
 var _ store.Driver = driver{}
-
-func (d driver) ClaimRow(ctx context.Context, p store.ClaimParams, token string) (int, bool, error) {
-	var attempts int
-	err := d.db.QueryRowContext(ctx, d.q.claim, p.Scope, p.EventID, token, leaseMillis(p.Lease), p.HoldOnExpiry).
-		Scan(&attempts)
-	return attempts, err == nil, noRows(err)
-}
-
-func (d driver) InspectRow(ctx context.Context, scope, eventID string) (store.Inspection, bool, error) {
-	var (
-		r      store.Inspection
-		state  string
-		millis int64
-	)
-	err := d.db.QueryRowContext(ctx, d.q.inspect, scope, eventID).Scan(&state, &r.Token, &r.Attempts, &r.Status, &millis)
-	r.State, r.Remaining = store.State(state), time.Duration(millis)*time.Millisecond
-	return r, err == nil, noRows(err)
-}
-
-func (d driver) HoldExpiredRow(ctx context.Context, scope, eventID, token string) (int, bool, error) {
-	var attempts int
-	err := d.db.QueryRowContext(ctx, d.q.hold, scope, eventID, token).Scan(&attempts)
-	return attempts, err == nil, noRows(err)
-}
 
 func (d driver) GetRow(ctx context.Context, scope, eventID string) (store.Event, bool, error) {
 	ev, err := scanEvent(d.db.QueryRowContext(ctx, d.q.get, scope, eventID))
@@ -167,9 +143,24 @@ func (d driver) DeleteRows(ctx context.Context, scopes []string, cutoff time.Tim
 
 func (d driver) Close() error { return interpretError(d.db.Close()) }
 
-// Exec runs one of the statements that change a row; a lease travels in
-// milliseconds, a state as text.
+// QueryRow runs a statement that returns one row; see args.
+func (d driver) QueryRow(ctx context.Context, stmt store.Stmt, args ...any) store.Row {
+	return row{d.db.QueryRowContext(ctx, d.q.stmts[stmt], convert(args)...)}
+}
+
+// Exec runs a statement that changes one row; see args.
 func (d driver) Exec(ctx context.Context, stmt store.Stmt, args ...any) (bool, error) {
+	res, err := d.db.ExecContext(ctx, d.q.stmts[stmt], convert(args)...)
+	if err != nil {
+		return false, interpretError(err)
+	}
+	n, err := res.RowsAffected()
+	return n > 0, interpretError(err)
+}
+
+// convert turns a statement's args into SQLite's: a lease in
+// milliseconds, a state as text.
+func convert(args []any) []any {
 	for i, a := range args {
 		switch v := a.(type) {
 		case time.Duration:
@@ -178,13 +169,13 @@ func (d driver) Exec(ctx context.Context, stmt store.Stmt, args ...any) (bool, e
 			args[i] = string(v)
 		}
 	}
-	res, err := d.db.ExecContext(ctx, d.q.stmts[stmt], args...)
-	if err != nil {
-		return false, interpretError(err)
-	}
-	n, err := res.RowsAffected()
-	return n > 0, interpretError(err)
+	return args
 }
+
+// row maps the errors of a scanned row (no row: store.ErrNotFound).
+type row struct{ r *sql.Row }
+
+func (r row) Scan(dest ...any) error { return interpretError(r.r.Scan(dest...)) }
 
 // noRows maps a single-row statement's error: no row is not an error (the
 // caller reports ok false), anything else is mapped.
