@@ -6,9 +6,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/caddyserver/caddy/v2"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue"
 )
@@ -71,12 +71,9 @@ type storeTimes struct {
 func observe(o prometheus.Observer, t0 time.Time) { o.Observe(time.Since(t0).Seconds()) }
 
 func initMetrics(reg *prometheus.Registry) error {
-	const ns, sub = "caddy", "webhook_idempotency"
 	metrics.once.Do(func() {
-		metrics.deliveries = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "deliveries_total",
-			Help: "Webhook deliveries by scope, provider and final outcome.",
-		}, []string{"scope", "provider", "outcome"})
+		metrics.deliveries = newCounterVec("deliveries_total",
+			"Webhook deliveries by scope, provider and final outcome.", "scope", "provider", "outcome")
 		metrics.store = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "store_duration_seconds",
 			Help:    "Latency of store operations (claim, complete, release, heartbeat) in seconds.",
@@ -87,33 +84,42 @@ func initMetrics(reg *prometheus.Registry) error {
 			Help:    "Time the upstream took to answer a forwarded delivery, in seconds.",
 			Buckets: prometheus.DefBuckets,
 		}, []string{"scope", "provider"})
-		metrics.inFlight = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: ns, Subsystem: sub, Name: "claims_in_flight",
-			Help: "Claims this instance holds while their deliveries are being forwarded.",
-		}, []string{"scope"})
-		metrics.cacheHits = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "cache_hits_total",
-			Help: "Duplicates answered from the in-memory cache of completed event IDs.",
-		}, []string{"scope"})
-		metrics.cacheMiss = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "cache_misses_total",
-			Help: "Lookups of the in-memory cache that had to ask the store.",
-		}, []string{"scope"})
-		metrics.bodyMismatch = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "body_mismatch_total",
-			Help: "Completed event IDs that arrived again with a different body (dedupe_body), answered as duplicates.",
-		}, []string{"scope"})
+		metrics.inFlight = newGaugeVec("claims_in_flight",
+			"Claims this instance holds while their deliveries are being forwarded.", "scope")
+		metrics.cacheHits = newCounterVec("cache_hits_total",
+			"Duplicates answered from the in-memory cache of completed event IDs.", "scope")
+		metrics.cacheMiss = newCounterVec("cache_misses_total",
+			"Lookups of the in-memory cache that had to ask the store.", "scope")
+		metrics.bodyMismatch = newCounterVec("body_mismatch_total",
+			"Completed event IDs that arrived again with a different body (dedupe_body), answered as duplicates.", "scope")
 		op := metrics.store.WithLabelValues
 		metrics.storeTime = storeTimes{
 			claim: op("claim"), complete: op("complete"), release: op("release"), heartbeat: op("heartbeat"),
 			enqueue: op("enqueue"), settleQueued: op("settle_queued"), heartbeatQueued: op("heartbeat_queued"),
 		}
 	})
+	return register(reg, metrics.deliveries, metrics.store, metrics.upstream,
+		metrics.inFlight, metrics.cacheHits, metrics.cacheMiss, metrics.bodyMismatch)
+}
+
+// Every collector is named caddy_webhook_idempotency_<name>.
+const ns, sub = "caddy", "webhook_idempotency"
+
+func newCounterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help}, labels)
+}
+
+func newGaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help}, labels)
+}
+
+// register registers the collectors on reg (Caddy's registry; nil in some
+// tests), accepting those a previous config registered.
+func register(reg *prometheus.Registry, cs ...prometheus.Collector) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.deliveries, metrics.store, metrics.upstream,
-		metrics.inFlight, metrics.cacheHits, metrics.cacheMiss, metrics.bodyMismatch} {
+	for _, c := range cs {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {
@@ -165,38 +171,19 @@ var queueMetrics = struct {
 	dead     *prometheus.GaugeVec
 }{}
 
+// initQueueMetrics creates the queue collectors once and registers them.
 func initQueueMetrics(reg *prometheus.Registry) error {
-	const ns, sub = "caddy", "webhook_idempotency"
 	queueMetrics.once.Do(func() {
-		queueMetrics.depth = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: ns, Subsystem: sub, Name: "queue_depth",
-			Help: "Events of the async queue waiting (queued) or in delivery, across all instances.",
-		}, []string{"scope", "state"})
-		queueMetrics.oldest = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: ns, Subsystem: sub, Name: "queue_oldest_age_seconds",
-			Help: "Age of the oldest queued or delivering event, in seconds; 0 when the queue is empty.",
-		}, []string{"scope"})
-		queueMetrics.attempts = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "queue_attempts_total",
-			Help: "Delivery attempts of queued events made by this instance, by outcome.",
-		}, []string{"scope", "outcome"})
-		queueMetrics.dead = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: ns, Subsystem: sub, Name: "queue_dead_letters",
-			Help: "Dead events (out of attempts or max_age) waiting for an operator, across all instances.",
-		}, []string{"scope"})
+		queueMetrics.depth = newGaugeVec("queue_depth",
+			"Events of the async queue waiting (queued) or in delivery, across all instances.", "scope", "state")
+		queueMetrics.oldest = newGaugeVec("queue_oldest_age_seconds",
+			"Age of the oldest queued or delivering event, in seconds; 0 when the queue is empty.", "scope")
+		queueMetrics.attempts = newCounterVec("queue_attempts_total",
+			"Delivery attempts of queued events made by this instance, by outcome.", "scope", "outcome")
+		queueMetrics.dead = newGaugeVec("queue_dead_letters",
+			"Dead events (out of attempts or max_age) waiting for an operator, across all instances.", "scope")
 	})
-	if reg == nil {
-		return nil
-	}
-	for _, c := range []prometheus.Collector{queueMetrics.depth, queueMetrics.oldest, queueMetrics.attempts, queueMetrics.dead} {
-		if err := reg.Register(c); err != nil {
-			var are prometheus.AlreadyRegisteredError
-			if !errors.As(err, &are) {
-				return err
-			}
-		}
-	}
-	return nil
+	return register(reg, queueMetrics.depth, queueMetrics.oldest, queueMetrics.attempts, queueMetrics.dead)
 }
 
 // Attempt outcomes of queue_attempts_total besides the queue's own.
