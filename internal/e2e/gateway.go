@@ -155,22 +155,6 @@ func (g *Gateway) Kill() {
 	<-g.exited
 }
 
-// Stop asks Caddy to shut down (SIGTERM) and kills its process group if it
-// has not exited within 10s.
-func (g *Gateway) Stop() {
-	select {
-	case <-g.exited:
-		return
-	default:
-	}
-	_ = g.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-g.exited:
-	case <-time.After(10 * time.Second):
-		g.Kill()
-	}
-}
-
 // Exited reports whether the process has ended.
 func (g *Gateway) Exited() bool {
 	select {
@@ -251,9 +235,6 @@ func (g *Gateway) LogTail(n int) string {
 	}
 	return string(bytes.Join(lines, []byte("\n")))
 }
-
-// LogPath is the file that receives the gateway's stdout and stderr.
-func (g *Gateway) LogPath() string { return g.logPath }
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
 func FreePort() (int, error) {

@@ -47,7 +47,6 @@ type Options struct {
 type Store struct {
 	store.Rules
 	db    *sql.DB
-	path  string
 	table string
 	q     queries
 }
@@ -94,7 +93,7 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("sqlite: opening %s: %w", path, interpretError(err))
 	}
-	s := &Store{db: db, path: path, table: opts.Table, q: buildQueries(quoteIdent(opts.Table))}
+	s := &Store{db: db, table: opts.Table, q: buildQueries(quoteIdent(opts.Table))}
 	s.Rules = store.NewRules(driver{db: db, q: &s.q})
 	if err := s.migrate(ctx, opts); err != nil {
 		_ = db.Close()
@@ -115,15 +114,6 @@ func dsn(path string) string {
 	q.Add("_txlock", "immediate")
 	return u.String() + "?" + q.Encode()
 }
-
-// DB returns the underlying database, for tests and diagnostics.
-func (s *Store) DB() *sql.DB { return s.db }
-
-// Table returns the events table name.
-func (s *Store) Table() string { return s.table }
-
-// Path returns the absolute path of the database file.
-func (s *Store) Path() string { return s.path }
 
 // quoteIdent quotes a validated identifier.
 func quoteIdent(name string) string { return `"` + name + `"` }

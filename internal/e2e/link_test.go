@@ -3,6 +3,7 @@ package e2e
 import (
 	"io"
 	"net"
+	"net/url"
 	"sync"
 )
 
@@ -101,4 +102,26 @@ func (l *Link) Restore() {
 func (l *Link) Close() {
 	_ = l.ln.Close()
 	l.Cut()
+}
+
+// Host is the host:port of the database's server.
+func (d *Database) Host() string {
+	u, err := url.Parse(d.DSN)
+	if err != nil {
+		return ""
+	}
+	if u.Port() == "" {
+		return u.Hostname() + ":5432"
+	}
+	return u.Host
+}
+
+// DSNVia is the database's DSN with the server reached at addr (a Link).
+func (d *Database) DSNVia(addr string) string {
+	u, err := url.Parse(d.DSN)
+	if err != nil {
+		return d.DSN
+	}
+	u.Host = addr
+	return u.String()
 }
