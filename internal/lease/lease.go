@@ -25,7 +25,7 @@ type Renewal struct {
 	// e.g. store.ErrLeaseLost: renewing again cannot help.
 	Lost error
 	// Logger receives failed renewals at Warn, as "renewing <Name>
-	// failed" with Fields; never bodies or secrets.
+	// failed" with Fields; never bodies or secrets. Nil discards them.
 	Logger *zap.Logger
 	Name   string
 	Fields []zap.Field
@@ -37,6 +37,9 @@ type Renewal struct {
 // over), and renewing goes on: a store that comes back in time keeps the
 // lease.
 func Keep(ctx context.Context, stop <-chan struct{}, r Renewal) error {
+	if r.Logger == nil {
+		r.Logger = zap.NewNop()
+	}
 	t := time.NewTicker(max(r.Lease/3, minInterval))
 	defer t.Stop()
 	for {
