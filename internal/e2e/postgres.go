@@ -8,6 +8,7 @@ import (
 	"os"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
 
 // DefaultDSN is the test PostgreSQL when TEST_DATABASE_URL is unset.
@@ -72,7 +73,7 @@ type Row struct {
 // database.
 func (d *Database) Rows(ctx context.Context, table, scope string) (map[string]Row, error) {
 	if table == "" {
-		table = "webhook_events"
+		table = store.DefaultTable
 	}
 	conn, err := pgx.Connect(ctx, d.DSN)
 	if err != nil {
@@ -99,7 +100,7 @@ func (d *Database) Rows(ctx context.Context, table, scope string) (map[string]Ro
 // CountByState counts the rows of table per state.
 func (d *Database) CountByState(ctx context.Context, table string) (map[string]int, error) {
 	if table == "" {
-		table = "webhook_events"
+		table = store.DefaultTable
 	}
 	conn, err := pgx.Connect(ctx, d.DSN)
 	if err != nil {
