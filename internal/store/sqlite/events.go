@@ -23,6 +23,7 @@ const now = `CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER)`
 type queries struct {
 	claim, inspect, hold         string
 	heartbeat, complete, release string
+	holdClaim                    string
 	get, forget, resolve         string
 	list, deleteBatch            string
 }
@@ -58,6 +59,10 @@ func buildQueries(t string) queries {
 				completed_at = ` + now + `, updated_at = ` + now + `
 			WHERE scope = ?1 AND event_id = ?2 AND token = ?3 AND state = 'processing'`,
 		release: `UPDATE ` + t + ` SET state = 'released', token = '', lease_until = NULL, updated_at = ` + now + `
+			WHERE scope = ?1 AND event_id = ?2 AND token = ?3 AND state = 'processing'`,
+		// The gateway's own decision on its claim (on_ambiguous hold),
+		// whatever the lease.
+		holdClaim: `UPDATE ` + t + ` SET state = 'held', token = '', lease_until = NULL, updated_at = ` + now + `
 			WHERE scope = ?1 AND event_id = ?2 AND token = ?3 AND state = 'processing'`,
 		get:    `SELECT ` + columns + ` FROM ` + t + ` WHERE scope = ?1 AND event_id = ?2`,
 		forget: `DELETE FROM ` + t + ` WHERE scope = ?1 AND event_id = ?2`,
@@ -178,6 +183,13 @@ func (s *Store) Complete(ctx context.Context, scope, eventID, token string, stat
 // token.
 func (s *Store) Release(ctx context.Context, scope, eventID, token string) error {
 	return s.settle(ctx, "releasing event", s.q.release, scope, eventID, token)
+}
+
+// Hold parks the claimed event in store.StateHeld, live lease or not (the
+// forward's outcome is ambiguous and the route says on_ambiguous hold). It
+// returns store.ErrLeaseLost if the row is not processing under token.
+func (s *Store) Hold(ctx context.Context, scope, eventID, token string) error {
+	return s.settle(ctx, "holding event", s.q.holdClaim, scope, eventID, token)
 }
 
 func (s *Store) settle(ctx context.Context, op, query string, args ...any) error {
