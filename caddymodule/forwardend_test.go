@@ -131,7 +131,11 @@ func TestProxyErrorAmbiguous(t *testing.T) {
 	// upstream holds it.
 	deadline := func() error {
 		srv := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
-			<-r.Context().Done()
+			_, _ = io.ReadAll(r.Body) // then net/http notices the client leave
+			select {
+			case <-r.Context().Done():
+			case <-time.After(5 * time.Second):
+			}
 		}))
 		t.Cleanup(srv.Close)
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)

@@ -119,9 +119,11 @@ type Handler struct {
 	ForwardTimeout caddy.Duration `json:"forward_timeout,omitempty"`
 
 	// OnAmbiguous is what happens to an event whose forward had no known
-	// outcome (forward_timeout ended it, or its gateway died): "reforward"
-	// (default) lets the next delivery forward again; "hold" parks it in the
-	// held state, answered 503, until an operator releases or completes it.
+	// outcome (forward_timeout ended it, the upstream's connection failed
+	// after the request was written and before a status line, or its
+	// gateway died; see forwardend.go): "reforward" (default) lets the next
+	// delivery forward again; "hold" parks it in the held state at once,
+	// answered 503, until an operator releases or completes it.
 	OnAmbiguous string `json:"on_ambiguous,omitempty"`
 
 	// OnMissingID is what happens to a verified delivery without a usable
