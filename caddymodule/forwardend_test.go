@@ -82,7 +82,9 @@ func readRequest(c net.Conn) {
 	}
 }
 
-func bytesContains(b []byte, s string) bool { return len(b) >= len(s) && string(b[len(b)-len(s):]) == s }
+func bytesContains(b []byte, s string) bool {
+	return len(b) >= len(s) && string(b[len(b)-len(s):]) == s
+}
 
 // TestProxyErrorAmbiguous is the classification table of the README's
 // "Guarantees" section, over errors as net/http's transport and
