@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -76,14 +77,10 @@ func readRequest(c net.Conn) {
 	for {
 		n, err := c.Read(buf[got:])
 		got += n
-		if err != nil || bytesContains(buf[:got], `{"id":"evt_1"}`) {
+		if err != nil || bytes.HasSuffix(buf[:got], []byte(`{"id":"evt_1"}`)) {
 			return
 		}
 	}
-}
-
-func bytesContains(b []byte, s string) bool {
-	return len(b) >= len(s) && string(b[len(b)-len(s):]) == s
 }
 
 // TestProxyErrorAmbiguous is the classification table of the README's
