@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"syscall"
 	"testing"
@@ -21,6 +22,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
 
@@ -336,4 +338,56 @@ func TestForwardSurvivesPanic(t *testing.T) {
 		require.Equal(t, outcomeForwardedNoID, lines[0]["outcome"])
 		require.EqualValues(t, 200, lines[0]["status"])
 	})
+}
+
+// panicTransport is a RoundTripper that panics, as a faulty custom one would.
+type panicTransport struct{}
+
+func (panicTransport) RoundTrip(*http.Request) (*http.Response, error) { panic("transport bug") }
+
+// TestDispatcherSendSafe: the async dispatcher's attempt survives a panic
+// (it becomes a failed attempt instead of ending the process) and names
+// the class of a transport error as proxyErrorAmbiguous does.
+func TestDispatcherSendSafe(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	closedAddr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = silent.Close() })
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			readRequest(c)
+			_ = c.Close() // the whole request read, no answer
+		}
+	}()
+
+	job := queue.Job{EventID: "evt_1", Request: queue.Request{Method: http.MethodPost, URI: "/", Body: []byte(`{"id":"evt_1"}`)}}
+	for _, tc := range []struct {
+		name   string
+		addr   string
+		panics bool
+		want   string
+	}{
+		{"panic", closedAddr, true, "ambiguous (the delivery panicked): transport bug"},
+		{"refused", closedAddr, false, "not delivered (the request never reached the upstream)"},
+		{"closed without answer", silent.Addr().String(), false, "ambiguous (the request may have reached the upstream)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := newDispatcher(nil)
+			if tc.panics {
+				d.client.Transport = panicTransport{}
+			}
+			rt := newRoute(d, &routeConfig{scope: "s", target: &url.URL{Scheme: "http", Host: tc.addr}, timeout: 5 * time.Second})
+			status, text := rt.sendSafe(t.Context(), rt.cfg.Load(), job)
+			require.Zero(t, status)
+			require.Contains(t, text, tc.want)
+		})
+	}
 }
