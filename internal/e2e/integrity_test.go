@@ -250,3 +250,48 @@ func TestUpstreamRefusedReleasesUnderBothPolicies(t *testing.T) {
 		})
 	}
 }
+
+// A hold that fails on a store error is retried in the background like any
+// settle: the store is cut off for the gateway (a relay, the server stays
+// up) when its forward ends ambiguously under on_ambiguous hold; once the
+// store is back the event is held, not left processing, and a second
+// instance's delivery gets 503, not a forward.
+func TestHoldRetriedAfterStoreCut(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	up := b.rawUpstream(func(string, int) e2e.RawAction { return e2e.RawAction{Delay: 500 * time.Millisecond, Close: true} })
+	link, err := e2e.NewLink(b.db.Host())
+	require.NoError(t, err)
+	t.Cleanup(link.Close)
+	ga := b.gatewayOn("a", up.Addr(), b.db.DSNVia(link.Addr()), "lease 2s", "on_ambiguous hold")
+	gb := b.gateway("b", up.Addr(), "lease 2s", "on_ambiguous hold")
+	id := e2e.NewEventID()
+
+	first := make(chan e2e.Result, 1)
+	go func() {
+		r, err := e2e.Deliver(context.Background(), b.client, ga.URL(), b.secret, id)
+		if err != nil {
+			r.Body = err.Error()
+		}
+		first <- r
+	}()
+	for deadline := time.Now().Add(10 * time.Second); up.Calls(id) == 0 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.Equal(t, 1, up.Calls(id))
+	link.Cut()
+	r := <-first
+	require.Equal(t, 502, r.Status, "%s", r.Body)
+	row, ok := b.row(id)
+	require.True(t, ok)
+	require.Equal(t, "processing", row.State, "gateway a could not hold while cut off")
+
+	time.Sleep(time.Second)
+	link.Restore()
+	row = b.waitState(id, "held")
+	require.Equal(t, 1, row.Attempts)
+	require.Positive(t, logCount(ga, "settled event after a store error"), "the hold was retried")
+	r = b.deliver(gb, id)
+	require.Equal(t, 503, r.Status, "held: %s", r.Body)
+	require.Equal(t, 1, up.Calls(id), "one execution")
+}
