@@ -1,7 +1,7 @@
 package caddymodule
 
 import (
-	"bytes"
+	"bufio"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -71,17 +71,13 @@ func (r *stringReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// readRequest reads the request's head and body off a raw connection.
+// readRequest reads one whole request (head and body) off a raw
+// connection.
 func readRequest(c net.Conn) {
-	buf := make([]byte, 4096)
 	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	got := 0
-	for {
-		n, err := c.Read(buf[got:])
-		got += n
-		if err != nil || bytes.HasSuffix(buf[:got], []byte(`{"id":"evt_1"}`)) {
-			return
-		}
+	req, err := http.ReadRequest(bufio.NewReader(c))
+	if err == nil {
+		_, _ = io.Copy(io.Discard, req.Body)
 	}
 }
 
