@@ -7,11 +7,13 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/http"
 	"net/http/httptrace"
 	"strings"
 	"sync/atomic"
 	"syscall"
 
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 )
 
@@ -73,6 +75,39 @@ func (e forwardEnd) verdict() verdict {
 		return verdictAmbiguous
 	}
 	return verdictRelease
+}
+
+// runNext calls the next handler and recovers its panic, if any, so the
+// caller can settle before raising it again.
+func runNext(next caddyhttp.Handler, w http.ResponseWriter, r *http.Request) (panicked any, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			panicked = p
+		}
+	}()
+	return nil, next.ServeHTTP(w, r)
+}
+
+// finalStatus is the final status the next handler wrote: the recorder's,
+// unless it is only an informational 1xx reverse_proxy passed on.
+func finalStatus(rec caddyhttp.ResponseRecorder) int {
+	if s := rec.Status(); s >= 200 {
+		return s
+	}
+	return 0
+}
+
+// describe says, for the log line, why a forward's end was ambiguous.
+func (e forwardEnd) describe() string {
+	switch {
+	case e.timedOut:
+		return "forward_timeout ended the forward before an upstream status arrived"
+	case e.panicked:
+		return "the next handler panicked before an upstream status arrived"
+	case e.err != nil:
+		return "the upstream connection failed after the request was written, before a status line"
+	}
+	return ""
 }
 
 // proxyErrorAmbiguous reports whether an error of the next handler

@@ -690,39 +690,6 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 	return h.answerProxyError(rec, err, d)
 }
 
-// runNext calls the next handler and recovers its panic, if any, so the
-// caller can settle before raising it again.
-func runNext(next caddyhttp.Handler, w http.ResponseWriter, r *http.Request) (panicked any, err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			panicked = p
-		}
-	}()
-	return nil, next.ServeHTTP(w, r)
-}
-
-// finalStatus is the final status the next handler wrote: the recorder's,
-// unless it is only an informational 1xx reverse_proxy passed on.
-func finalStatus(rec caddyhttp.ResponseRecorder) int {
-	if s := rec.Status(); s >= 200 {
-		return s
-	}
-	return 0
-}
-
-// describe says, for the log line, why a forward's end was ambiguous.
-func (e forwardEnd) describe() string {
-	switch {
-	case e.timedOut:
-		return "forward_timeout ended the forward after the request was written"
-	case e.panicked:
-		return "the next handler panicked before an upstream status arrived"
-	case e.err != nil:
-		return "upstream connection failed after the request was written, before a status"
-	}
-	return ""
-}
-
 // settle completes, releases or holds (op "complete", "release", "hold")
 // every claim, with a context detached from the provider's connection; a
 // store error is retried in the background (settleLater).
