@@ -488,7 +488,7 @@ func (rt *route) deliver(cfg *routeConfig, j queue.Job) {
 	go rt.heartbeat(ctx, cancel, cfg, j, stopHB, hbDone)
 
 	start := time.Now()
-	status, errText := rt.send(ctx, cfg, j)
+	status, errText := rt.sendSafe(ctx, cfg, j)
 	dur := time.Since(start)
 	close(stopHB)
 	<-hbDone
@@ -576,6 +576,20 @@ func (rt *route) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, 
 	}
 }
 
+// sendSafe is send, with a panic turned into a failed attempt (status 0),
+// so the attempt is still settled and the dispatcher's goroutine, which no
+// net/http server recovers, does not take the process down.
+func (rt *route) sendSafe(ctx context.Context, cfg *routeConfig, j queue.Job) (status int, errText string) {
+	defer func() {
+		if p := recover(); p != nil {
+			rt.logger().Error("delivery attempt panicked; settled as failed", zap.String("scope", cfg.scope),
+				zap.String("event_id", j.EventID), zap.Any("panic", p))
+			status, errText = 0, fmt.Sprintf("ambiguous (the delivery panicked): %v", p)
+		}
+	}()
+	return rt.send(ctx, cfg, j)
+}
+
 // send makes the HTTP request: the stored method, headers and body, to
 // deliver_to, bounded by forward_timeout. It returns the upstream's status
 // (0 when there was no answer) and, unless 2xx, why the attempt failed.
@@ -597,9 +611,15 @@ func (rt *route) send(ctx context.Context, cfg *routeConfig, j queue.Job) (int, 
 	resp, err := rt.d.client.Do(req)
 	if err != nil {
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return 0, "no answer within forward_timeout (" + cfg.timeout.String() + ")"
+			return 0, "no answer within forward_timeout (" + cfg.timeout.String() + "; ambiguous: the upstream may have done the work)"
 		}
-		return 0, err.Error()
+		// Classified as in sync mode (proxyErrorAmbiguous); async mode
+		// retries either way (at least once), the text tells operators
+		// which attempts may have reached the upstream.
+		if proxyErrorAmbiguous(err) {
+			return 0, "ambiguous (the request may have reached the upstream): " + err.Error()
+		}
+		return 0, "not delivered (the request never reached the upstream): " + err.Error()
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxUpstreamDrain))
 	_ = resp.Body.Close()

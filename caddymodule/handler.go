@@ -120,9 +120,11 @@ type Handler struct {
 	ForwardTimeout caddy.Duration `json:"forward_timeout,omitempty"`
 
 	// OnAmbiguous is what happens to an event whose forward had no known
-	// outcome (forward_timeout ended it, or its gateway died): "reforward"
-	// (default) lets the next delivery forward again; "hold" parks it in the
-	// held state, answered 503, until an operator releases or completes it.
+	// outcome (forward_timeout ended it, the upstream's connection failed
+	// after the request was written and before a status line, or its
+	// gateway died; see forwardend.go): "reforward" (default) lets the next
+	// delivery forward again; "hold" parks it in the held state at once,
+	// answered 503, until an operator releases or completes it.
 	OnAmbiguous string `json:"on_ambiguous,omitempty"`
 
 	// OnMissingID is what happens to a verified delivery without a usable
@@ -562,11 +564,17 @@ func (h *Handler) claim(parent context.Context, scope, key string) (store.Claim,
 }
 
 // passOn runs the next handler for a delivery forwarded without a claim
-// (handshakes, on_missing_id forward) and answers its error itself.
+// (handshakes, on_missing_id forward) and answers its error itself. A panic
+// of the next handler is raised again once the delivery's status is noted.
 func (h *Handler) passOn(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, d *delivery) error {
 	rec := caddyhttp.NewResponseRecorder(w, nil, nil)
-	err := next.ServeHTTP(rec, r)
-	d.status = rec.Status()
+	upstart := time.Now()
+	panicked, err := runNext(next, rec, r)
+	d.upstream = time.Since(upstart)
+	d.status = finalStatus(rec)
+	if panicked != nil {
+		panic(panicked) // the delivery's line is logged on the way out
+	}
 	return h.answerProxyError(rec, err, d)
 }
 
@@ -586,7 +594,7 @@ func (h *Handler) answerProxyError(rec caddyhttp.ResponseRecorder, err error, d 
 	if errors.As(err, &he) && he.StatusCode >= 400 {
 		status = he.StatusCode
 	}
-	if rec.Status() == 0 {
+	if finalStatus(rec) == 0 {
 		respondError(rec, status, "upstream unavailable", 0)
 		d.status = status
 	}
@@ -604,13 +612,19 @@ type claimRef struct {
 
 // forward runs the next handler with the claims held, renewing their leases,
 // and settles them on the upstream's answer. The forward is detached from the
-// provider's connection and bounded by ForwardTimeout instead.
+// provider's connection and bounded by ForwardTimeout instead. Every exit of
+// the next handler (a return, an error, a panic: reverse_proxy raises
+// http.ErrAbortHandler when the upstream's body is cut or the provider's
+// connection fails mid-answer) settles the claims exactly once, balances the
+// in-flight gauge and sets the delivery's outcome; a panic is then raised
+// again with its own value, as net/http expects.
 func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, claims []claimRef, d *delivery) error {
 	// Keep the store open until this claim is settled, even if a config
 	// reload drops the handler meanwhile (see Cleanup).
 	h.busy.add()
 	defer h.busy.done()
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), time.Duration(h.ForwardTimeout))
+	wire := new(wireTrace)
+	fctx, cancel := context.WithTimeout(wire.with(context.WithoutCancel(r.Context())), time.Duration(h.ForwardTimeout))
 	defer cancel()
 
 	hbDone := make(chan struct{})
@@ -620,37 +634,51 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 	h.claimsInFlight.Inc()
 	rec := caddyhttp.NewResponseRecorder(w, nil, nil)
 	upstart := time.Now()
-	err := next.ServeHTTP(rec, r.WithContext(fctx))
+	panicked, err := runNext(next, rec, r.WithContext(fctx))
 	d.upstream = time.Since(upstart)
 	close(hbDone)
 	<-hbStopped
 	h.claimsInFlight.Dec()
 	h.upstreamTime.Observe(d.upstream.Seconds())
 
-	status := rec.Status()
-	d.status = status
-	timedOut := errors.Is(fctx.Err(), context.DeadlineExceeded) && status == 0
+	end := forwardEnd{
+		status:   finalStatus(rec),
+		err:      err,
+		panicked: panicked != nil,
+		wire:     wire,
+	}
+	end.timedOut = errors.Is(fctx.Err(), context.DeadlineExceeded) && end.status == 0
+	d.status = end.status
 
-	switch {
-	case status >= 200 && status < 300:
+	switch v := end.verdict(); {
+	case v == verdictComplete:
 		d.outcome = outcomeCompleted
-		h.settle(r.Context(), claims, status, "complete")
-		h.completed.Add(claims[0].scope, claims[0].id, status)
-	case timedOut && h.OnAmbiguous == "hold":
-		// The upstream may or may not have done the work: leave the claim to
-		// expire, and the next claim parks it as held.
-		d.outcome = outcomeAmbiguous
-		h.logger.Warn("forward timed out with no answer; the event will be held (on_ambiguous hold)",
-			zap.String("scope", h.Scope), zap.String("event_id", claims[0].id))
+		h.settle(r.Context(), claims, end.status, "complete")
+		h.completed.Add(claims[0].scope, claims[0].id, end.status)
+	case v == verdictAmbiguous && h.OnAmbiguous == "hold":
+		// The upstream may or may not have done the work: park the event
+		// as held now, so its retries get 503 and an operator can decide
+		// at once.
+		d.outcome, d.reason = outcomeAmbiguous, end.describe()
+		h.logger.Warn("forward ended with no known outcome; the event is held (on_ambiguous hold)",
+			zap.String("scope", h.Scope), zap.String("event_id", claims[0].id), zap.String("reason", d.reason))
+		h.settle(r.Context(), claims, 0, "hold")
 	default:
 		d.outcome = outcomeReleased
-		h.settle(r.Context(), claims, status, "release")
+		if v == verdictAmbiguous {
+			d.reason = end.describe()
+		}
+		h.settle(r.Context(), claims, end.status, "release")
+	}
+	if panicked != nil {
+		panic(panicked)
 	}
 	return h.answerProxyError(rec, err, d)
 }
 
-// settle completes or releases every claim, with a context detached from
-// the provider's connection.
+// settle completes, releases or holds (op "complete", "release", "hold")
+// every claim, with a context detached from the provider's connection; a
+// store error is retried in the background (settleLater).
 func (h *Handler) settle(parent context.Context, claims []claimRef, status int, op string) {
 	for _, c := range claims {
 		err := h.settleOnce(context.WithoutCancel(parent), c, status, op)
@@ -712,14 +740,18 @@ func (h *Handler) settleLater(c claimRef, status int, op string) {
 		zap.String("event_id", c.id), zap.String("settle", op))
 }
 
-// settleOnce completes or releases one claim, bounded by storeTimeout.
+// settleOnce completes, releases or holds one claim, bounded by storeTimeout.
 func (h *Handler) settleOnce(parent context.Context, c claimRef, status int, op string) error {
 	ctx, cancel := context.WithTimeout(parent, storeTimeout)
 	defer cancel()
 	t0 := time.Now()
-	if op == "complete" {
+switch op {
+	case "complete":
 		defer observe(metrics.storeTime.complete, t0)
 		return h.backend.Complete(ctx, c.scope, c.id, c.token, status)
+	case "hold":
+		defer observe(metrics.storeTime.hold, t0)
+		return h.backend.Hold(ctx, c.scope, c.id, c.token)
 	}
 	defer observe(metrics.storeTime.release, t0)
 	return h.backend.Release(ctx, c.scope, c.id, c.token)

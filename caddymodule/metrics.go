@@ -63,7 +63,7 @@ var allOutcomes = []string{outcomeCompleted, outcomeReleased, outcomeAmbiguous, 
 // storeTimes are the store_duration_seconds series, one per operation,
 // resolved once so no store call does a label lookup.
 type storeTimes struct {
-	claim, complete, release, heartbeat    prometheus.Observer
+	claim, complete, release, hold, heartbeat prometheus.Observer
 	enqueue, settleQueued, heartbeatQueued prometheus.Observer
 }
 
@@ -76,7 +76,7 @@ func initMetrics(reg *prometheus.Registry) error {
 			"Webhook deliveries by scope, provider and final outcome.", "scope", "provider", "outcome")
 		metrics.store = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "store_duration_seconds",
-			Help:    "Latency of store operations (claim, complete, release, heartbeat) in seconds.",
+			Help:    "Latency of store operations (claim, complete, release, hold, heartbeat) in seconds.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 		}, []string{"operation"})
 		metrics.upstream = prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -94,7 +94,7 @@ func initMetrics(reg *prometheus.Registry) error {
 			"Completed event IDs that arrived again with a different body (dedupe_body), answered as duplicates.", "scope")
 		op := metrics.store.WithLabelValues
 		metrics.storeTime = storeTimes{
-			claim: op("claim"), complete: op("complete"), release: op("release"), heartbeat: op("heartbeat"),
+			claim: op("claim"), complete: op("complete"), release: op("release"), hold: op("hold"), heartbeat: op("heartbeat"),
 			enqueue: op("enqueue"), settleQueued: op("settle_queued"), heartbeatQueued: op("heartbeat_queued"),
 		}
 	})

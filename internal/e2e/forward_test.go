@@ -3,6 +3,7 @@ package e2e_test
 import (
 	"context"
 	"net"
+	"net/http"
 	"strconv"
 	"sync"
 	"testing"
@@ -164,8 +165,9 @@ func TestSlowUpstreamHeartbeat(t *testing.T) {
 // The upstream hangs past forward_timeout: the gateway gives up on the
 // forward (a 5xx to the provider). Whether the upstream did the work is
 // unknown. With on_ambiguous reforward the claim is released and the retry
-// is forwarded; with on_ambiguous hold the claim is left to expire and the
-// event is parked as held, its deliveries answered 503 and never forwarded.
+// is forwarded; with on_ambiguous hold the event is parked as held at once
+// (well within its 30s lease): its deliveries are answered 503, never
+// forwarded, and an operator's complete works right away (issue 10, 4).
 func TestForwardTimeout(t *testing.T) {
 	t.Parallel()
 	for _, policy := range []string{"reforward", "hold"} {
@@ -177,7 +179,7 @@ func TestForwardTimeout(t *testing.T) {
 				}
 				return e2e.Answer{}
 			})
-			g := b.gateway("a", "", "lease 1s", "forward_timeout 1s", "on_ambiguous "+policy)
+			g := b.adminGateway("a", b.up.Addr(), "lease 30s", "forward_timeout 1s", "on_ambiguous "+policy)
 			id := e2e.NewEventID()
 
 			r := b.deliver(g, id)
@@ -197,20 +199,26 @@ func TestForwardTimeout(t *testing.T) {
 				require.Equal(t, "completed", b.waitState(id, "completed").State)
 				return
 			}
-			rs := b.deliverUntil(g, id, 200*time.Millisecond, 40, func(r e2e.Result) bool { return r.Status == 503 })
-			for _, r := range rs[:len(rs)-1] {
-				require.Equal(t, 409, r.Status, "live until the lease runs out: %s", summary(rs))
-			}
-			last := rs[len(rs)-1]
-			require.Equal(t, 503, last.Status, "held after the lease: %s", summary(rs))
-			require.GreaterOrEqual(t, last.RetryAfterSeconds(), 1)
-			r = b.deliver(g, id)
-			require.Equal(t, 503, r.Status)
-			require.Len(t, b.up.Calls(id), 1, "never forwarded again")
-			require.Zero(t, b.up.Successes(id))
 			row, ok := b.row(id)
 			require.True(t, ok)
-			require.Equal(t, "held", row.State)
+			require.Equal(t, "held", row.State, "held at once, not when the lease runs out")
+			require.False(t, row.Live)
+			requireGaugeZero(t, g)
+			require.Regexp(t, `^ambiguous/5\d\d$`, deliveryLines(t, g, id, 1)[0])
+			for range 2 {
+				r = b.deliver(g, id)
+				require.Equal(t, 503, r.Status, "a retry within the lease: held, not in flight: %s", r.Body)
+				require.GreaterOrEqual(t, r.RetryAfterSeconds(), 1)
+			}
+			require.Len(t, b.up.Calls(id), 1, "never forwarded again")
+			require.Zero(t, b.up.Successes(id))
+
+			status, body, err := g.AdminCall(context.Background(), http.MethodPost, "/webhook_idempotency/events/stripe/"+id+"/complete")
+			require.NoError(t, err)
+			require.Equal(t, 200, status, "an operator completes it at once: %s", body)
+			r = b.deliver(g, id)
+			require.True(t, r.Status == 200 && r.Replayed, "then a duplicate: %d", r.Status)
+			require.Len(t, b.up.Calls(id), 1)
 		})
 	}
 }

@@ -31,6 +31,9 @@ type GatewayConfig struct {
 	// LogLevel is the default logger's level; "" leaves Caddy's (INFO, one
 	// line per delivery).
 	LogLevel string
+	// Admin turns Caddy's admin endpoint on, on a free port of 127.0.0.1
+	// (Gateway.AdminAddr): the webhook_idempotency admin API and /metrics.
+	Admin bool
 }
 
 // Gateway is a running Caddy process, in a process group of its own.
@@ -39,6 +42,8 @@ type Gateway struct {
 	Name string
 	// Addr is the 127.0.0.1:port the site listens on.
 	Addr string
+	// AdminAddr is the admin endpoint's 127.0.0.1:port ("" when off).
+	AdminAddr string
 
 	cmd     *exec.Cmd
 	logPath string
@@ -74,8 +79,16 @@ func startGateway(cfg GatewayConfig, port int) (*Gateway, error) {
 	if err := os.MkdirAll(home, 0o700); err != nil {
 		return nil, err
 	}
+	adminAddr := ""
+	if cfg.Admin {
+		aport, err := FreePort()
+		if err != nil {
+			return nil, err
+		}
+		adminAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(aport))
+	}
 	caddyfile := filepath.Join(cfg.Dir, cfg.Name+".Caddyfile")
-	if err := os.WriteFile(caddyfile, []byte(cfg.caddyfile(addr)), 0o600); err != nil {
+	if err := os.WriteFile(caddyfile, []byte(cfg.caddyfile(addr, adminAddr)), 0o600); err != nil {
 		return nil, err
 	}
 	logPath := filepath.Join(cfg.Dir, cfg.Name+".log")
@@ -97,7 +110,7 @@ func startGateway(cfg GatewayConfig, port int) (*Gateway, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("e2e: starting caddy %s: %w", cfg.Name, err)
 	}
-	g := &Gateway{Name: cfg.Name, Addr: addr, cmd: cmd, logPath: logPath, exited: make(chan struct{})}
+	g := &Gateway{Name: cfg.Name, Addr: addr, AdminAddr: adminAddr, cmd: cmd, logPath: logPath, exited: make(chan struct{})}
 	go func() {
 		g.waitErr = cmd.Wait()
 		close(g.exited)
@@ -121,10 +134,15 @@ func startGateway(cfg GatewayConfig, port int) (*Gateway, error) {
 	return g, fmt.Errorf("e2e: caddy %s did not listen on %s within 30s; log:\n%s", cfg.Name, addr, g.LogTail(30))
 }
 
-// caddyfile renders the instance's whole Caddyfile.
-func (cfg GatewayConfig) caddyfile(addr string) string {
+// caddyfile renders the instance's whole Caddyfile; adminAddr "" turns
+// the admin endpoint off.
+func (cfg GatewayConfig) caddyfile(addr, adminAddr string) string {
 	var b strings.Builder
-	b.WriteString("{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\tgrace_period 1s\n")
+	admin := "off"
+	if adminAddr != "" {
+		admin = adminAddr
+	}
+	b.WriteString("{\n\tadmin " + admin + "\n\tauto_https off\n\tpersist_config off\n\tgrace_period 1s\n")
 	if cfg.LogLevel != "" {
 		fmt.Fprintf(&b, "\tlog {\n\t\tlevel %s\n\t}\n", cfg.LogLevel)
 	}

@@ -101,13 +101,19 @@ func (b *bundle) gatewayOn(name, upstream, dsn string, extra ...string) *e2e.Gat
 	if upstream == "" {
 		upstream = b.up.Addr()
 	}
-	g, err := e2e.StartGateway(e2e.GatewayConfig{
-		Binary:   caddyBin,
-		Dir:      b.dir,
+	return b.start(e2e.GatewayConfig{
 		Name:     name,
 		Upstream: upstream,
 		Handler:  e2e.StripeHandler(b.secret, dsn, extra...),
 	})
+}
+
+// start starts a gateway from cfg (Binary and Dir are the bundle's); it is
+// killed in t.Cleanup, and its log tail is printed when the test failed.
+func (b *bundle) start(cfg e2e.GatewayConfig) *e2e.Gateway {
+	b.t.Helper()
+	cfg.Binary, cfg.Dir = caddyBin, b.dir
+	g, err := e2e.StartGateway(cfg)
 	require.NoError(b.t, err)
 	b.t.Cleanup(func() {
 		g.Kill()

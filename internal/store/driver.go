@@ -70,6 +70,9 @@ const (
 	// StmtRelease (scope, event ID, token): released, no token or lease,
 	// while the row is processing under token.
 	StmtRelease
+	// StmtHold (scope, event ID, token): held at once, live lease or not, no
+	// token or lease, while the row is processing under token.
+	StmtHold
 	// StmtForget (scope, event ID): the row deleted, whatever its state.
 	StmtForget
 	// StmtResolve (scope, event ID, to State): to (StateReleased or

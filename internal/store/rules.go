@@ -123,6 +123,11 @@ func (r Rules) Release(ctx context.Context, scope, eventID, token string) error 
 	return leaseHeld("releasing event")(r.d.Exec(ctx, StmtRelease, scope, eventID, token))
 }
 
+// Hold parks the claimed event in StateHeld at once (see Store.Hold).
+func (r Rules) Hold(ctx context.Context, scope, eventID, token string) error {
+	return leaseHeld("holding event")(r.d.Exec(ctx, StmtHold, scope, eventID, token))
+}
+
 // leaseHeld is the rule of every statement keyed by a claim's token: no row
 // changed means the token no longer holds the row.
 func leaseHeld(op string) func(changed bool, err error) error {

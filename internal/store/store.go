@@ -135,6 +135,12 @@ type Store interface {
 	// Release gives the claim up so the next delivery is forwarded again.
 	// It returns ErrLeaseLost if the token no longer holds the row.
 	Release(ctx context.Context, scope, eventID, token string) error
+	// Hold parks the claimed event in StateHeld at once, live lease or not:
+	// the gateway knows its forward's outcome is ambiguous (on_ambiguous
+	// hold), so deliveries are refused and an operator can release or
+	// complete it right away. It returns ErrLeaseLost if the token no
+	// longer holds the row.
+	Hold(ctx context.Context, scope, eventID, token string) error
 	// Get returns one event, or ErrNotFound.
 	Get(ctx context.Context, scope, eventID string) (Event, error)
 	// Forget deletes one event so the provider's next delivery is forwarded

@@ -59,6 +59,8 @@ func buildQueries(ident pgx.Identifier) queries {
 				WHERE scope = $1 AND event_id = $2 AND token = $3 AND state = 'processing'`,
 			store.StmtRelease: `UPDATE ` + t + ` SET state = 'released', token = '', lease_until = NULL, updated_at = now()
 				WHERE scope = $1 AND event_id = $2 AND token = $3 AND state = 'processing'`,
+			store.StmtHold: `UPDATE ` + t + ` SET state = 'held', token = '', lease_until = NULL, updated_at = now()
+				WHERE scope = $1 AND event_id = $2 AND token = $3 AND state = 'processing'`,
 			store.StmtForget: `DELETE FROM ` + t + ` WHERE scope = $1 AND event_id = $2`,
 			// An operator's decision on a held row or an expired claim; $3 is
 			// 'released' or 'completed'.

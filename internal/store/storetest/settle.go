@@ -73,6 +73,44 @@ func exerciseSettle(t *testing.T, newStore func(t *testing.T) store.Store) {
 		require.NoError(t, s.Complete(t.Context(), "stripe", "evt_1", c2.Token, 200))
 	})
 
+	t.Run("HoldAtOnce", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+
+		// A live claim (long lease) is held at once by its own token.
+		c := claimed(t, s, "stripe", "evt_1")
+		require.ErrorIs(t, s.Hold(t.Context(), "stripe", "evt_1", store.NewToken()), store.ErrLeaseLost)
+		require.ErrorIs(t, s.Hold(t.Context(), "stripe", "nope", c.Token), store.ErrLeaseLost)
+		require.NoError(t, s.Hold(t.Context(), "stripe", "evt_1", c.Token))
+
+		ev, err := s.Get(t.Context(), "stripe", "evt_1")
+		require.NoError(t, err)
+		require.Equal(t, store.StateHeld, ev.State)
+		require.True(t, ev.LeaseUntil.IsZero())
+		require.Equal(t, 1, ev.Attempts)
+		for _, hold := range []bool{true, false} {
+			h, err := s.Claim(t.Context(), store.ClaimParams{Scope: "stripe", EventID: "evt_1", Lease: lease, HoldOnExpiry: hold})
+			require.NoError(t, err)
+			require.Equal(t, store.Held, h.Outcome)
+		}
+		// Held once: the token no longer holds the row.
+		require.ErrorIs(t, s.Hold(t.Context(), "stripe", "evt_1", c.Token), store.ErrLeaseLost)
+		require.ErrorIs(t, s.Complete(t.Context(), "stripe", "evt_1", c.Token, 200), store.ErrLeaseLost)
+		require.ErrorIs(t, s.Release(t.Context(), "stripe", "evt_1", c.Token), store.ErrLeaseLost)
+
+		// An operator resolves it at once: no lease to wait for.
+		require.NoError(t, s.Resolve(t.Context(), "stripe", "evt_1", store.StateCompleted))
+		require.Equal(t, store.Duplicate, claim(t, s, "stripe", "evt_1").Outcome)
+
+		// A completed or released row is never held.
+		c2 := claimed(t, s, "stripe", "evt_2")
+		require.NoError(t, s.Release(t.Context(), "stripe", "evt_2", c2.Token))
+		require.ErrorIs(t, s.Hold(t.Context(), "stripe", "evt_2", c2.Token), store.ErrLeaseLost)
+		ev, err = s.Get(t.Context(), "stripe", "evt_2")
+		require.NoError(t, err)
+		require.Equal(t, store.StateReleased, ev.State)
+	})
+
 	t.Run("StaleToken", func(t *testing.T) {
 		t.Parallel()
 		s := newStore(t)

@@ -1,0 +1,194 @@
+package caddymodule
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"strings"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+)
+
+// verdict is what a forward's end means for its claims.
+type verdict int
+
+const (
+	// verdictComplete: a 2xx status line arrived from the upstream, so it
+	// did the work; whatever then happened to the body or to the provider's
+	// connection, the event is completed.
+	verdictComplete verdict = iota + 1
+	// verdictRelease: the upstream answered non-2xx, or the forward failed
+	// before any request byte reached it; the next delivery is forwarded.
+	verdictRelease
+	// verdictAmbiguous: the forward failed after the request was written and
+	// before a status line arrived; the upstream may or may not have done
+	// the work. on_ambiguous decides: reforward releases, hold parks the
+	// event as held.
+	verdictAmbiguous
+)
+
+// forwardEnd is how one forward ended, as the next handler left it.
+type forwardEnd struct {
+	// status is the final (non-1xx) status the next handler wrote, 0 if none.
+	status int
+	// err is what the next handler returned (reverse_proxy's
+	// caddyhttp.HandlerError wrapping the round trip's error).
+	err error
+	// timedOut: forward_timeout ended the forward before a status arrived.
+	timedOut bool
+	// panicked: the next handler panicked (http.ErrAbortHandler included).
+	panicked bool
+	// wire is what net/http's transport reported about the request; zero
+	// when the next handler did not use it (php_fastcgi, a custom handler).
+	wire *wireTrace
+}
+
+// verdict classifies the end of a forward. The rules, in order:
+//
+//   - a 2xx final status → complete (also when the body was then cut, the
+//     provider's connection failed, or the handler panicked);
+//   - any other final status → release;
+//   - net/http's transport took a connection for the request but wrote no
+//     request header → release (nothing reached the upstream);
+//   - forward_timeout, or a panic before any status → ambiguous;
+//   - an error: proxyErrorAmbiguous decides;
+//   - no status and no error → release.
+func (e forwardEnd) verdict() verdict {
+	switch {
+	case e.status >= 200 && e.status < 300:
+		return verdictComplete
+	case e.status >= 200:
+		return verdictRelease
+	case e.wire.nothingWritten():
+		return verdictRelease
+	case e.timedOut, e.panicked:
+		return verdictAmbiguous
+	case e.err != nil && proxyErrorAmbiguous(e.err):
+		return verdictAmbiguous
+	}
+	return verdictRelease
+}
+
+// runNext calls the next handler and recovers its panic, if any, so the
+// caller can settle before raising it again.
+func runNext(next caddyhttp.Handler, w http.ResponseWriter, r *http.Request) (panicked any, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			panicked = p
+		}
+	}()
+	return nil, next.ServeHTTP(w, r)
+}
+
+// finalStatus is the final status the next handler wrote: the recorder's,
+// unless it is only an informational 1xx reverse_proxy passed on.
+func finalStatus(rec caddyhttp.ResponseRecorder) int {
+	if s := rec.Status(); s >= 200 {
+		return s
+	}
+	return 0
+}
+
+// describe says, for the log line, why a forward's end was ambiguous.
+func (e forwardEnd) describe() string {
+	switch {
+	case e.timedOut:
+		return "forward_timeout ended the forward before an upstream status arrived"
+	case e.panicked:
+		return "the next handler panicked before an upstream status arrived"
+	case e.err != nil:
+		return "the upstream connection failed after the request was written, before a status line"
+	}
+	return ""
+}
+
+// proxyErrorAmbiguous reports whether an error of the next handler
+// (normally reverse_proxy: a caddyhttp.HandlerError around the error of
+// net/http's transport) leaves it unknown whether the upstream received the
+// request. It is the one place proxy errors are classified; the README's
+// "Guarantees" table documents it.
+//
+// Not ambiguous (the request never reached the upstream, release):
+// reverse_proxy's DialError, a *net.OpError whose Op is "dial", a
+// *net.DNSError, ECONNREFUSED, a TLS handshake failure (certificate
+// verification, alerts, "TLS handshake timeout", a non-TLS server), and
+// "no upstreams available".
+//
+// Ambiguous (the request may have been written): everything else, among it
+// a connection reset (ECONNRESET, EPIPE), io.EOF or io.ErrUnexpectedEOF
+// before the status line ("server closed idle connection", "transport
+// connection broken"), "timeout awaiting response headers", and
+// context.DeadlineExceeded. net/http does not tell callers whether a failed
+// request was written, so an error it does not name as a connect failure
+// counts as ambiguous: holding by mistake costs an operator's decision,
+// releasing by mistake may run the upstream twice.
+func proxyErrorAmbiguous(err error) bool {
+	if err == nil {
+		return false
+	}
+	var (
+		dialErr  reverseproxy.DialError
+		opErr    *net.OpError
+		dnsErr   *net.DNSError
+		certErr  *tls.CertificateVerificationError
+		alertErr tls.AlertError
+		recErr   tls.RecordHeaderError
+		authErr  x509.UnknownAuthorityError
+		hostErr  x509.HostnameError
+		invErr   x509.CertificateInvalidError
+	)
+	switch {
+	case errors.As(err, &dialErr),
+		errors.As(err, &opErr) && opErr.Op == "dial",
+		errors.As(err, &dnsErr),
+		errors.Is(err, syscall.ECONNREFUSED),
+		errors.As(err, &certErr), errors.As(err, &alertErr), errors.As(err, &recErr),
+		errors.As(err, &authErr), errors.As(err, &hostErr), errors.As(err, &invErr):
+		return false
+	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
+		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, context.DeadlineExceeded):
+		return true
+	}
+	// Errors net/http and reverse_proxy return as unexported values, known
+	// by their text only.
+	msg := err.Error()
+	for _, s := range []string{"TLS handshake timeout", "no upstreams available"} {
+		if strings.Contains(msg, s) {
+			return false
+		}
+	}
+	return true
+}
+
+// wireTrace records, through net/http's httptrace (which reverse_proxy's
+// own trace composes with), whether the transport took a connection for the
+// request and whether it wrote the request's headers. It lets a failure
+// before any request byte (a dial or TLS error, a timeout while dialing) be
+// told apart from one after.
+type wireTrace struct {
+	connTried, wrote atomic.Bool
+}
+
+// with returns ctx carrying the trace.
+func (t *wireTrace) with(ctx context.Context) context.Context {
+	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GetConn:      func(string) { t.connTried.Store(true) },
+		WroteHeaders: func() { t.wrote.Store(true) },
+	})
+}
+
+// nothingWritten reports whether net/http's transport was used for the
+// request and wrote none of it. False when the transport was not used: then
+// nothing is known.
+func (t *wireTrace) nothingWritten() bool {
+	return t != nil && t.connTried.Load() && !t.wrote.Load()
+}
