@@ -55,6 +55,16 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		rate      <n>/<duration>         # async: attempts per window across all instances; default no cap
 //		order_key json <path> | header <name>  # async: one at a time, in order, per key
 //		keep_body <duration>             # async: drop delivered bodies this long after delivery
+//		replay    short | response       # how duplicates are answered; default per provider
+//		replay_max <size>                # largest body stored for replay; default 64KiB
+//		replay_headers <name>...         # headers stored for replay; default Content-Type Content-Language Location
+//		idempotency_key {                # provider idempotency_key only (client APIs, no secret)
+//			header      <name>           # default Idempotency-Key
+//			client      header <name> | <placeholder>  # client identity, hashed; e.g. header Authorization
+//			fingerprint method path query body | none  # default all four
+//			optional                     # forward requests without a key (default: 400)
+//			store_4xx   on | off         # store and replay 4xx answers; default on
+//		}
 //		hmac {                           # provider hmac (same as a provider hmac { } block)
 //			header    <name>
 //			algorithm sha1 | sha256 | sha512
@@ -79,7 +89,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if h.Provider == "hmac" && (h.HMAC == nil || h.HMAC.Header == "") {
 		return d.Err("hmac: provider hmac needs an hmac { header <name> } block")
 	}
-	if len(h.Secrets) == 0 {
+	if len(h.Secrets) == 0 && h.Provider != providerIdempotencyKey {
 		return d.Err("secret: at least one secret is required")
 	}
 	return nil
@@ -278,6 +288,8 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, seen map[string]
 		}
 	case "mode", "deliver_to", "max_attempts", "max_age", "retry_schedule", "max_concurrency", "rate", "order_key", "keep_body":
 		return h.unmarshalAsync(d, name)
+	case "replay", "replay_max", "replay_headers", "idempotency_key":
+		return h.unmarshalReplay(d, name)
 	default:
 		return d.Errf("unknown subdirective %q", name)
 	}

@@ -32,6 +32,7 @@ func init() {
 		DefaultTolerance: 5 * time.Minute,
 		EventID:          ids(jsonID("id")),
 		Handshake:        discordHandshake,
+		ReplayResponse:   true, // the answer is the interaction response
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "X-Signature-Ed25519", Timestamp: "X-Signature-Timestamp"}},
 			Signed:    "{timestamp}{body}",

@@ -36,6 +36,10 @@ type Preset struct {
 	Handshake func(body []byte, h http.Header) bool
 	// NeedsURL: the scheme signs the public URL, so Options.URL is required.
 	NeedsURL bool
+	// ReplayResponse is the default of replay: true when the provider reads
+	// the answer (Twilio's TwiML, Discord's interaction response), so a
+	// duplicate must get the upstream's stored answer, not the short one.
+	ReplayResponse bool
 
 	// Scheme is how the provider signs. For presets with bespoke code it
 	// only describes the scheme (Signed is then prose, not a template).
