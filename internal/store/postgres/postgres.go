@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/pgschema"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
 
@@ -39,7 +40,11 @@ const (
 type Options struct {
 	// DSN is a pgx connection string, URL ("postgres://user:pass@host/db")
 	// or key=value form. Required. It is never included in errors: a
-	// password in it is redacted.
+	// password in it is redacted. It may name several hosts
+	// ("postgres://h1:5432,h2:5432/db?target_session_attrs=read-write"):
+	// pgx connects to the first that accepts writes (read-write is implied
+	// when several hosts are named), and after a failover the pool drops
+	// its connections and finds the new primary (pgschema.PrepareFailover).
 	DSN string
 	// Table is the events table, optionally schema-qualified
 	// ("webhooks.events"); the schema must exist. Each part is a lowercase
@@ -105,10 +110,12 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 	case !strings.Contains(opts.DSN, "pool_max_conns"):
 		cfg.MaxConns = max(cfg.MaxConns, DefaultMaxConns)
 	}
+	attach := pgschema.PrepareFailover(cfg, opts.DSN)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("creating postgres pool: %s", redact(opts.DSN, err.Error()))
 	}
+	attach(pool)
 
 	pingCtx, cancel := context.WithTimeout(ctx, opts.ConnectTimeout)
 	err = pool.Ping(pingCtx)
