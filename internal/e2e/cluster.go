@@ -198,7 +198,7 @@ const (
 )
 
 // TempCluster is a primary, and optionally a streaming standby made with
-// pg_basebackup -R, in a temporary directory.
+// pg_basebackup -R that streams through a Link, in a temporary directory.
 type TempCluster struct {
 	Dir     string
 	Primary *Node
@@ -206,6 +206,9 @@ type TempCluster struct {
 	Standby *Node
 	// Replication is how Standby follows.
 	Replication Replication
+	// Link is the TCP relay the standby streams through: cutting it
+	// partitions the standby from the primary (nil without a standby).
+	Link *Link
 }
 
 // StartTempCluster initdb's and starts a primary on a free port and, unless
@@ -271,7 +274,14 @@ func (c *TempCluster) start(ctx context.Context, bin string, repl Replication) e
 		return err
 	}
 	c.Standby = s
-	if _, err := runAs(ctx, filepath.Join(bin, "pg_basebackup"), "-h", "127.0.0.1", "-p", strconv.Itoa(p.Port),
+	link, err := NewLink(p.Addr())
+	if err != nil {
+		return err
+	}
+	c.Link = link
+	_, linkPort, _ := net.SplitHostPort(link.Addr())
+	// Through the link, so primary_conninfo (written by -R) names it too.
+	if _, err := runAs(ctx, filepath.Join(bin, "pg_basebackup"), "-h", "127.0.0.1", "-p", linkPort,
 		"-U", "postgres", "-D", s.Data, "-R", "-X", "stream", "--checkpoint=fast", "--no-sync"); err != nil {
 		return err
 	}
@@ -369,6 +379,9 @@ func (c *TempCluster) Close() {
 		if n != nil {
 			_ = n.Stop(ctx, "immediate")
 		}
+	}
+	if c.Link != nil {
+		c.Link.Close()
 	}
 	_ = os.RemoveAll(c.Dir)
 }
