@@ -385,3 +385,234 @@ func (c *TempCluster) Close() {
 	}
 	_ = os.RemoveAll(c.Dir)
 }
+
+// Formation is a pg_auto_failover formation in a temporary directory: a
+// monitor and two nodes, each a `pg_autoctl` process (Debian's
+// postgresql-<major>-auto-failover; scripts/ha-deps.sh installs it) that
+// keeps its Postgres running and fails over automatically. The monitor's
+// health checks are tightened (1 s period, a node unhealthy after 3 s, 5 s
+// for the old primary to demote itself) so a failover takes seconds, not
+// the default tens of seconds.
+type Formation struct {
+	Dir     string
+	Monitor *Node
+	// Nodes are node1 (the first primary) and node2.
+	Nodes []*Node
+	// Sync is whether node2 is in the write quorum (synchronous
+	// replication, pg_auto_failover's default); false sets
+	// --replication-quorum false (asynchronous).
+	Sync bool
+
+	env   []string
+	procs []*exec.Cmd
+}
+
+// monitorSettings shorten pg_auto_failover's detection of a failed node.
+var monitorSettings = map[string]string{
+	"health_check_period":               "1000",
+	"health_check_timeout":              "1000",
+	"health_check_max_retries":          "1",
+	"health_check_retry_delay":          "500",
+	"node_considered_unhealthy_timeout": "3000",
+	"startup_grace_period":              "2000",
+	// How long the new primary waits for the old one to demote itself
+	// before it takes writes (default 30 s): it bounds the write outage.
+	"primary_demote_timeout": "5000",
+}
+
+// StartFormation creates and runs a formation and waits (at most 2
+// minutes) until node1 is primary and node2 secondary. Close stops it and
+// removes the directory.
+func StartFormation(ctx context.Context, sync bool) (*Formation, error) {
+	bin, err := PGBinDir()
+	if err != nil {
+		return nil, err
+	}
+	if _, err := exec.LookPath("pg_autoctl"); err != nil {
+		return nil, errors.New("e2e: pg_autoctl not found (scripts/ha-deps.sh installs pg_auto_failover)")
+	}
+	dir, err := tempDirFor("pgautofailover-")
+	if err != nil {
+		return nil, err
+	}
+	f := &Formation{Dir: dir, Sync: sync, env: []string{
+		"HOME=" + dir, "XDG_CONFIG_HOME=" + filepath.Join(dir, "config"),
+		"XDG_DATA_HOME=" + filepath.Join(dir, "data"), "XDG_RUNTIME_DIR=" + filepath.Join(dir, "run"),
+	}}
+	if err := f.start(ctx, bin); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+func (f *Formation) autoctl(ctx context.Context, args ...string) error {
+	_, err := runAs(ctx, "env", append(append(append([]string{}, f.env...), "pg_autoctl"), args...)...)
+	return err
+}
+
+// run starts a long-running pg_autoctl command in its own process group,
+// logging to name.log.
+func (f *Formation) run(name string, args ...string) error {
+	cmd := commandAs(context.Background(), "env", append(append(append([]string{}, f.env...), "pg_autoctl"), args...)...)
+	log, err := os.Create(filepath.Join(f.Dir, name+".log"))
+	if err != nil {
+		return err
+	}
+	defer log.Close()
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	f.procs = append(f.procs, cmd)
+	go func() { _ = cmd.Wait() }()
+	return nil
+}
+
+func (f *Formation) start(ctx context.Context, bin string) error {
+	pgctl := filepath.Join(bin, "pg_ctl")
+	m, err := newNode(bin, f.Dir, "monitor")
+	if err != nil {
+		return err
+	}
+	f.Monitor = m
+	if err := f.autoctl(ctx, "create", "monitor", "--pgdata", m.Data, "--pgport", strconv.Itoa(m.Port),
+		"--hostname", "127.0.0.1", "--auth", "trust", "--no-ssl", "--pgctl", pgctl); err != nil {
+		return err
+	}
+	if err := f.run("monitor", "run", "--pgdata", m.Data); err != nil {
+		return err
+	}
+	if err := WaitReady(ctx, m.DSN("pg_auto_failover"), 60*time.Second); err != nil {
+		return err
+	}
+	for k, v := range monitorSettings {
+		if err := m.Exec(ctx, "pg_auto_failover", "ALTER SYSTEM SET pgautofailover."+k+" = "+v); err != nil {
+			return err
+		}
+	}
+	if err := m.Exec(ctx, "pg_auto_failover", "SELECT pg_reload_conf()"); err != nil {
+		return err
+	}
+	monitorURI := "postgres://autoctl_node@" + m.Addr() + "/pg_auto_failover?sslmode=disable"
+	for i, name := range []string{"node1", "node2"} {
+		n, err := newNode(bin, f.Dir, name)
+		if err != nil {
+			return err
+		}
+		f.Nodes = append(f.Nodes, n)
+		args := []string{"create", "postgres", "--pgdata", n.Data, "--pgport", strconv.Itoa(n.Port),
+			"--hostname", "127.0.0.1", "--auth", "trust", "--no-ssl", "--pgctl", pgctl,
+			"--monitor", monitorURI, "--name", name, "--run"}
+		if i == 1 && !f.Sync {
+			args = append(args, "--replication-quorum", "false")
+		}
+		if err := f.run(name, args...); err != nil {
+			return err
+		}
+		want := map[string]string{"node1": "single"}
+		if i == 1 {
+			want = map[string]string{"node1": "primary", "node2": "secondary"}
+		}
+		if err := f.waitStates(ctx, want, 2*time.Minute); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// States reads each node's reported state from the monitor.
+func (f *Formation) States(ctx context.Context) (map[string]string, error) {
+	conn, err := pgx.Connect(ctx, f.Monitor.DSN("pg_auto_failover"))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `SELECT nodename, reportedstate::text FROM pgautofailover.node`)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for rows.Next() {
+		var name, state string
+		if err := rows.Scan(&name, &state); err != nil {
+			return nil, err
+		}
+		out[name] = state
+	}
+	return out, rows.Err()
+}
+
+// waitStates waits until every node in want reports its state there.
+func (f *Formation) waitStates(ctx context.Context, want map[string]string, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		got, err := f.States(ctx)
+		match := err == nil
+		for n, s := range want {
+			match = match && got[n] == s
+		}
+		if match {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("e2e: pg_auto_failover states %v (err %v) within %s, want %v", got, err, limit, want)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// DSN is the multi-host DSN for database db over both nodes, the form
+// `pg_autoctl show uri --formation default` prints.
+func (f *Formation) DSN(db string) string { return MultiHostDSN(db, f.Nodes...) }
+
+// StopNode stops a node's pg_autoctl and its Postgres with mode ("fast" or
+// "immediate"), as when its host goes down: nothing restarts it.
+func (f *Formation) StopNode(ctx context.Context, n *Node, mode string) error {
+	return f.autoctl(ctx, "stop", "--pgdata", n.Data, "--"+mode)
+}
+
+// WaitPromoted waits (at most limit) until the monitor has promoted n
+// (wait_primary or primary) and n commits a write.
+func (f *Formation) WaitPromoted(ctx context.Context, n *Node, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		got, err := f.States(ctx)
+		if err == nil && (got[n.Name] == "wait_primary" || got[n.Name] == "primary") {
+			wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			err = n.Exec(wctx, "postgres", "CREATE TABLE IF NOT EXISTS e2e_promoted (); DROP TABLE e2e_promoted")
+			cancel()
+			if err == nil {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("e2e: %s not promoted within %s (states %v, err %v)", n.Name, limit, got, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// Close stops every node and the monitor at once and removes the directory.
+func (f *Formation) Close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for _, n := range f.Nodes {
+		_ = f.StopNode(ctx, n, "immediate")
+	}
+	if f.Monitor != nil {
+		_ = f.StopNode(ctx, f.Monitor, "immediate")
+	}
+	for _, p := range f.procs {
+		if p.Process != nil {
+			_ = syscall.Kill(-p.Process.Pid, syscall.SIGKILL)
+		}
+	}
+	for _, n := range append(append([]*Node{}, f.Nodes...), f.Monitor) {
+		if n != nil {
+			_ = n.Stop(ctx, "immediate")
+		}
+	}
+	_ = os.RemoveAll(f.Dir)
+}

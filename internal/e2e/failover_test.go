@@ -378,3 +378,45 @@ func requireNothingLost(t *testing.T, f failoverFigures) {
 	require.Zero(t, f.missingRows, "events without a row")
 	require.Equal(t, 1, f.slowSettledOnNewOne, "the forward that ended with no primary settled on the new one")
 }
+
+// autoHA is a pg_auto_failover formation: stopping node1 (its pg_autoctl
+// and Postgres, as when its host goes down) lets the monitor promote node2
+// by itself; promote only waits for that.
+func autoHA(t *testing.T, sync bool) haServer {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	f, err := e2e.StartFormation(ctx, sync)
+	require.NoError(t, err)
+	t.Cleanup(f.Close)
+	return haServer{
+		dsn:     f.DSN("postgres"),
+		fail:    func(ctx context.Context, mode string) error { return f.StopNode(ctx, f.Nodes[0], mode) },
+		promote: func(ctx context.Context) error { return f.WaitPromoted(ctx, f.Nodes[1], time.Minute) },
+	}
+}
+
+// The same failover with pg_auto_failover deciding and promoting by itself
+// (monitor health checks every 1 s, a node unhealthy after 3 s). With
+// node2 in the write quorum (pg_auto_failover's default, synchronous)
+// nothing is lost; with --replication-quorum false (asynchronous) the
+// figures are reported.
+func TestFailoverAutoFailover(t *testing.T) {
+	disruptive(t)
+	for _, tc := range []struct {
+		sync bool
+		mode string
+	}{
+		{true, "fast"},
+		{true, "immediate"},
+		{false, "immediate"},
+	} {
+		repl := map[bool]string{true: "sync", false: "async"}[tc.sync]
+		t.Run(repl+"_"+tc.mode, func(t *testing.T) {
+			f := runFailover(t, autoHA(t, tc.sync), tc.mode, 10*time.Second)
+			t.Logf("FIGURES pg_auto_failover %s replication, %s stop: %s", repl, tc.mode, f)
+			if tc.sync {
+				requireNothingLost(t, f)
+			}
+		})
+	}
+}
