@@ -26,15 +26,11 @@ go build -o bin/caddy ./xcaddy
 echo "== go test -race ./... (PostgreSQL: ${TEST_DATABASE_URL%%\?*})"
 go test -race -count=1 -timeout 20m ./...
 
-# PostgreSQL stopped, restarted and failed over under load: on temporary
-# clusters the tests create (initdb in a temp directory, free ports, the
-# postgres user), never the machine's server; in a step of their own because
-# they are slow and timing-sensitive (internal/e2e, RELIABILITY.md).
+# PostgreSQL stopped, restarted and failed over under load, on temporary
+# clusters the tests create, never the machine's server; a step of its own
+# because it is slow and timing-sensitive (scripts/failover.sh).
 echo "== go test: PostgreSQL restart and failover under load (temporary clusters)"
-PG_BINDIR="$(bash scripts/ha-deps.sh)"
-export PG_BINDIR
-WEBHOOK_IDEMPOTENCY_DISRUPTIVE=1 go test -race -count=1 -timeout 15m -v \
-	-run '^(TestPostgresRestartUnderLoad|TestFailover.*)$' ./internal/e2e/
+bash scripts/failover.sh
 
 echo "== short fuzz runs"
 bash scripts/fuzz.sh 1500x
