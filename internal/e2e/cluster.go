@@ -70,9 +70,14 @@ func commandAs(ctx context.Context, name string, args ...string) *exec.Cmd {
 }
 
 // tempDirFor creates a directory under os.TempDir that the postgres user
-// owns when this process is root.
+// owns when this process is root (under /tmp when the postgres user could
+// not reach os.TempDir).
 func tempDirFor(prefix string) (string, error) {
-	dir, err := os.MkdirTemp("", prefix)
+	base := os.TempDir()
+	if os.Geteuid() == 0 && !traversable(base) {
+		base = "/tmp"
+	}
+	dir, err := os.MkdirTemp(base, prefix)
 	if err != nil {
 		return "", err
 	}
@@ -90,6 +95,20 @@ func tempDirFor(prefix string) (string, error) {
 		}
 	}
 	return dir, nil
+}
+
+// traversable reports whether every directory on the way to dir lets
+// anyone through (the x bit for others).
+func traversable(dir string) bool {
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil || fi.Mode().Perm()&0o001 == 0 {
+			return false
+		}
+		if d == filepath.Dir(d) {
+			return true
+		}
+	}
 }
 
 // Node is one PostgreSQL server of a temporary cluster.
