@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -172,9 +173,15 @@ func parseTable(name string) (pgx.Identifier, error) {
 	return pgx.Identifier{table}, nil
 }
 
-// describeTarget names the server and database for connection errors,
-// without the password.
+// describeTarget names the servers and database for connection errors,
+// without the password: every host of a multi-host DSN, once.
 func describeTarget(cfg *pgxpool.Config) string {
 	c := cfg.ConnConfig
-	return fmt.Sprintf("host=%s port=%d user=%s database=%s", c.Host, c.Port, c.User, c.Database)
+	hosts := []string{fmt.Sprintf("%s:%d", c.Host, c.Port)}
+	for _, f := range c.Fallbacks {
+		if h := fmt.Sprintf("%s:%d", f.Host, f.Port); !slices.Contains(hosts, h) {
+			hosts = append(hosts, h)
+		}
+	}
+	return fmt.Sprintf("host=%s user=%s database=%s", strings.Join(hosts, ","), c.User, c.Database)
 }
