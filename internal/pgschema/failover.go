@@ -43,8 +43,8 @@ const resetEvery = time.Second
 //   - a connection that receives a serverGoneCodes error is closed (an ERROR
 //     such as 25006 would otherwise leave it in the pool, failing every
 //     statement on a standby or a demoted primary), and
-//   - on such an error, or a connection broken by the network (reset, EOF,
-//     refused), the pool drops every connection (pgxpool.Pool.Reset, at
+//   - on such an error, or a statement that left its connection broken (a
+//     reset, an EOF, a FATAL), the pool drops every connection (pgxpool.Pool.Reset, at
 //     most once a second), so the next statements dial afresh and find the
 //     host that is primary now.
 //
