@@ -492,7 +492,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	id, err := h.extractor.Extract(signed, r.Header)
 	if err != nil {
-		if h.OnMissingID == "forward" {
+		// An ambiguous ID is not a missing one: the delivery names two
+		// events, and the upstream may act on the other. Always refused.
+		if h.OnMissingID == "forward" && !errors.Is(err, eventid.ErrAmbiguous) {
 			d.outcome = outcomeForwardedNoID
 			h.logger.Warn("delivery has no usable event id; forwarded without deduplication (on_missing_id forward)",
 				zap.String("scope", h.Scope), zap.String("reason", eventIDReason(err)))
