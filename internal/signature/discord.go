@@ -32,6 +32,10 @@ func init() {
 		DefaultTolerance: 5 * time.Minute,
 		EventID:          ids(jsonID("id")),
 		Handshake:        discordHandshake,
+		// Discord's docs (Doc) require 401 for an invalid signature and
+		// check it with deliberately bad ones, removing the endpoint's URL
+		// when it answers anything else.
+		RefuseStatus: http.StatusUnauthorized,
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "X-Signature-Ed25519", Timestamp: "X-Signature-Timestamp"}},
 			Signed:    "{timestamp}{body}",
