@@ -9,8 +9,6 @@ import (
 	"net/http"
 	"strconv"
 	"time"
-
-	"github.com/tidwall/gjson"
 )
 
 // Discord signs interactions with Ed25519, a public-key scheme the HMAC
@@ -48,7 +46,8 @@ func init() {
 
 // discordHandshake reports a PING interaction.
 func discordHandshake(body []byte, _ http.Header) bool {
-	return gjson.GetBytes(body, "type").Raw == "1"
+	v, ok := topMember(body, "type")
+	return ok && v.Raw == "1"
 }
 
 type discord struct {
