@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"context"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -259,4 +260,26 @@ func TestReplayAfterRetention(t *testing.T) {
 		requireRelayed(t, g.serve(githubDelivery(secret, body, "guid-1")))
 		require.Equal(t, 2, g.up.count())
 	})
+}
+
+// A timestamp in milliseconds sent to a seconds scheme is refused, and the
+// delivery's log line names the raw value and the tolerance, not an
+// overflowed distance (issue 10, item 7).
+func TestTimestampInMillisecondsLogReason(t *testing.T) {
+	t.Parallel()
+	g := newGateway(t, `webhook_idempotency {
+		provider stripe
+		secret whsec_ms
+	}`)
+	ms := g.clock.Now().UnixMilli()
+	body := []byte(`{"id":"evt_ms","object":"event"}`)
+	requireRefused(t, g.serve(g.stripe("whsec_ms", body, ms)), http.StatusBadRequest, "timestamp outside tolerance")
+	require.Equal(t, 0, g.up.count())
+	require.Empty(t, g.rows())
+	lines := g.deliveryLog()
+	require.Len(t, lines, 1)
+	reason, _ := lines[0]["reason"].(string)
+	require.Equal(t, outcomeInvalidSignature, lines[0]["outcome"])
+	require.Contains(t, reason, "timestamp "+strconv.FormatInt(ms, 10)+" (unix seconds; it looks like milliseconds) is further in the future than the tolerance of 5m0s")
+	require.NotContains(t, reason, "2562047h")
 }
