@@ -4,7 +4,7 @@ GO    ?= go
 BIN   := bin/caddy
 export STRIPE_WEBHOOK_SECRET ?= whsec_demo_not_a_real_secret
 
-.PHONY: run demo test test-short build accept fuzz soak bench bench-growth bench-memory bench-micro vet clean
+.PHONY: run demo test test-short failover build accept fuzz soak bench bench-growth bench-memory bench-micro vet clean
 
 ## build: the custom Caddy binary (what xcaddy builds) into bin/caddy
 build:
@@ -23,6 +23,10 @@ demo:
 ## test: every test, on the local PostgreSQL (started if stopped) and SQLite
 test:
 	@bash scripts/test.sh
+
+## failover: PostgreSQL restart and failover under load, on temporary clusters (part of make test)
+failover:
+	@bash scripts/failover.sh
 
 ## test-short: the fast loop, no PostgreSQL, no in-process Caddy
 test-short:

@@ -45,6 +45,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		on_ambiguous reforward | hold    # default reforward
 //		on_missing_id reject | forward   # default reject
 //		dedupe_body on | off             # default per provider
+//		replay_window <duration>         # dedupe_body: how long body hashes are kept; default 400d
+//		refuse_status <4xx>              # status of a delivery that fails verification; default per provider (400, discord 401)
 //		allow_sha1                       # github: accept X-Hub-Signature when X-Hub-Signature-256 is absent
 //		mode      sync | async           # default sync; async: store and answer at once, deliver from a queue (postgres)
 //		deliver_to <url>                 # async: where queued events are delivered (required)
@@ -216,6 +218,12 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, seen map[string]
 			return err
 		}
 		h.Retention = dur
+	case "replay_window":
+		dur, err := durationArg(d)
+		if err != nil {
+			return err
+		}
+		h.ReplayWindow = dur
 	case "forward_timeout":
 		dur, err := durationArg(d)
 		if err != nil {
@@ -266,6 +274,16 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, seen map[string]
 		}
 		on := v == "on"
 		h.DedupeBody = &on
+	case "refuse_status":
+		var v string
+		if !d.AllArgs(&v) {
+			return d.ArgErr()
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 400 || n > 499 {
+			return d.Errf("refuse_status: want a 4xx status, got %q", v)
+		}
+		h.RefuseStatus = n
 	case "allow_sha1":
 		if d.NextArg() {
 			return d.ArgErr()

@@ -45,6 +45,7 @@ const (
 	defaultTolerance      = 5 * time.Minute
 	defaultLease          = 30 * time.Second
 	defaultRetention      = 30 * 24 * time.Hour
+	defaultReplayWindow   = 400 * 24 * time.Hour
 	defaultMaxBody        = 5_000_000 // 5MB, as humanize parses "5MB"
 	defaultCache          = 100_000
 	defaultForwardTimeout = 5 * time.Minute
@@ -105,6 +106,17 @@ type Handler struct {
 	// retry window of the providers. Default: 30 days.
 	Retention caddy.Duration `json:"retention,omitempty"`
 
+	// ReplayWindow is how long the body hashes of dedupe_body are kept,
+	// counted from the delivery's first arrival. A provider that signs no
+	// timestamp (github, shopify, gitlab, ...) makes a captured delivery
+	// valid forever: while its body hash is kept, a replay is answered as
+	// a duplicate even after retention deleted the event's row. A body-hash
+	// row is a SHA-256 and its times: about 470 bytes in PostgreSQL with its
+	// indexes, 330 in SQLite (measured; see the README), so about 470 MB
+	// per million deliveries kept. Must be at least retention; only with
+	// dedupe_body. Default: 400 days, or retention when that is longer.
+	ReplayWindow caddy.Duration `json:"replay_window,omitempty"`
+
 	// MaxBody is the largest accepted body, in bytes, after decoding a gzip
 	// body. Larger deliveries get 413. Default: 5000000 (5MB).
 	MaxBody int64 `json:"max_body,omitempty"`
@@ -138,6 +150,14 @@ type Handler struct {
 	// covered by the signature and that sign no timestamp (github, shopify,
 	// ...), off for the others.
 	DedupeBody *bool `json:"dedupe_body,omitempty"`
+
+	// RefuseStatus is the HTTP status of a delivery refused because it
+	// fails verification (missing, malformed or unmatched signature, a
+	// timestamp outside tolerance, a body the provider never sends). It
+	// must be a 4xx status: providers retry 5xx. Default: the status the
+	// provider documents, 400 for all but discord (401). Other refusals
+	// (no usable event ID, unreadable body) stay 400.
+	RefuseStatus int `json:"refuse_status,omitempty"`
 
 	// HMAC describes the scheme of provider hmac.
 	HMAC *HMACConfig `json:"hmac,omitempty"`
@@ -241,6 +261,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.Retention == 0 {
 		h.Retention = caddy.Duration(defaultRetention)
 	}
+	if h.ReplayWindow != 0 && !h.dedupeBody {
+		return fmt.Errorf("replay_window: applies only with dedupe_body on (provider %s has it off by default)", h.Provider)
+	}
+	if h.ReplayWindow == 0 {
+		h.ReplayWindow = caddy.Duration(max(defaultReplayWindow, time.Duration(h.Retention)))
+	}
 	if h.MaxBody == 0 {
 		h.MaxBody = defaultMaxBody
 	}
@@ -312,6 +338,9 @@ func (h *Handler) provisionVerifier(repl *caddy.Replacer) error {
 		return fmt.Errorf("provider: unknown provider %q (known: %s)", h.Provider, strings.Join(signature.Providers(), ", "))
 	}
 	h.preset = preset
+	if h.RefuseStatus == 0 {
+		h.RefuseStatus = preset.RefuseStatus
+	}
 	h.dedupeBody = preset.DedupeBody
 	if h.DedupeBody != nil {
 		h.dedupeBody = *h.DedupeBody
@@ -397,6 +426,9 @@ func (h *Handler) Validate() error {
 	default:
 		return fmt.Errorf("on_missing_id: want reject or forward, got %q", h.OnMissingID)
 	}
+	if h.RefuseStatus < 400 || h.RefuseStatus > 499 {
+		return fmt.Errorf("refuse_status: want a 4xx status, got %d", h.RefuseStatus)
+	}
 	if h.Lease < caddy.Duration(time.Second) {
 		return fmt.Errorf("lease: must be at least 1s, got %s", time.Duration(h.Lease))
 	}
@@ -409,6 +441,10 @@ func (h *Handler) Validate() error {
 		}
 	} else if h.Retention < caddy.Duration(minRetention) {
 		return fmt.Errorf("retention: must be at least %s (providers retry for days), got %s", minRetention, time.Duration(h.Retention))
+	}
+	if h.ReplayWindow < h.Retention {
+		return fmt.Errorf("replay_window: must be at least retention (%s), got %s: a body hash must outlive its event",
+			time.Duration(h.Retention), time.Duration(h.ReplayWindow))
 	}
 	if h.MaxBody < 0 {
 		return errors.New("max_body: must be positive")
@@ -496,7 +532,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if h.preset.NeedsURL {
 			d.signedURL = h.signedURL // a wrong configured url is the usual cause
 		}
-		respondError(w, http.StatusBadRequest, signatureReason(err), 0)
+		respondError(w, h.RefuseStatus, signatureReason(err), 0)
 		return nil
 	}
 	// The upstream gets the bytes exactly as they arrived.
@@ -514,7 +550,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	id, err := h.extractor.Extract(signed, r.Header)
 	if err != nil {
-		if h.OnMissingID == "forward" {
+		// An ambiguous ID is not a missing one: the delivery names two
+		// events, and the upstream may act on the other. Always refused.
+		if h.OnMissingID == "forward" && !errors.Is(err, eventid.ErrAmbiguous) {
 			d.outcome = outcomeForwardedNoID
 			h.logger.Warn("delivery has no usable event id; forwarded without deduplication (on_missing_id forward)",
 				zap.String("scope", h.Scope), zap.String("reason", eventIDReason(err)))
@@ -940,8 +978,9 @@ func (h *Handler) readBody(r *http.Request, buf *bytes.Buffer) (raw, signed []by
 	return raw, dec.Bytes(), 0, ""
 }
 
-// sweepRetention deletes rows older than Retention in bounded batches until
-// the config is unloaded. Any instance may run it; batches don't conflict.
+// sweepRetention deletes event rows older than Retention and body-hash rows
+// older than ReplayWindow, in bounded batches, until the config is unloaded.
+// Any instance may run it; batches don't conflict.
 func (h *Handler) sweepRetention(ctx context.Context) {
 	defer h.wg.Done()
 	t := time.NewTicker(retentionInterval)
@@ -952,20 +991,19 @@ func (h *Handler) sweepRetention(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		cutoff := time.Now().Add(-time.Duration(h.Retention))
-		for i := 0; i < 100; i++ { // at most 100 batches a tick
-			dctx, cancel := context.WithTimeout(ctx, storeTimeout)
-			n, err := h.backend.DeleteBefore(dctx, []string{h.Scope, h.bodyScope()}, cutoff, retentionBatch)
-			cancel()
-			if err != nil {
-				h.logger.Warn("retention sweep failed", zap.Error(err))
-				break
-			}
-			if n < retentionBatch {
-				break
-			}
+		if _, err := h.sweepOnce(ctx, time.Now()); err != nil {
+			h.logger.Warn("retention sweep failed", zap.Error(err))
 		}
 	}
+}
+
+// sweepOnce runs one retention sweep as of now, at most 100 batches per
+// kind of row, and returns how many rows it deleted.
+func (h *Handler) sweepOnce(ctx context.Context, now time.Time) (int, error) {
+	return store.Sweep(ctx, h.backend, []store.Expiry{
+		{Scopes: []string{h.Scope}, Cutoff: now.Add(-time.Duration(h.Retention))},
+		{Scopes: []string{h.bodyScope()}, Cutoff: now.Add(-time.Duration(h.ReplayWindow))},
+	}, retentionBatch, 100, storeTimeout)
 }
 
 // retentionInterval is how often the retention sweep runs.

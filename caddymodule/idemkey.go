@@ -127,6 +127,9 @@ func (h *Handler) provisionIdempotencyKey(*caddy.Replacer) error {
 			}
 		}
 	}
+	if h.RefuseStatus == 0 {
+		h.RefuseStatus = http.StatusBadRequest // unused: nothing is verified
+	}
 	h.idem = k
 	return nil
 }

@@ -64,7 +64,7 @@ var allOutcomes = []string{outcomeCompleted, outcomeReleased, outcomeAmbiguous, 
 // resolved once so no store call does a label lookup.
 type storeTimes struct {
 	claim, complete, release, hold, heartbeat prometheus.Observer
-	enqueue, settleQueued, heartbeatQueued prometheus.Observer
+	enqueue, settleQueued, heartbeatQueued    prometheus.Observer
 }
 
 // observe records the time since t0.

@@ -58,6 +58,13 @@ type bundle struct {
 // upstream with the given behaviour.
 func setup(t *testing.T, behave e2e.Behaviour) *bundle {
 	t.Helper()
+	return setupOn(t, e2e.AdminDSN(), behave)
+}
+
+// setupOn is setup with the test's database created through adminDSN (a
+// temporary cluster's).
+func setupOn(t *testing.T, adminDSN string, behave e2e.Behaviour) *bundle {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("e2e: real Caddy processes and PostgreSQL; skipped with -short")
 	}
@@ -67,7 +74,7 @@ func setup(t *testing.T, behave e2e.Behaviour) *bundle {
 	b := &bundle{t: t, dir: t.TempDir(), secret: e2e.NewSecret(), client: e2e.NewClient(64, 30*time.Second)}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	db, err := e2e.CreateDatabase(ctx, e2e.AdminDSN(), "e2e")
+	db, err := e2e.CreateDatabase(ctx, adminDSN, "e2e")
 	require.NoError(t, err, "TEST_DATABASE_URL must reach a PostgreSQL where the role may CREATE DATABASE")
 	b.db = db
 	t.Cleanup(func() {

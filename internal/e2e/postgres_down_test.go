@@ -15,8 +15,34 @@ import (
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/e2e"
 )
 
-// disruptiveEnv enables the tests that stop the machine's PostgreSQL.
+// disruptiveEnv enables the tests that stop, kill and fail over PostgreSQL
+// servers. They use temporary clusters of their own (e2e.StartTempCluster),
+// never the machine's, but they are slow and timing-sensitive, so
+// scripts/test.sh runs them in a step of their own.
 const disruptiveEnv = "WEBHOOK_IDEMPOTENCY_DISRUPTIVE"
+
+// disruptive skips the test unless disruptiveEnv is 1, or under -short.
+func disruptive(t *testing.T) {
+	t.Helper()
+	if testing.Short() || os.Getenv(disruptiveEnv) != "1" {
+		t.Skip("stops and fails over temporary PostgreSQL servers under load; " +
+			"set " + disruptiveEnv + "=1 (scripts/test.sh does, in a step of its own)")
+	}
+	if _, err := e2e.PGBinDir(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// tempCluster starts a temporary cluster for the test, closed in cleanup.
+func tempCluster(t *testing.T, repl e2e.Replication) *e2e.TempCluster {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := e2e.StartTempCluster(ctx, repl)
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+	return c
+}
 
 // sentDelivery is one delivery of the load generator.
 type sentDelivery struct {
@@ -32,36 +58,32 @@ type sentDelivery struct {
 // upstream without a durable claim, service resumes by itself, every event
 // is eventually forwarded, and no row is left processing.
 //
-// It stops the shared cluster, so it runs only with
-// WEBHOOK_IDEMPOTENCY_DISRUPTIVE=1, in a go test run of its own
-// (scripts/test.sh), and always starts the cluster again.
+// The server is a temporary cluster of the test's own, on a free port, so
+// nothing else on the machine sees the outage; it runs with
+// WEBHOOK_IDEMPOTENCY_DISRUPTIVE=1 (scripts/test.sh).
 func TestPostgresRestartUnderLoad(t *testing.T) {
-	if os.Getenv(disruptiveEnv) != "1" {
-		t.Skip("stops the machine's shared PostgreSQL cluster and breaks tests running meanwhile; " +
-			"set " + disruptiveEnv + "=1 and run it alone (scripts/test.sh does)")
-	}
+	disruptive(t)
 	const (
 		lease    = 2 * time.Second
 		workers  = 6
 		downtime = 4 * time.Second
 	)
-	b := setup(t, func(string, int) e2e.Answer { return e2e.Answer{Delay: 10 * time.Millisecond} })
-	cluster, err := e2e.LocalCluster(e2e.AdminDSN())
-	require.NoError(t, err, "the disruptive test needs the local cluster serving TEST_DATABASE_URL")
+	pg := tempCluster(t, e2e.NoStandby)
+	server := pg.Primary
+	b := setupOn(t, pg.DSN("postgres"), func(string, int) e2e.Answer { return e2e.Answer{Delay: 10 * time.Millisecond} })
 	gws := []*e2e.Gateway{b.gateway("a", "", "lease 2s"), b.gateway("b", "", "lease 2s")}
 
-	// Whatever happens, the cluster comes back: in cleanup (before the
-	// database is dropped), and from a watchdog should the test hang.
-	restart := func() {
+	// Whatever happens, the server comes back before the database is
+	// dropped.
+	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 		defer cancel()
-		if err := cluster.Start(ctx, e2e.AdminDSN()); err != nil {
-			t.Errorf("restarting postgres %s: %v", cluster, err)
+		if !server.Running() {
+			if err := server.Start(ctx); err != nil {
+				t.Errorf("restarting postgres: %v", err)
+			}
 		}
-	}
-	t.Cleanup(restart)
-	watchdog := time.AfterFunc(2*time.Minute, restart)
-	t.Cleanup(func() { watchdog.Stop() })
+	})
 
 	var (
 		mu    sync.Mutex
@@ -107,11 +129,11 @@ func TestPostgresRestartUnderLoad(t *testing.T) {
 
 	time.Sleep(2 * time.Second)
 	stopBegin := time.Now()
-	require.NoError(t, cluster.Stop(ctx))
+	require.NoError(t, server.Stop(ctx, "fast"))
 	stopEnd := time.Now()
 	time.Sleep(downtime)
 	startBegin := time.Now()
-	require.NoError(t, cluster.Start(ctx, e2e.AdminDSN()))
+	require.NoError(t, server.Start(ctx))
 	startEnd := time.Now()
 
 	// Service resumes by itself: wait (at most 30s) for a new event sent
@@ -261,8 +283,8 @@ func TestPostgresRestartUnderLoad(t *testing.T) {
 		}
 		byStatus[k]++
 	}
-	t.Logf("postgres %s down %.1fs (stop took %.1fs, start %.1fs); service resumed %.1fs after start",
-		cluster, startBegin.Sub(stopEnd).Seconds(), stopEnd.Sub(stopBegin).Seconds(), startEnd.Sub(startBegin).Seconds(),
+	t.Logf("postgres on %s down %.1fs (stop took %.1fs, start %.1fs); service resumed %.1fs after start",
+		server.Addr(), startBegin.Sub(stopEnd).Seconds(), stopEnd.Sub(stopBegin).Seconds(), startEnd.Sub(startBegin).Seconds(),
 		resumed.Sub(startEnd).Seconds())
 	t.Logf("settles retried after a store error: %d; settled once the store was back: %d",
 		logCount(gws[0], "retrying in the background")+logCount(gws[1], "retrying in the background"),

@@ -63,6 +63,11 @@ func ParseSource(kind, name string) (Source, error) {
 	if name == "" {
 		return Source{}, fmt.Errorf("event id source %s needs a name", kind)
 	}
+	if s.Kind == JSON {
+		if _, err := parseJSONPath(name); err != nil {
+			return Source{}, err
+		}
+	}
 	return s, nil
 }
 
@@ -71,22 +76,36 @@ func ParseSource(kind, name string) (Source, error) {
 // wins (Shopify: X-Shopify-Event-Id, else X-Shopify-Webhook-Id).
 type Extractor struct {
 	parts     [][]Source
-	validJSON bool // AssumeValidJSON
+	paths     [][][]string // the member names of each json source, by part and alternative
+	validJSON bool         // AssumeValidJSON
 }
 
 // New returns an Extractor whose key joins every part. With one part of one
 // alternative the ID is the value itself; composite keys are encoded as a JSON
 // array of the parts' values, which cannot be confused with another split.
+// A json source's path must be a plain path (see parseJSONPath).
 func New(parts [][]Source) (*Extractor, error) {
 	if len(parts) == 0 {
 		return nil, errors.New("no event id source")
 	}
-	for _, alts := range parts {
+	paths := make([][][]string, len(parts))
+	for i, alts := range parts {
 		if len(alts) == 0 {
 			return nil, errors.New("empty event id part")
 		}
+		paths[i] = make([][]string, len(alts))
+		for j, s := range alts {
+			if s.Kind != JSON {
+				continue
+			}
+			names, err := parseJSONPath(s.Name)
+			if err != nil {
+				return nil, err
+			}
+			paths[i][j] = names
+		}
 	}
-	return &Extractor{parts: parts}, nil
+	return &Extractor{parts: parts, paths: paths}, nil
 }
 
 // Parts returns the extractor's configuration.
@@ -103,6 +122,12 @@ func (e *Extractor) AssumeValidJSON() { e.validJSON = true }
 // Extract returns the event ID of a delivery whose (decoded) body and headers
 // are given. The errors are ErrMissing, ErrEmpty, ErrNotScalar, ErrTooLong,
 // ErrAmbiguous, ErrBadBody and ErrNotText, wrapped with the source's name.
+//
+// ErrAmbiguous means the delivery names its event in two ways that parsers
+// read differently, so the gateway and the upstream could disagree on which
+// event it is: a member name on a json path given twice in one object
+// (after unescaping, or ignoring case), a form field given twice, or a
+// header sent on several lines with different values.
 func (e *Extractor) Extract(body []byte, h http.Header) (string, error) {
 	var form url.Values
 	var small [4]string // no allocation for the usual one-part key
@@ -112,8 +137,8 @@ func (e *Extractor) Extract(body []byte, h http.Header) (string, error) {
 			v   string
 			err error
 		)
-		for _, s := range alts {
-			v, err = extractOne(s, body, h, &form, e.validJSON)
+		for j, s := range alts {
+			v, err = extractOne(s, e.paths[len(vals)][j], body, h, &form, e.validJSON)
 			if !errors.Is(err, ErrMissing) {
 				break
 			}
@@ -134,22 +159,33 @@ func (e *Extractor) Extract(body []byte, h http.Header) (string, error) {
 	return id, nil
 }
 
-func extractOne(s Source, body []byte, h http.Header, form *url.Values, validJSON bool) (string, error) {
+// extractOne reads one source; path is a json source's parsed member names.
+func extractOne(s Source, path []string, body []byte, h http.Header, form *url.Values, validJSON bool) (string, error) {
 	switch s.Kind {
 	case Header:
 		vs := headerValues(h, s.Name)
-		switch {
-		case len(vs) == 0:
+		if len(vs) == 0 {
 			return "", fmt.Errorf("header %s: %w", s.Name, ErrMissing)
-		case len(vs) > 1:
-			return "", fmt.Errorf("header %s: %w", s.Name, ErrAmbiguous)
 		}
-		return checkValue(s, strings.TrimSpace(vs[0]))
+		// The same value on several lines (an intermediary that repeats a
+		// header) is still one ID; two values are two answers.
+		v := strings.TrimSpace(vs[0])
+		for _, o := range vs[1:] {
+			if strings.TrimSpace(o) != v {
+				return "", fmt.Errorf("header %s sent on %d lines with different values: %w", s.Name, len(vs), ErrAmbiguous)
+			}
+		}
+		return checkValue(s, v)
 	case JSON:
 		if !validJSON && !gjson.ValidBytes(body) {
 			return "", fmt.Errorf("json %s: %w: not JSON", s.Name, ErrBadBody)
 		}
-		r := gjson.GetBytes(body, s.Name)
+		r, err := lookupJSON(body, path)
+		if err != nil {
+			return "", fmt.Errorf("json %s: %w", s.Name, err)
+		}
+		// r shares the body's memory (a pooled buffer): checkValue's result
+		// is cloned before it is kept.
 		switch r.Type {
 		case gjson.String:
 			if loneSurrogate(r.Raw) {
@@ -158,10 +194,10 @@ func extractOne(s Source, body []byte, h http.Header, form *url.Values, validJSO
 				// key: refuse such IDs instead of merging distinct events.
 				return "", fmt.Errorf("%s: %w", s, ErrNotText)
 			}
-			return checkValue(s, r.Str)
+			return cloned(checkValue(s, r.Str))
 		case gjson.Number:
 			// Keyed by the exact decimal text, so 2^63+1 is not rounded.
-			return checkValue(s, r.Raw)
+			return cloned(checkValue(s, r.Raw))
 		case gjson.Null:
 			if !r.Exists() {
 				return "", fmt.Errorf("json %s: %w", s.Name, ErrMissing)
@@ -183,11 +219,18 @@ func extractOne(s Source, body []byte, h http.Header, form *url.Values, validJSO
 		case len(vs) == 0:
 			return "", fmt.Errorf("form %s: %w", s.Name, ErrMissing)
 		case len(vs) > 1:
-			return "", fmt.Errorf("form %s: %w", s.Name, ErrAmbiguous)
+			// Also a name spelled twice ("a" and "%61"): url.ParseQuery
+			// unescapes names. Frameworks read the first or the last.
+			return "", fmt.Errorf("form %s given %d times: %w", s.Name, len(vs), ErrAmbiguous)
 		}
 		return checkValue(s, vs[0])
 	}
 	return "", fmt.Errorf("unknown event id source %q", s.Kind)
+}
+
+// cloned copies a value that may share the body's memory.
+func cloned(v string, err error) (string, error) {
+	return strings.Clone(v), err
 }
 
 // headerValues returns every value of header name, also under keys that are

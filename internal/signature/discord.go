@@ -9,8 +9,6 @@ import (
 	"net/http"
 	"strconv"
 	"time"
-
-	"github.com/tidwall/gjson"
 )
 
 // Discord signs interactions with Ed25519, a public-key scheme the HMAC
@@ -33,6 +31,10 @@ func init() {
 		EventID:          ids(jsonID("id")),
 		Handshake:        discordHandshake,
 		ReplayResponse:   true, // the answer is the interaction response
+		// Discord's docs (Doc) require 401 for an invalid signature and
+		// check it with deliberately bad ones, removing the endpoint's URL
+		// when it answers anything else.
+		RefuseStatus: http.StatusUnauthorized,
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "X-Signature-Ed25519", Timestamp: "X-Signature-Timestamp"}},
 			Signed:    "{timestamp}{body}",
@@ -45,7 +47,8 @@ func init() {
 
 // discordHandshake reports a PING interaction.
 func discordHandshake(body []byte, _ http.Header) bool {
-	return gjson.GetBytes(body, "type").Raw == "1"
+	v, ok := topMember(body, "type")
+	return ok && v.Raw == "1"
 }
 
 type discord struct {

@@ -343,7 +343,11 @@ func (e *engine) sign(body []byte, h http.Header, ts time.Time) error {
 
 // checkTimestamp parses a signed timestamp (decimal digits only) and checks
 // it is within tolerance of now, in both directions; exactly tolerance away
-// is still accepted.
+// is still accepted. A refusal names the raw timestamp, its unit and the
+// tolerance, never a distance: a timestamp in the wrong unit (milliseconds
+// sent to a seconds scheme) lies thousands of years away, beyond what a
+// time.Duration holds, and its distance would print as a saturated
+// 2562047h47m16s.
 func checkTimestamp(text string, unit, tolerance time.Duration, now time.Time) error {
 	if text == "" || len(text) > 19 || strings.TrimLeft(text, "0123456789") != "" {
 		return fmt.Errorf("timestamp is not a whole number: %w", ErrMalformedHeader)
@@ -356,15 +360,39 @@ func checkTimestamp(text string, unit, tolerance time.Duration, now time.Time) e
 	if unit == time.Millisecond {
 		t = time.UnixMilli(n)
 	}
-	// Compare instants, not durations: a far-off timestamp (milliseconds
-	// sent as seconds) would saturate a Duration.
+	// Compare instants, not durations: a far-off timestamp would saturate a
+	// Duration.
+	var side string
 	switch {
 	case t.Before(now.Add(-tolerance)):
-		return fmt.Errorf("timestamp is %s old, tolerance %s: %w", now.Sub(t).Round(time.Second), tolerance, ErrTimestampOutOfTolerance)
+		side = "in the past"
 	case t.After(now.Add(tolerance)):
-		return fmt.Errorf("timestamp is %s in the future, tolerance %s: %w", t.Sub(now).Round(time.Second), tolerance, ErrTimestampOutOfTolerance)
+		side = "in the future"
+	default:
+		return nil
 	}
-	return nil
+	return fmt.Errorf("timestamp %s (unix %s%s) is further %s than the tolerance of %s: %w",
+		text, unitName(unit), unitHint(text, unit, now), side, tolerance, ErrTimestampOutOfTolerance)
+}
+
+func unitName(unit time.Duration) string {
+	if unit == time.Millisecond {
+		return "milliseconds"
+	}
+	return "seconds"
+}
+
+// unitHint names the likely mistake when a timestamp has the digit count of
+// the other unit: 13 digits are today's Unix time in milliseconds, 10 in
+// seconds.
+func unitHint(text string, unit time.Duration, now time.Time) string {
+	switch {
+	case unit == time.Second && len(text) == len(strconv.FormatInt(now.UnixMilli(), 10)):
+		return "; it looks like milliseconds"
+	case unit == time.Millisecond && len(text) == len(strconv.FormatInt(now.Unix(), 10)):
+		return "; it looks like seconds"
+	}
+	return ""
 }
 
 // present reports whether the request carries header name (any case).

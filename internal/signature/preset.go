@@ -40,6 +40,14 @@ type Preset struct {
 	// the answer (Twilio's TwiML, Discord's interaction response), so a
 	// duplicate must get the upstream's stored answer, not the short one.
 	ReplayResponse bool
+	// RefuseStatus is the HTTP status the provider's documentation requires
+	// for a delivery that fails verification (a bad, missing or stale
+	// signature). 0 when registering means 400, the status every provider
+	// accepts as "not retried, not processed"; Lookup always returns the
+	// resolved status. Only a documented requirement sets another: Discord
+	// sends deliberately bad signatures to an interactions endpoint and
+	// removes the endpoint unless it answers 401 (see Doc).
+	RefuseStatus int
 
 	// Scheme is how the provider signs. For presets with bespoke code it
 	// only describes the scheme (Signed is then prose, not a template).
@@ -142,6 +150,12 @@ func register(p Preset) {
 	}
 	if p.Doc == "" || p.SignatureHeader == "" {
 		panic("signature: preset " + p.Name + " lacks Doc or SignatureHeader")
+	}
+	if p.RefuseStatus == 0 {
+		p.RefuseStatus = http.StatusBadRequest
+	}
+	if p.RefuseStatus < 400 || p.RefuseStatus > 499 {
+		panic(fmt.Sprintf("signature: preset %s: refusal status %d is not 4xx", p.Name, p.RefuseStatus))
 	}
 	if p.Scheme.Secret == "" {
 		p.Scheme.Secret = "raw"

@@ -414,6 +414,17 @@ func TestHandshake(t *testing.T) {
 		{"zoom", `not json`, false},
 		{"discord", `{"type":1,"id":"1"}`, true},
 		{"discord", `{"type":2,"id":"1"}`, false},
+		// A discriminator given twice is no handshake: the upstream may
+		// read the other value (issue 10, item 5's kind of fault).
+		{"discord", `{"type":1,"id":"1","type":2}`, false},
+		{"discord", `{"type":2,"id":"1","t\u0079pe":1}`, false},
+		{"discord", `{"type":1,"TYPE":2}`, false},
+		{"discord", `{"type":"1"}`, false},
+		{"slack", `{"type":"url_verification","challenge":"c","type":"event_callback"}`, false},
+		{"slack", `{"type":"event_callback","Type":"url_verification"}`, false},
+		{"slack", `{"typ\u0065":"url_verification"}`, true},
+		{"zoom", `{"event":"endpoint.url_validation","event":"meeting.started"}`, false},
+		{"zoom", `{"event":"endpoint.url_validation","payload":{"event":"x","event":"y"}}`, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.provider+"/"+tc.body, func(t *testing.T) {

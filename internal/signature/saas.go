@@ -1,7 +1,6 @@
 package signature
 
 import (
-	"encoding/json"
 	"net/http"
 	"time"
 )
@@ -115,8 +114,5 @@ func init() {
 
 // zoomHandshake reports an endpoint.url_validation request.
 func zoomHandshake(body []byte, _ http.Header) bool {
-	var v struct {
-		Event string `json:"event"`
-	}
-	return isJSONObject(body) && json.Unmarshal(body, &v) == nil && v.Event == "endpoint.url_validation"
+	return memberIs(body, "event", "endpoint.url_validation")
 }

@@ -1,7 +1,6 @@
 package signature
 
 import (
-	"encoding/json"
 	"net/http"
 	"time"
 )
@@ -32,8 +31,5 @@ func init() {
 
 // slackHandshake reports a url_verification request.
 func slackHandshake(body []byte, _ http.Header) bool {
-	var v struct {
-		Type string `json:"type"`
-	}
-	return isJSONObject(body) && json.Unmarshal(body, &v) == nil && v.Type == "url_verification"
+	return memberIs(body, "type", "url_verification")
 }

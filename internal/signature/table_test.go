@@ -8,13 +8,14 @@ import (
 
 // MarkdownTable renders the provider presets as the README's provider table:
 // name, signature header, signed bytes, algorithm and encoding, default event
-// ID, default tolerance, dedupe_body default and documentation link. The
+// ID, default tolerance, dedupe_body default, the status a delivery that
+// fails verification is refused with (refuse_status) and documentation link. The
 // README's table is generated from it (see readme_test.go), so the two
 // cannot drift.
 func MarkdownTable() string {
 	var b strings.Builder
-	b.WriteString("| provider | signature header | signed bytes | HMAC | default event ID | tolerance | dedupe_body | docs |\n")
-	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	b.WriteString("| provider | signature header | signed bytes | HMAC | default event ID | tolerance | dedupe_body | refuse_status | docs |\n")
+	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, name := range Providers() {
 		p := registry[name]
 		id := "configure `event_id`"
@@ -43,8 +44,8 @@ func MarkdownTable() string {
 		if p.DedupeBody {
 			dedupe = "on"
 		}
-		fmt.Fprintf(&b, "| `%s` | `%s` | %s | %s | %s | %s | %s | [docs](%s) |\n",
-			p.Name, escapePipes(p.SignatureHeader), escapePipes(signedText(p.Signed)), alg, id, tol, dedupe, p.Doc)
+		fmt.Fprintf(&b, "| `%s` | `%s` | %s | %s | %s | %s | %s | %d | [docs](%s) |\n",
+			p.Name, escapePipes(p.SignatureHeader), escapePipes(signedText(p.Signed)), alg, id, tol, dedupe, p.RefuseStatus, p.Doc)
 	}
 	return b.String()
 }

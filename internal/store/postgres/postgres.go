@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -36,7 +37,11 @@ const (
 type Options struct {
 	// DSN is a pgx connection string, URL ("postgres://user:pass@host/db")
 	// or key=value form. Required. It is never included in errors: a
-	// password in it is redacted.
+	// password in it is redacted. It may name several hosts
+	// ("postgres://h1:5432,h2:5432/db?target_session_attrs=read-write"):
+	// pgx connects to the first that accepts writes (read-write is implied
+	// when several hosts are named), and after a failover the pool drops
+	// its connections and finds the new primary (pgschema.PrepareFailover).
 	DSN string
 	// Table is the events table, optionally schema-qualified
 	// ("webhooks.events"); the schema must exist. Each part is a lowercase
@@ -102,10 +107,12 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 	case !strings.Contains(opts.DSN, "pool_max_conns"):
 		cfg.MaxConns = max(cfg.MaxConns, DefaultMaxConns)
 	}
+	attach := pgschema.PrepareFailover(cfg, opts.DSN)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("creating postgres pool: %s", redact(opts.DSN, err.Error()))
 	}
+	attach(pool)
 
 	pingCtx, cancel := context.WithTimeout(ctx, opts.ConnectTimeout)
 	err = pool.Ping(pingCtx)
@@ -140,9 +147,15 @@ func (s *Store) InTx(tx pgx.Tx) store.Store {
 	return store.NewRules(driver{db: tx, q: &s.q})
 }
 
-// describeTarget names the server and database for connection errors,
-// without the password.
+// describeTarget names the servers and database for connection errors,
+// without the password: every host of a multi-host DSN, once.
 func describeTarget(cfg *pgxpool.Config) string {
 	c := cfg.ConnConfig
-	return fmt.Sprintf("host=%s port=%d user=%s database=%s", c.Host, c.Port, c.User, c.Database)
+	hosts := []string{fmt.Sprintf("%s:%d", c.Host, c.Port)}
+	for _, f := range c.Fallbacks {
+		if h := fmt.Sprintf("%s:%d", f.Host, f.Port); !slices.Contains(hosts, h) {
+			hosts = append(hosts, h)
+		}
+	}
+	return fmt.Sprintf("host=%s user=%s database=%s", strings.Join(hosts, ","), c.User, c.Database)
 }

@@ -15,6 +15,56 @@ import (
 func exerciseRetention(t *testing.T, newStore func(t *testing.T) store.Store) {
 	t.Helper()
 
+	t.Run("SweepKeepsBodyHashesPastRetention", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		ctx := t.Context()
+		const retention, replayWindow = 30 * 24 * time.Hour, 400 * 24 * time.Hour
+		for i := range 7 {
+			for scope, id := range map[string]string{"s": fmt.Sprintf("evt_%d", i), "s#body": fmt.Sprintf("sha256:%02d", i)} {
+				c := claimed(t, s, scope, id)
+				require.NoError(t, s.Complete(ctx, scope, id, c.Token, 200))
+			}
+		}
+		expiries := func(now time.Time) []store.Expiry {
+			return []store.Expiry{
+				{Scopes: []string{"s"}, Cutoff: now.Add(-retention)},
+				{Scopes: []string{"s#body"}, Cutoff: now.Add(-replayWindow)},
+			}
+		}
+		count := func(scope string) int {
+			evs, err := s.List(ctx, store.ListQuery{Scope: scope, Limit: 100})
+			require.NoError(t, err)
+			return len(evs)
+		}
+		now := time.Now()
+		for _, tc := range []struct {
+			at               time.Time
+			deleted, ev, bod int
+		}{
+			{at: now, deleted: 0, ev: 7, bod: 7},
+			{at: now.Add(retention - time.Hour), deleted: 0, ev: 7, bod: 7},
+			{at: now.Add(retention + time.Hour), deleted: 7, ev: 0, bod: 7},
+			{at: now.Add(replayWindow - time.Hour), deleted: 0, ev: 0, bod: 7},
+			{at: now.Add(replayWindow + time.Hour), deleted: 7, ev: 0, bod: 0},
+		} {
+			// Batches of 3: several statements per expiry.
+			n, err := store.Sweep(ctx, s, expiries(tc.at), 3, 100, 5*time.Second)
+			require.NoError(t, err)
+			require.Equal(t, tc.deleted, n, "at now+%s", tc.at.Sub(now))
+			require.Equal(t, tc.ev, count("s"), "event rows at now+%s", tc.at.Sub(now))
+			require.Equal(t, tc.bod, count("s#body"), "body-hash rows at now+%s", tc.at.Sub(now))
+		}
+		// maxBatches bounds one sweep.
+		for i := range 7 {
+			c := claimed(t, s, "s", fmt.Sprintf("late_%d", i))
+			require.NoError(t, s.Complete(ctx, "s", fmt.Sprintf("late_%d", i), c.Token, 200))
+		}
+		n, err := store.Sweep(ctx, s, expiries(now.Add(replayWindow+time.Hour)), 3, 2, 5*time.Second)
+		require.NoError(t, err)
+		require.Equal(t, 6, n)
+	})
+
 	t.Run("DeleteBefore", func(t *testing.T) {
 		t.Parallel()
 		s := newStore(t)

@@ -1,0 +1,40 @@
+package signature_test
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
+)
+
+// Each preset carries the refusal status its provider documents: 400 unless
+// the provider requires another. Only these do (a new one is a deliberate
+// change to this list and to the provider's Doc reference).
+func TestPresetRefuseStatus(t *testing.T) {
+	t.Parallel()
+	documented := map[string]int{
+		"discord": http.StatusUnauthorized,
+	}
+	table := signature.MarkdownTable()
+	for _, name := range signature.Providers() {
+		p, ok := signature.Lookup(name)
+		require.True(t, ok)
+		want, ok := documented[name]
+		if !ok {
+			want = http.StatusBadRequest
+		}
+		require.Equal(t, want, p.RefuseStatus, name)
+		// The README's provider table shows it.
+		row := ""
+		for line := range strings.SplitSeq(table, "\n") {
+			if strings.HasPrefix(line, "| `"+name+"` |") {
+				row = line
+			}
+		}
+		require.Contains(t, row, " | "+strconv.Itoa(want)+" | [docs](", name)
+	}
+}
