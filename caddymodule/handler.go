@@ -983,7 +983,7 @@ func (h *Handler) readBody(r *http.Request, buf *bytes.Buffer) (raw, signed []by
 // Any instance may run it; batches don't conflict.
 func (h *Handler) sweepRetention(ctx context.Context) {
 	defer h.wg.Done()
-	t := time.NewTicker(retentionInterval)
+	t := time.NewTicker(h.sweepEvery())
 	defer t.Stop()
 	for {
 		select {
@@ -1054,6 +1054,9 @@ type delivery struct {
 	// signedURL is the configured URL a URL-signed scheme checked, when
 	// that check failed.
 	signedURL string
+	// fingerprint is the request's (provider idempotency_key), stored with
+	// its answer; never logged.
+	fingerprint string
 }
 
 func outcomeFor(status int) string {

@@ -308,7 +308,7 @@ func (h *Handler) serveIdempotencyKey(w http.ResponseWriter, r *http.Request, ne
 	}
 	id := h.idem.scoped(r, key)
 	fp := h.idem.fingerprint(r, raw)
-	d.eventID = id
+	d.eventID, d.fingerprint = id, fp
 
 	if h.completed != nil {
 		if resp, ok := h.completed.Response(h.Scope, id); ok {
@@ -406,4 +406,11 @@ func respondProblem(w http.ResponseWriter, status int, title, detail string, ret
 	}
 	w.WriteHeader(status)
 	_, _ = w.Write(b)
+}
+
+// sweepEvery is how often the retention sweep runs: retentionInterval, or
+// a quarter of a shorter retention (provider idempotency_key allows one of
+// minutes), so keys are gone close to when they expire.
+func (h *Handler) sweepEvery() time.Duration {
+	return min(retentionInterval, max(time.Duration(h.Retention)/4, 100*time.Millisecond))
 }

@@ -234,6 +234,7 @@ func (c *capture) response(end forwardEnd) *store.Response {
 // itself).
 func (h *Handler) storedResponse(c *capture, end forwardEnd, d *delivery) *store.Response {
 	resp := c.response(end)
+	resp.Fingerprint = d.fingerprint
 	if !resp.BodyStored {
 		why := "the body was cut before its end"
 		if c.over {
