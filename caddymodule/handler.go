@@ -245,6 +245,16 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.busy = new(tracker)
 	repl := caddy.NewReplacer()
 
+	// The preset (or the Idempotency-Key mode) first: defaults below
+	// depend on it.
+	verify := h.provisionVerifier
+	if h.Provider == providerIdempotencyKey {
+		verify = h.provisionIdempotencyKey
+	}
+	if err := verify(repl); err != nil {
+		return err
+	}
+
 	if h.Scope == "" {
 		h.Scope = h.Provider
 	}
@@ -280,13 +290,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.OnMissingID = "reject"
 	}
 
-	verify := h.provisionVerifier
-	if h.Provider == providerIdempotencyKey {
-		verify = h.provisionIdempotencyKey
-	}
-	if err := verify(repl); err != nil {
-		return err
-	}
 	if err := h.provisionReplay(); err != nil {
 		return err
 	}

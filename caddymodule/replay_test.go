@@ -439,3 +439,13 @@ func TestIdempotencyKeyMode(t *testing.T) {
 	require.NotContains(t, logs, "Bearer alice", "client identities are hashed, never logged")
 	require.NotContains(t, logs, `"order":`, "stored bodies never reach the log")
 }
+
+// requireReplayedAnswer asserts the upstream's default answer (see
+// requireRelayed) replayed to a duplicate (replay response).
+func requireReplayedAnswer(t *testing.T, a answer) {
+	t.Helper()
+	require.Equal(t, http.StatusOK, a.status, "body %s", a.body)
+	require.Equal(t, "ok", string(a.body))
+	require.Equal(t, "text/plain", a.header.Get("Content-Type"))
+	require.Equal(t, "true", a.header.Get("Idempotent-Replayed"))
+}
