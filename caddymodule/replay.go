@@ -328,19 +328,32 @@ func (h *Handler) replayStored(w http.ResponseWriter, r *http.Request, id string
 
 // respondReplay answers a duplicate with a stored response: its status,
 // stored headers and body (empty when only status and headers were
-// stored), plus Idempotent-Replayed: true. The header values are copied:
-// header handlers may rewrite them in place.
+// stored), plus Idempotent-Replayed: true. The header values are copied
+// into one array, each header a capacity-limited window of it (as
+// respondDuplicate does): header handlers may rewrite values in place, and
+// the stored response is shared through the cache.
 func respondReplay(w http.ResponseWriter, resp *store.Response) {
-	hdr := w.Header()
-	for k, vs := range resp.Header {
-		hdr[k] = slices.Clone(vs)
+	n := 2
+	for _, vs := range resp.Header {
+		n += len(vs)
 	}
-	hdr["Idempotent-Replayed"] = []string{"true"}
-	if bodyAllowed(resp.Status) {
-		hdr["Content-Length"] = []string{strconv.Itoa(len(resp.Body))}
+	vals := make([]string, 0, n)
+	hdr := w.Header()
+	window := func(name string, vs ...string) {
+		i := len(vals)
+		vals = append(vals, vs...)
+		hdr[name] = vals[i:len(vals):len(vals)]
+	}
+	for k, vs := range resp.Header {
+		window(k, vs...)
+	}
+	window("Idempotent-Replayed", "true")
+	body := bodyAllowed(resp.Status)
+	if body {
+		window("Content-Length", strconv.Itoa(len(resp.Body)))
 	}
 	w.WriteHeader(resp.Status)
-	if bodyAllowed(resp.Status) {
+	if body {
 		_, _ = w.Write(resp.Body)
 	}
 }
