@@ -99,3 +99,51 @@ func initMetrics(reg *prometheus.Registry) error {
 	}
 	return nil
 }
+
+// Queue metrics, on Caddy's registry next to the handler's:
+//
+//	caddy_webhook_idempotency_queue_depth{scope,state}          queued and delivering events (all instances)
+//	caddy_webhook_idempotency_queue_oldest_age_seconds{scope}   age of the oldest event not yet delivered
+//	caddy_webhook_idempotency_queue_attempts_total{scope,outcome}  this instance's attempts: delivered, retry, dead, lost, released, lease_lost, settle_failed
+//	caddy_webhook_idempotency_queue_dead_letters{scope}         dead events waiting for an operator (all instances)
+var queueMetrics = struct {
+	once     sync.Once
+	depth    *prometheus.GaugeVec
+	oldest   *prometheus.GaugeVec
+	attempts *prometheus.CounterVec
+	dead     *prometheus.GaugeVec
+}{}
+
+func initQueueMetrics(reg *prometheus.Registry) error {
+	const ns, sub = "caddy", "webhook_idempotency"
+	queueMetrics.once.Do(func() {
+		queueMetrics.depth = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "queue_depth",
+			Help: "Events of the async queue waiting (queued) or in delivery, across all instances.",
+		}, []string{"scope", "state"})
+		queueMetrics.oldest = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "queue_oldest_age_seconds",
+			Help: "Age of the oldest queued or delivering event, in seconds; 0 when the queue is empty.",
+		}, []string{"scope"})
+		queueMetrics.attempts = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "queue_attempts_total",
+			Help: "Delivery attempts of queued events made by this instance, by outcome.",
+		}, []string{"scope", "outcome"})
+		queueMetrics.dead = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "queue_dead_letters",
+			Help: "Dead events (out of attempts or max_age) waiting for an operator, across all instances.",
+		}, []string{"scope"})
+	})
+	if reg == nil {
+		return nil
+	}
+	for _, c := range []prometheus.Collector{queueMetrics.depth, queueMetrics.oldest, queueMetrics.attempts, queueMetrics.dead} {
+		if err := reg.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if !errors.As(err, &are) {
+				return err
+			}
+		}
+	}
+	return nil
+}
