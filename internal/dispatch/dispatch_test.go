@@ -166,11 +166,11 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) 
 
 func testMetrics() dispatch.Metrics {
 	return dispatch.Metrics{
-		Depth:    prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "depth"}, []string{"scope", "state"}),
-		Oldest:   prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "oldest"}, []string{"scope"}),
-		Attempts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "attempts"}, []string{"scope", "outcome"}),
-		Dead:     prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "dead"}, []string{"scope"}),
-		Store:    prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "store"}, []string{"operation"}),
+		Depth:    prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "test_queue_depth", Help: "Queue depth."}, []string{"scope", "state"}),
+		Oldest:   prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "test_queue_oldest_age_seconds", Help: "Oldest age."}, []string{"scope"}),
+		Attempts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "test_queue_attempts_total", Help: "Attempts."}, []string{"scope", "outcome"}),
+		Dead:     prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "test_queue_dead_letters", Help: "Dead letters."}, []string{"scope"}),
+		Store:    prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "test_store_duration_seconds", Help: "Store latency."}, []string{"operation"}),
 	}
 }
 
