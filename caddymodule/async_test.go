@@ -505,7 +505,9 @@ func TestAsyncMaxConcurrencyAcrossInstances(t *testing.T) {
 func TestAsyncKilledDispatcher(t *testing.T) {
 	const events = 200
 	u := newLegacyUpstream(t)
-	u.delay.Store(int64(20 * time.Millisecond))
+	// Slow enough that the 200 events are queued long before they are
+	// delivered (8 at a time: 80/s), so the kill finds deliveries in flight.
+	u.delay.Store(int64(100 * time.Millisecond))
 	table := asyncTable(t)
 	scope := uniqueScope("kill")
 	extra := "lease 1s\nmax_concurrency 8\nretry_schedule 50ms"
