@@ -75,6 +75,8 @@ type Options struct {
 	// is an answer other than 2xx: retried).
 	Client *http.Client
 
+	// Timings and the sweep's batch size; zero means the Default constant
+	// of the same name (DefaultIdlePoll, ...).
 	IdlePoll, BusyPoll      time.Duration
 	ErrorPoll, MaxErrorPoll time.Duration
 	Grace                   time.Duration
