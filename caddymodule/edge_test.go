@@ -16,7 +16,7 @@ import (
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
 
-// The edge cases DESIGN.md decides ("Edge cases, decided"), one test each.
+// The edge cases the README decides (its "Edge cases" section), one test each.
 
 // TestEdge_ForwardDetachedFromProviderDisconnect: the provider hanging up
 // mid-forward cancels nothing; the forward runs on, bounded by

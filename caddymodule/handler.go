@@ -61,7 +61,8 @@ const (
 )
 
 // Handler makes a non-idempotent webhook endpoint safe against at-least-once
-// delivery. See DESIGN.md for the behaviour contract.
+// delivery. The README's "How it works" and "Guarantees, stated honestly"
+// sections state the behaviour.
 type Handler struct {
 	// Provider names the signature scheme and the default event ID source:
 	// stripe, github, shopify, standard, slack, paddle, square, hmac, and the
@@ -468,8 +469,8 @@ func (t *tracker) done()        { t.wg.Done(); t.n.Add(-1) }
 func (t *tracker) active() bool { return t.n.Load() > 0 }
 func (t *tracker) wait()        { t.wg.Wait() }
 
-// ServeHTTP verifies, claims, forwards once and settles. See DESIGN.md,
-// "Request path".
+// ServeHTTP verifies, claims, forwards once and settles: the steps of the
+// README's "How it works" table.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	start := time.Now()
 	d := delivery{h: h, start: start}

@@ -9,8 +9,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/caddyserver/caddy/v2"
-
-	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue"
 )
 
 // Metrics, exposed on Caddy's own registry (its /metrics endpoint, next to
@@ -184,23 +182,4 @@ func initQueueMetrics(reg *prometheus.Registry) error {
 			"Dead events (out of attempts or max_age) waiting for an operator, across all instances.", "scope")
 	})
 	return register(reg, queueMetrics.depth, queueMetrics.oldest, queueMetrics.attempts, queueMetrics.dead)
-}
-
-// Attempt outcomes of queue_attempts_total besides the queue's own.
-const (
-	attemptLeaseLost    = "lease_lost"    // the lease was lost before settling
-	attemptSettleFailed = "settle_failed" // the store failed the settle
-)
-
-// queueAttempts resolves the queue_attempts_total series of a scope, one
-// per outcome, so no delivery does a label lookup. The queue gauges are
-// set every statsInterval and deleted when a route stops, so they are
-// looked up when set.
-func queueAttempts(scope string) map[string]prometheus.Counter {
-	m := map[string]prometheus.Counter{}
-	for _, o := range []string{queue.AttemptDelivered, queue.AttemptRetry, queue.AttemptDead, queue.AttemptLost,
-		queue.AttemptReleased, attemptLeaseLost, attemptSettleFailed} {
-		m[o] = queueMetrics.attempts.WithLabelValues(scope, o)
-	}
-	return m
 }

@@ -11,7 +11,7 @@ import (
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
 )
 
-// The answers DESIGN.md fixes, in one place. Every answer the gateway gives
+// The answers of the README's "How it works" table, in one place. Every answer the gateway gives
 // itself (not the upstream's) is JSON.
 
 var duplicateBody = []byte(`{"received":true,"duplicate":true}` + "\n")

@@ -492,7 +492,7 @@ func TestPresetData(t *testing.T) {
 				}
 			}
 			hasTS := p.DefaultTolerance > 0
-			require.Equal(t, !hasTS && !signedID, p.DedupeBody, "DedupeBody rule of DESIGN.md")
+			require.Equal(t, !hasTS && !signedID, p.DedupeBody, "DedupeBody rule (README \"Providers\")")
 			if hasTS {
 				require.Equal(t, 5*time.Minute, p.DefaultTolerance)
 			}
