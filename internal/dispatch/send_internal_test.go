@@ -39,7 +39,7 @@ func TestDispatcherSendSafe(t *testing.T) {
 			if req, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
 				_, _ = io.Copy(io.Discard, req.Body)
 			}
-			_ = c.Close()                                        // the whole request read, no answer
+			_ = c.Close() // the whole request read, no answer
 		}
 	}()
 

@@ -137,7 +137,10 @@ func TestProxyErrorAmbiguous(t *testing.T) {
 		defer cancel()
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, stringsReader("x"))
 		require.NoError(t, err)
-		_, err = plain().RoundTrip(req)
+		resp, err := plain().RoundTrip(req)
+		if resp != nil {
+			_ = resp.Body.Close()
+		}
 		require.Error(t, err)
 		return err
 	}()

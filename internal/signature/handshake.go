@@ -20,7 +20,8 @@ func topMember(body []byte, name string) (v gjson.Result, ok bool) {
 	}
 	n := 0
 	// No copy of the body (as gjson.GetBytes); nothing read is kept.
-	gjson.Parse(unsafe.String(unsafe.SliceData(body), len(body))).ForEach(func(k, val gjson.Result) bool {
+	doc := gjson.Parse(unsafe.String(unsafe.SliceData(body), len(body))) //nolint:gosec // audited: nothing read is kept
+	doc.ForEach(func(k, val gjson.Result) bool {
 		if strings.EqualFold(k.Str, name) {
 			n++
 			v = val
