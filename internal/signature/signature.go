@@ -202,8 +202,13 @@ func checkOptions(p Preset, o Options) error {
 	if o.AllowSHA1 && p.Legacy == nil {
 		return errors.New("allow_sha1 applies only to provider github")
 	}
-	if o.HMAC != (HMACOptions{}) && p.build != nil && p.Name != "hmac" {
-		return errors.New("header, algorithm, encoding and prefix cannot be overridden for this provider's scheme")
+	if o.HMAC != (HMACOptions{}) && p.build != nil && p.Name != "hmac" && !p.overridable {
+		if !p.HeaderConfigurable || o.HMAC != (HMACOptions{Header: o.HMAC.Header}) {
+			return errors.New("header, algorithm, encoding and prefix cannot be overridden for this provider's scheme")
+		}
+		if !validHeaderName(o.HMAC.Header) {
+			return fmt.Errorf("header %q is not a valid header name", o.HMAC.Header)
+		}
 	}
 	if p.NeedsURL {
 		if o.URL == "" {
