@@ -57,8 +57,8 @@ func init() {
 			Encoding:  "hex",
 		},
 	})
-	register(standardBased("replicate", "https://replicate.com/docs/topics/webhooks/verify-webhook", "whsec", ""))
-	register(standardBased("openai", "https://platform.openai.com/docs/guides/webhooks", "whsec", ""))
+	register(standardBased("replicate", "https://replicate.com/docs/topics/webhooks/verify-webhook", "whsec", "standardwebhooks"))
+	register(standardBased("openai", "https://platform.openai.com/docs/guides/webhooks", "whsec", "standardwebhooks"))
 	// Polar follows Standard Webhooks but keys the HMAC with the bytes of
 	// the secret as displayed (its SDK base64-encodes it before handing it
 	// to the standardwebhooks library).

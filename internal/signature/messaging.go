@@ -86,6 +86,7 @@ func init() {
 		SignatureHeader:  "telnyx-signature-ed25519: <base64> (with telnyx-timestamp)",
 		DefaultTolerance: 5 * time.Minute,
 		EventID:          ids(jsonID("data.id")),
+		Oracle:           "telnyx",
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "telnyx-signature-ed25519", Timestamp: "telnyx-timestamp"}},
 			Signed:    "{timestamp}|{body}",

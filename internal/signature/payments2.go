@@ -1,6 +1,34 @@
 package signature
 
-import "net/http"
+import (
+	"net/http"
+	"regexp"
+	"time"
+)
+
+// easypostWeight is the rewrite EasyPost's libraries apply before hashing
+// (JavaScript: /("weight":\s*)(\d+)(\s*)(?=,|\})/g → "$1$2.0", which drops
+// the spaces before the delimiter); the delimiter is captured instead of
+// looked ahead, which RE2 lacks.
+var easypostWeight = regexp.MustCompile(`("weight":\s*)(\d+)(\s*)([,}])`)
+
+// easypostSigned returns the bytes EasyPost signs for body.
+func easypostSigned(body []byte) []byte {
+	if !easypostWeight.Match(body) {
+		return body
+	}
+	return easypostWeight.ReplaceAll(body, []byte("${1}${2}.0${4}"))
+}
+
+type easypost struct{ e signer }
+
+func (v easypost) Verify(body []byte, h http.Header) error {
+	return v.e.Verify(easypostSigned(body), h)
+}
+
+func (v easypost) sign(body []byte, h http.Header, ts time.Time) error {
+	return v.e.sign(easypostSigned(body), h, ts)
+}
 
 // Payments, accounting and shipping providers beyond commerce.go.
 func init() {
@@ -22,6 +50,9 @@ func init() {
 	})
 	// EasyPost keys the HMAC with the NFKD form of the secret; for ASCII
 	// secrets (what EasyPost's dashboard generates) that is the secret.
+	// EasyPost signs integer "weight" values written as floats (10 as
+	// 10.0), so its libraries rewrite them before hashing; so does this
+	// preset (easypostSigned).
 	register(Preset{
 		Name:            "easypost",
 		Doc:             "https://docs.easypost.com/guides/webhooks-guide#hmac-validation",
@@ -31,9 +62,18 @@ func init() {
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "X-Hmac-Signature"}},
 			Format:    Format{Prefix: "hmac-sha256-hex="},
-			Signed:    "{body}",
+			Signed:    "{body} with integer weights as floats",
 			Algorithm: "sha256",
 			Encoding:  "hex",
+		},
+		build: func(p Preset, o Options) (signer, error) {
+			s := p.Scheme
+			s.Signed = "{body}"
+			e, err := newEngine(p, s, o)
+			if err != nil {
+				return nil, err
+			}
+			return easypost{e}, nil
 		},
 	})
 	// Xero: the "intent to receive" is a signed POST with an empty events

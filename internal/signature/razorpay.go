@@ -10,6 +10,7 @@ func init() {
 		SignatureHeader: "X-Razorpay-Signature: <hex>",
 		EventID:         ids(headerID("X-Razorpay-Event-Id")),
 		DedupeBody:      true,
+		Oracle:          "razorpay",
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "X-Razorpay-Signature"}},
 			Signed:    "{body}",

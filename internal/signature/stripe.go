@@ -15,6 +15,7 @@ func init() {
 		SignatureHeader:  "Stripe-Signature: t=<ts>,v1=<hex>",
 		DefaultTolerance: 5 * time.Minute,
 		EventID:          ids(jsonID("id")),
+		Oracle:           "stripe",
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "Stripe-Signature"}},
 			Format:    Format{List: ",", Pair: "=", SigKey: "v1", TimestampKey: "t"},
