@@ -53,6 +53,7 @@ func init() {
 		Name:            "coinbase",
 		Doc:             "https://docs.cdp.coinbase.com/commerce/api-arcitecture/webhooks-security",
 		SignatureHeader: "X-CC-Webhook-Signature: <hex>",
+		Oracle:          "coinbase-commerce-node",
 		EventID:         ids(jsonID("event.id")),
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "X-CC-Webhook-Signature"}},

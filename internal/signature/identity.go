@@ -49,6 +49,7 @@ func init() {
 		Name:             "workos",
 		Doc:              "https://workos.com/docs/events/data-syncing/webhooks",
 		SignatureHeader:  "WorkOS-Signature: t=<ms>, v1=<hex>",
+		Oracle:           "@workos-inc/node",
 		DefaultTolerance: 3 * time.Minute,
 		EventID:          ids(jsonID("id")),
 		Scheme: Scheme{

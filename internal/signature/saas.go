@@ -72,6 +72,7 @@ func init() {
 		SignatureHeader:  "X-HubSpot-Signature-v3: <base64> (with X-HubSpot-Request-Timestamp, ms)",
 		DefaultTolerance: 5 * time.Minute,
 		NeedsURL:         true,
+		Oracle:           "@hubspot/api-client",
 		Batch:            &Batch{Items: "@this", ItemID: "eventId", Policy: BatchSet},
 		Scheme: Scheme{
 			Headers:       []HeaderSet{{Signature: "X-HubSpot-Signature-v3", Timestamp: "X-HubSpot-Request-Timestamp"}},

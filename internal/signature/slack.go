@@ -21,6 +21,7 @@ func init() {
 		EventID:          ids(jsonID("event_id")),
 		Handshake:        slackHandshake,
 		IDStability:      StabilityStable,
+		Oracle:           "@slack/bolt",
 		Challenges: []Challenge{{
 			Name: "url_verification", Method: http.MethodPost,
 			BodyField: "type", BodyValue: "url_verification",
