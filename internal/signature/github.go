@@ -15,6 +15,7 @@ func init() {
 		EventID:         ids(headerID("X-GitHub-Delivery")),
 		DedupeBody:      true,
 		Oracle:          "@octokit/webhooks-methods",
+		IDStability:     StabilityStable, // a redelivery keeps the delivery GUID
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "X-Hub-Signature-256"}},
 			Format:    Format{Prefix: "sha256="},

@@ -14,6 +14,7 @@ func init() {
 		DefaultTolerance: 5 * time.Minute,
 		EventID:          ids(jsonID("event_id")),
 		Oracle:           "@paddle/paddle-node-sdk",
+		IDStability:      StabilityStable,
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "Paddle-Signature"}},
 			Format:    Format{List: ";", Pair: "=", SigKey: "h1", TimestampKey: "ts"},

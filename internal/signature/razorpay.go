@@ -11,6 +11,7 @@ func init() {
 		EventID:         ids(headerID("X-Razorpay-Event-Id")),
 		DedupeBody:      true,
 		Oracle:          "razorpay",
+		IDStability:     StabilityStable, // Razorpay: the same for retries of one event
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "X-Razorpay-Signature"}},
 			Signed:    "{body}",

@@ -12,6 +12,7 @@ func init() {
 		EventID:         ids(jsonID("event_id")),
 		NeedsURL:        true,
 		Oracle:          "square",
+		IDStability:     StabilityStable, // Square: event_id to handle duplicate notifications
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "x-square-hmacsha256-signature"}},
 			Signed:    "{url}{body}",

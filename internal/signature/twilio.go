@@ -40,6 +40,7 @@ func init() {
 		DedupeBody:      true,
 		NeedsURL:        true,
 		Oracle:          "twilio",
+		IDStability:     StabilityStable, // the same for every retry of one webhook
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "X-Twilio-Signature"}},
 			Signed:    "{url} then each form parameter sorted by name as name+value; JSON: {url} with bodySHA256=<hex>",
