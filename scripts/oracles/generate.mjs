@@ -31,7 +31,7 @@ const out = path.join(here, '../../internal/signature/testdata/oracles.json');
 const DOCUMENTATION_ONLY = [
   'alchemy', 'asana', 'bitbucket', 'buildkite', 'calcom', 'calendly', 'checkout', 'circleci', 'customerio',
   'docusign', 'dropbox', 'forgejo', 'gitea', 'gitlab', 'heroku', 'hmac', 'intercom', 'intuit', 'lemonsqueezy',
-  'mailgun', 'meta', 'msgraph', 'notion', 'okta', 'pagerduty', 'paystack', 'persona', 'sentry', 'shopify',
+  'mailgun', 'meta', 'msgraph', 'notion', 'okta', 'pagerduty', 'paystack', 'persona', 'sentry',
   'trello', 'twitch', 'typeform', 'vercel', 'webflow', 'woocommerce', 'xero', 'zoom',
 ];
 
@@ -486,6 +486,31 @@ async function standardFamily(preset, libName, Webhook, prefix, libSecret, confi
     await add({ preset: 'slack', case: name, library: lib, version: ver, how, secrets: [secret],
       headers: { 'X-Slack-Signature': s, 'X-Slack-Request-Timestamp': String(t) }, body: b },
     () => verifySlackRequest({ signingSecret: secret, body: b, headers: { 'x-slack-signature': s, 'x-slack-request-timestamp': t }, logger: quiet }), ok);
+  }
+}
+
+// ---- Shopify: @shopify/shopify-api signs (test-helpers getHmac) and verifies (webhooks.validate).
+{
+  require('@shopify/shopify-api/adapters/node');
+  const { shopifyApi, ApiVersion } = require('@shopify/shopify-api');
+  const { getHmac } = require('@shopify/shopify-api/test-helpers');
+  const lib = '@shopify/shopify-api', ver = version(lib);
+  const secret = 'shpss_oracle_client_secret';
+  const shopify = shopifyApi({ apiKey: 'oracle', apiSecretKey: secret, apiVersion: ApiVersion.October25, hostName: 'hooks.example.test', isEmbeddedApp: false, logger: { level: 0 } });
+  const hdr = (b, s = secret) => ({
+    'X-Shopify-Hmac-Sha256': getHmac(b, s), 'X-Shopify-Topic': 'orders/create', 'X-Shopify-API-Version': '2025-10',
+    'X-Shopify-Shop-Domain': 'test-shop.myshopify.com', 'X-Shopify-Webhook-Id': 'b54557e4-bdd9-4b37-8a5f-bf7d70bcd043',
+    'X-Shopify-Event-Id': '98880550-7158-44d4-b7cd-2c97c8a091b5',
+  });
+  const how = 'signed with test-helpers getHmac(), verified with shopify.webhooks.validate()';
+  for (const [name, b, h, ok] of [
+    ['valid', body, hdr(body), true],
+    ['tampered body', tamper(body), hdr(body), false],
+    ['wrong secret', body, hdr(body, 'shpss_other'), false],
+  ]) {
+    const lower = Object.fromEntries(Object.entries(h).map(([k, v]) => [k.toLowerCase(), v]));
+    await add({ preset: 'shopify', case: name, library: lib, version: ver, how, secrets: [secret], headers: h, body: b },
+      async () => (await shopify.webhooks.validate({ rawBody: b, rawRequest: { headers: lower, method: 'POST', url: '/webhooks' }, rawResponse: {} })).valid, ok);
   }
 }
 
