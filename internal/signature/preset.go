@@ -32,7 +32,9 @@ type Preset struct {
 	DedupeBody bool
 	// Handshake reports whether a verified request is a handshake (Slack
 	// url_verification, Zoom endpoint.url_validation) that is forwarded
-	// every time without a claim. nil: the provider has none.
+	// every time without a claim. nil: the provider has none. register sets
+	// it from Challenges whose Auth is AuthSignature when it is nil (twitch,
+	// asana's heartbeat, xero).
 	Handshake func(body []byte, h http.Header) bool
 	// NeedsURL: the scheme signs the public URL, so Options.URL is required.
 	NeedsURL bool

@@ -93,7 +93,9 @@ func init() {
 	// Box V2 webhooks: base64 HMAC-SHA256 over body + BOX-DELIVERY-TIMESTAMP
 	// (RFC 3339), refused after 10 minutes as Box's SDKs do. Only the
 	// primary signature header is read: list both the primary and the
-	// secondary key as secrets while rotating.
+	// secondary key as secrets while rotating. As Box's SDKs, a body with
+	// non-ASCII characters or "/" is also checked in Box's escaped form
+	// (box.go).
 	register(Preset{
 		Name:             "box",
 		Doc:              "https://developer.box.com/guides/webhooks/v2/signatures-v2/",
@@ -108,6 +110,7 @@ func init() {
 			Encoding:        "base64",
 			TimestampLayout: time.RFC3339Nano,
 		},
+		build: buildBox,
 	})
 	// Calendly: "t=<ts>,v1=<hex>" over "<t>.<body>"; its guide uses a
 	// three-minute tolerance. Payloads carry no event ID: configure one.

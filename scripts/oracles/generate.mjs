@@ -252,12 +252,19 @@ async function standardFamily(preset, libName, Webhook, prefix, libSecret, confi
     'box-signature-version': '1',
     'box-signature-algorithm': 'HmacSHA256',
   });
+  // The escaped form box-node-sdk also accepts (its jsonStringifyWithEscapedUnicode, same regexes).
+  const escape = (b) => b.replace(/[\u007f-\uffff]/g, (c) => `\\u${`0000${c.charCodeAt(0).toString(16)}`.slice(-4)}`).replace(/(?<!\\)\//g, '\\/');
+  const hdrEscaped = (b, t) => ({ ...hdr(escape(b), t) });
+  const boxBody = '{"type":"webhook_event","id":"eb0c4e06-751f-442c-86f8-fd5bb404dbec","trigger":"FILE.UPLOADED","source":{"name":"Café 😀.pdf","path":"/Reports/2025"}}';
   const how = 'signed with the documented formula (node:crypto), verified with WebhooksManager.validateMessage(maxAge 600)';
   for (const [name, b, h, ok] of [
     ['valid', body, hdr(body, iso(NOW - 5000)), true],
     ['tampered body', tamper(body), hdr(body, iso(NOW - 5000)), false],
     ['wrong key', body, hdr(body, iso(NOW - 5000), 'box_other'), false],
     ['stale timestamp', body, hdr(body, iso(NOW - 601000)), false],
+    ['non-ASCII and "/" signed raw', boxBody, hdr(boxBody, iso(NOW - 5000)), true],
+    ['non-ASCII and "/" signed in Box\'s escaped form', boxBody, hdrEscaped(boxBody, iso(NOW - 5000)), true],
+    ['escaped form, tampered', boxBody.replace('Café', 'Cafe'), hdrEscaped(boxBody, iso(NOW - 5000)), false],
   ]) {
     await add({ preset: 'box', case: name, library: lib, version: ver, how, secrets: [key], headers: h, body: b },
       () => WebhooksManager.validateMessage(b, h, key, { maxAge: 600 }), ok);
