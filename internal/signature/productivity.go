@@ -159,6 +159,7 @@ func init() {
 		Name:             "webflow",
 		Doc:              "https://developers.webflow.com/data/docs/working-with-webhooks#validating-request-signatures",
 		SignatureHeader:  "x-webflow-signature: <hex> (with x-webflow-timestamp, ms)",
+		Oracle:           "webflow-api",
 		DefaultTolerance: 5 * time.Minute,
 		Scheme: Scheme{
 			Headers:       []HeaderSet{{Signature: "x-webflow-signature", Timestamp: "x-webflow-timestamp"}},

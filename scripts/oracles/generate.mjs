@@ -32,7 +32,7 @@ const DOCUMENTATION_ONLY = [
   'alchemy', 'asana', 'bitbucket', 'buildkite', 'calcom', 'calendly', 'checkout', 'circleci', 'customerio',
   'docusign', 'dropbox', 'forgejo', 'gitea', 'gitlab', 'heroku', 'hmac', 'intercom', 'intuit', 'lemonsqueezy',
   'mailgun', 'meta', 'msgraph', 'notion', 'okta', 'pagerduty', 'paystack', 'persona', 'sentry',
-  'trello', 'twitch', 'typeform', 'vercel', 'webflow', 'woocommerce', 'xero', 'zoom',
+  'trello', 'twitch', 'typeform', 'vercel', 'woocommerce', 'xero', 'zoom',
 ];
 
 const NOW = 1764547200000; // 2025-12-01T00:00:00Z, the vectors' clock
@@ -518,6 +518,24 @@ async function standardFamily(preset, libName, Webhook, prefix, libSecret, confi
     const lower = Object.fromEntries(Object.entries(h).map(([k, v]) => [k.toLowerCase(), v]));
     await add({ preset: 'shopify', case: name, library: lib, version: ver, how, secrets: [secret], headers: h, body: b },
       async () => (await shopify.webhooks.validate({ rawBody: b, rawRequest: { headers: lower, method: 'POST', url: '/webhooks' }, rawResponse: {} })).valid, ok);
+  }
+}
+
+// ---- Webflow: webflow-api client.webhooks.verifySignature (it does not check the timestamp's age).
+{
+  const { WebflowClient } = require('webflow-api');
+  const lib = 'webflow-api', ver = version(lib);
+  const client = new WebflowClient({ accessToken: 'oracle' });
+  const secret = 'wf_oracle_client_secret';
+  const hdr = (b, t, s = secret) => ({ 'x-webflow-timestamp': String(t), 'x-webflow-signature': HMAC('sha256', s, `${t}:${b}`, 'hex') });
+  const how = 'signed with the documented formula (node:crypto), verified with client.webhooks.verifySignature()';
+  for (const [name, b, h, ok] of [
+    ['valid', body, hdr(body, NOW), true],
+    ['tampered body', tamper(body), hdr(body, NOW), false],
+    ['wrong secret', body, hdr(body, NOW, 'wf_other'), false],
+  ]) {
+    await add({ preset: 'webflow', case: name, library: lib, version: ver, how, secrets: [secret], headers: h, body: b },
+      () => client.webhooks.verifySignature({ headers: h, body: b, secret }), ok);
   }
 }
 
