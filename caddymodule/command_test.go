@@ -3,7 +3,10 @@ package caddymodule
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
@@ -38,6 +41,14 @@ func cliSigningSecret(t *testing.T, provider string) string {
 		return "whsec_" + base64.StdEncoding.EncodeToString(b)
 	case "discord":
 		return hex.EncodeToString(b)
+	case "telnyx":
+		return "seed:" + base64.StdEncoding.EncodeToString(b)
+	case "sendgrid":
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		require.NoError(t, err)
+		der, err := x509.MarshalPKCS8PrivateKey(k)
+		require.NoError(t, err)
+		return base64.StdEncoding.EncodeToString(der)
 	}
 	return "cli_" + hex.EncodeToString(b)
 }

@@ -43,6 +43,29 @@ func SignBody(provider string, o Options, body []byte, ts time.Time) ([]byte, er
 	return bs.signBody(body, ts)
 }
 
+// SignDelivery is Sign for every scheme: it returns the body to send, which
+// differs from body where the provider writes into it (Mailgun's signature,
+// Graph's clientState, Linear's webhookTimestamp), and sets h as Sign does.
+// It is meant for tests and the CLI.
+func SignDelivery(provider string, o Options, body []byte, h http.Header, ts time.Time) ([]byte, error) {
+	s, err := build(provider, o)
+	if err != nil {
+		return nil, err
+	}
+	switch v := s.(type) {
+	case bodySigner:
+		return v.signBody(body, ts)
+	case *bodyTimestamp:
+		if body, err = v.stamp(body, ts); err != nil {
+			return nil, err
+		}
+	}
+	if err := s.sign(body, h, ts); err != nil {
+		return nil, err
+	}
+	return body, nil
+}
+
 // mailgun verifies Mailgun's body signature: {"signature": {"timestamp":
 // "<unix s>", "token": "<50 chars>", "signature": "<hex>"}, "event-data":
 // {...}}, where signature = hex HMAC-SHA256(signing key, timestamp+token).
@@ -176,7 +199,12 @@ func (g *graphClientState) Verify(body []byte, _ http.Header) error {
 	return nil
 }
 
+// signBody writes clientState into every notification of value[]; a body
+// without value[] gets one notification holding only clientState.
 func (g *graphClientState) signBody(body []byte, _ time.Time) ([]byte, error) {
+	if !gjson.GetBytes(body, "value").IsArray() {
+		return sjson.SetBytes(body, "value", []map[string]string{{"clientState": g.first}})
+	}
 	n := len(gjson.GetBytes(body, "value").Array())
 	out := body
 	for i := 0; i < n; i++ {
@@ -216,6 +244,20 @@ func (b *bodyTimestamp) Verify(body []byte, h http.Header) error {
 		return fmt.Errorf("signed body's %s is not a number: %w", b.path, ErrMalformedHeader)
 	}
 	return checkTimestamp(ts.Raw, b.unit, b.tolerance, b.now())
+}
+
+// stamp writes ts into the body at the timestamp's path, as the provider
+// does before signing.
+func (b *bodyTimestamp) stamp(body []byte, ts time.Time) ([]byte, error) {
+	n := ts.Unix()
+	if b.unit == time.Millisecond {
+		n = ts.UnixMilli()
+	}
+	out, err := sjson.SetBytes(body, b.path, n)
+	if err != nil {
+		return nil, fmt.Errorf("writing %s into the body: %w", b.path, err)
+	}
+	return out, nil
 }
 
 // withBodyTimestamp builds p's engine and wraps it in a bodyTimestamp check

@@ -271,3 +271,42 @@ func TestEasyPostWeights(t *testing.T) {
 	require.NoError(t, v.Verify([]byte(`{"weight":10.5}`), mac(`{"weight":10.5}`)))
 	require.ErrorIs(t, v.Verify([]byte(`{"weight":10}`), mac(`{"weight":10}`)), signature.ErrNoMatchingSignature)
 }
+
+// SignDelivery signs every preset, writing into the body where the provider
+// does; the result verifies.
+func TestSignDeliveryEveryPreset(t *testing.T) {
+	t.Parallel()
+	secretFor := map[string][2]string{} // signing, verifying
+	for _, f := range fixtures {
+		pub, err := signature.PublicSecret(f.provider, f.secrets[0])
+		require.NoError(t, err)
+		secretFor[f.provider] = [2]string{f.secrets[0], pub}
+	}
+	for _, name := range bodySigned {
+		secretFor[name] = [2]string{"body-secret", "body-secret"}
+	}
+	for _, name := range signature.Providers() {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			var f fixture
+			for _, g := range fixtures {
+				if g.provider == name {
+					f = g
+				}
+			}
+			h := http.Header{}
+			for k, v := range f.prep {
+				h.Set(k, v)
+			}
+			body := `{"id":"evt_1","event-data":{"id":"e1"},"data":{"amount":1000}}`
+			s := secretFor[name]
+			o := signature.Options{Secrets: []string{s[0]}, URL: f.url, HMAC: f.hmac, Now: clock(now)}
+			out, err := signature.SignDelivery(name, o, []byte(body), h, now)
+			require.NoError(t, err)
+			o.Secrets = []string{s[1]}
+			v, err := signature.New(name, o)
+			require.NoError(t, err)
+			require.NoError(t, v.Verify(out, h))
+		})
+	}
+}
