@@ -57,12 +57,12 @@ func init() {
 			Encoding:  "hex",
 		},
 	})
-	register(standardBased("replicate", "https://replicate.com/docs/topics/webhooks/verify-webhook", "whsec", "standardwebhooks"))
-	register(standardBased("openai", "https://platform.openai.com/docs/guides/webhooks", "whsec", "standardwebhooks"))
+	register(standardBased("replicate", "https://replicate.com/docs/topics/webhooks/verify-webhook", "whsec", "replicate"))
+	register(standardBased("openai", "https://platform.openai.com/docs/guides/webhooks", "whsec", "openai"))
 	// Polar follows Standard Webhooks but keys the HMAC with the bytes of
 	// the secret as displayed (its SDK base64-encodes it before handing it
-	// to the standardwebhooks library).
-	register(standardBased("polar", "https://docs.polar.sh/integrate/webhooks/delivery", "raw", "standardwebhooks"))
+	// to the standardwebhooks library, in validateEvent).
+	register(standardBased("polar", "https://docs.polar.sh/integrate/webhooks/delivery", "raw", "@polar-sh/sdk"))
 	register(Preset{
 		Name:            "alchemy",
 		Doc:             "https://www.alchemy.com/docs/reference/notify-api-quickstart#webhook-signature--security",

@@ -43,7 +43,7 @@ func init() {
 		},
 	})
 	// Clerk delivers through Svix.
-	register(svixBased("clerk", "https://clerk.com/docs/webhooks/sync-data", "svix"))
+	register(svixBased("clerk", "https://clerk.com/docs/webhooks/sync-data", "@clerk/backend"))
 	// WorkOS: "t=<ms>, v1=<hex>" over "<t>.<body>"; its SDK allows 180 s.
 	register(Preset{
 		Name:             "workos",

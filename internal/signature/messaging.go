@@ -147,7 +147,7 @@ func init() {
 		build: buildPubkey(algECDSAP256, ""),
 	})
 	// Resend delivers through Svix.
-	register(svixBased("resend", "https://resend.com/docs/dashboard/webhooks/verify-webhooks-requests", "svix"))
+	register(svixBased("resend", "https://resend.com/docs/dashboard/webhooks/verify-webhooks-requests", "resend"))
 }
 
 // svixBased is a provider that delivers through Svix: the svix preset's

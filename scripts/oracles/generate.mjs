@@ -124,34 +124,79 @@ const body = '{"id":"evt_oracle_1","event_id":"ev_oracle_1","type":"invoice.paid
 }
 
 // ---- Standard Webhooks and Svix (and the providers that deliver through them).
-async function standardFamily(preset, libName, Webhook, prefix, libSecret, configured, idHeader) {
+// standardFamily signs with a Standard Webhooks / Svix Webhook (libSecret)
+// and has the provider's library verify (check(body, headers) ->
+// true/throws); the gateway is configured with `configured`.
+async function standardFamily(preset, libName, Webhook, prefix, libSecret, configured, check = null, stale = true) {
   const ver = version(libName);
-  const how = `signed with new Webhook(secret).sign(), verified with verify()${libSecret !== configured ? ' (secret base64-encoded first, as the provider SDK does)' : ''}`;
   const wh = new Webhook(libSecret);
+  const verify = check ?? ((b, h) => wh.verify(b, h));
+  const how = `signed with new Webhook(secret).sign()${check ? '' : ', verified with verify()'}${libSecret !== configured ? ' (secret base64-encoded first, as the provider SDK does)' : ''}`;
   const other = new Webhook('whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw');
   const id = 'msg_oracle_1';
   const hdr = (w, b, t) => ({ [`${prefix}-id`]: id, [`${prefix}-timestamp`]: String(t), [`${prefix}-signature`]: w.sign(id, new Date(t * 1000), b) });
-  for (const [name, b, h, ok] of [
+  const cases = [
     ['valid', body, hdr(wh, body, NOW_S), true],
     ['tampered body', tamper(body), hdr(wh, body, NOW_S), false],
     ['wrong secret', body, hdr(other, body, NOW_S), false],
-    ['stale timestamp', body, hdr(wh, body, NOW_S - 301), false],
-  ]) {
-    await add({ preset, case: name, library: libName, version: ver, how, secrets: [configured], headers: h, body: b }, () => wh.verify(b, h), ok);
+  ];
+  if (stale) cases.push(['stale timestamp', body, hdr(wh, body, NOW_S - 301), false]);
+  for (const [name, b, h, ok] of cases) {
+    await add({ preset, case: name, library: libName, version: ver, how: check ? `${how}, verified with ${preset}'s library` : how, secrets: [configured], headers: h, body: b }, () => verify(b, h), ok);
   }
-  void idHeader;
 }
 {
   const { Webhook: SW } = await import('standardwebhooks');
   const { Webhook: SV } = await import('svix');
   const wsec = 'whsec_QlIxMi10ZXN0LWtleS0wMTIzNDU2Nzg5YWJjZGVmISE=';
   await standardFamily('standard', 'standardwebhooks', SW, 'webhook', wsec, wsec);
-  await standardFamily('openai', 'standardwebhooks', SW, 'webhook', wsec, wsec);
-  await standardFamily('replicate', 'standardwebhooks', SW, 'webhook', wsec, wsec);
   const polarSecret = 'polar_whs_oracle_secret';
-  await standardFamily('polar', 'standardwebhooks', SW, 'webhook', Buffer.from(polarSecret).toString('base64'), polarSecret);
-  for (const p of ['svix', 'resend', 'clerk']) {
-    await standardFamily(p, 'svix', SV, 'svix', wsec, wsec);
+  // Polar: @polar-sh/sdk validateEvent. It verifies, then parses the
+  // payload into its models; only its WebhookVerificationError is a refusal
+  // of the signature (a model it cannot parse is not).
+  const polarWebhooks = require('@polar-sh/sdk/webhooks');
+  await standardFamily('polar', '@polar-sh/sdk', SW, 'webhook', Buffer.from(polarSecret).toString('base64'), polarSecret, (b, h) => {
+    try {
+      polarWebhooks.validateEvent(b, h, polarSecret);
+    } catch (e) {
+      if (e instanceof polarWebhooks.WebhookVerificationError) throw e;
+    }
+    return true;
+  });
+  await standardFamily('svix', 'svix', SV, 'svix', wsec, wsec);
+
+  // OpenAI: openai client.webhooks.verifySignature (tolerance 300 s).
+  const { default: OpenAI } = await import('openai');
+  const openai = new OpenAI({ apiKey: 'sk-oracle' });
+  await standardFamily('openai', 'openai', SW, 'webhook', wsec, wsec,
+    (b, h) => openai.webhooks.verifySignature(b, h, wsec, 300));
+  // Replicate: replicate validateWebhook (it does not check the timestamp's age).
+  const { validateWebhook } = require('replicate');
+  await standardFamily('replicate', 'replicate', SW, 'webhook', wsec, wsec,
+    (b, h) => validateWebhook({ id: h['webhook-id'], timestamp: h['webhook-timestamp'], signature: h['webhook-signature'], body: b, secret: wsec }), false);
+  // Resend: resend.webhooks.verify (svix-* headers).
+  const { Resend } = require('resend');
+  const resend = new Resend('re_oracle');
+  await standardFamily('resend', 'resend', SV, 'svix', wsec, wsec,
+    (b, h) => resend.webhooks.verify({ payload: b, headers: { id: h['svix-id'], timestamp: h['svix-timestamp'], signature: h['svix-signature'] }, webhookSecret: wsec }));
+  // Clerk: @clerk/backend verifyWebhook (a Fetch Request with svix-* headers).
+  const { verifyWebhook } = require('@clerk/backend/webhooks');
+  const clerkBody = '{"type":"user.created","object":"event","data":{"id":"user_oracle_1","amount":1000},"timestamp":1764547200000,"instance_id":"ins_1"}';
+  {
+    const wh = new SV(wsec);
+    const other = new SV('whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw');
+    const lib = '@clerk/backend', ver = version(lib);
+    const hdr = (w, b, t) => ({ 'svix-id': 'msg_oracle_1', 'svix-timestamp': String(t), 'svix-signature': w.sign('msg_oracle_1', new Date(t * 1000), b) });
+    const how = 'signed with svix Webhook.sign(), verified with @clerk/backend verifyWebhook()';
+    for (const [name, b, h, ok] of [
+      ['valid', clerkBody, hdr(wh, clerkBody, NOW_S), true],
+      ['tampered body', tamper(clerkBody), hdr(wh, clerkBody, NOW_S), false],
+      ['wrong secret', clerkBody, hdr(other, clerkBody, NOW_S), false],
+      ['stale timestamp', clerkBody, hdr(wh, clerkBody, NOW_S - 301), false],
+    ]) {
+      await add({ preset: 'clerk', case: name, library: lib, version: ver, how, secrets: [wsec], headers: h, body: b },
+        () => verifyWebhook(new Request('https://hooks.example.test/clerk', { method: 'POST', headers: h, body: b }), { signingSecret: wsec }), ok);
+    }
   }
 }
 
