@@ -164,7 +164,7 @@ func (a HandshakeAnswer) CheckToken(tokens []string) bool {
 // function of its inputs: it neither verifies nor stores anything. The
 // caller then authenticates per answer.Challenge.Auth (verify the
 // signature, or CheckToken), stores answer.Secret if any, and writes the
-// answer (WriteTo) or forwards when answer.Forward. secret is the route's
+// answer (Respond) or forwards when answer.Forward. secret is the route's
 // first signing secret, used only by AnswerZoom. Handshakes are tried in
 // order; the first that matches wins.
 func (p Preset) MatchHandshake(r *http.Request, body []byte, secret string) (HandshakeAnswer, bool) {
@@ -180,8 +180,8 @@ func (p Preset) MatchHandshake(r *http.Request, body []byte, secret string) (Han
 	return HandshakeAnswer{}, false
 }
 
-// WriteTo writes the answer. It must not be called when Forward is set.
-func (a HandshakeAnswer) WriteTo(w http.ResponseWriter) {
+// Respond writes the answer to w. It must not be called when Forward is set.
+func (a HandshakeAnswer) Respond(w http.ResponseWriter) {
 	for k, vs := range a.Header {
 		w.Header()[k] = vs
 	}

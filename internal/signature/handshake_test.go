@@ -132,7 +132,7 @@ func TestMatchHandshake(t *testing.T) {
 			require.Equal(t, tc.token, a.Token)
 			require.Equal(t, tc.secret, a.Secret)
 			w := httptest.NewRecorder()
-			a.WriteTo(w)
+			a.Respond(w)
 			require.Equal(t, tc.status, w.Code)
 			require.Equal(t, tc.contentType, w.Header().Get("Content-Type"))
 			if strings.HasPrefix(tc.answer, "{") {
