@@ -172,7 +172,7 @@ func (p Preset) MatchHandshake(r *http.Request, body []byte, secret string) (Han
 		if c.matches(r, body) {
 			a, err := c.answer(r, body, secret)
 			if err != nil {
-				return HandshakeAnswer{}, false
+				continue // nothing to echo or learn: not this handshake
 			}
 			return a, true
 		}
