@@ -33,3 +33,16 @@ func TestIDStability(t *testing.T) {
 	require.Empty(t, wc.EventID, "X-WC-Webhook-Delivery-ID changes on every delivery")
 	require.True(t, wc.DedupeBody)
 }
+
+func TestTableTolerances(t *testing.T) {
+	t.Parallel()
+	table := signature.MarkdownTable()
+	for _, row := range []string{"| `twitch` |", "| `box` |", "| `stripe` |", "| `linear` |", "| `workos` |"} {
+		require.Contains(t, table, row)
+	}
+	require.Regexp(t, "\\| `twitch` \\|[^\\n]*\\| 10m \\|", table)
+	require.Regexp(t, "\\| `box` \\|[^\\n]*\\| 10m \\|", table)
+	require.Regexp(t, "\\| `stripe` \\|[^\\n]*\\| 5m \\|", table)
+	require.Regexp(t, "\\| `linear` \\|[^\\n]*\\| 1m \\|", table)
+	require.Regexp(t, "\\| `workos` \\|[^\\n]*\\| 3m \\|", table)
+}

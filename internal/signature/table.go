@@ -93,8 +93,12 @@ func signedText(s string) string {
 func escapePipes(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
 
 func shortDuration(d time.Duration) string {
-	s := d.String()
-	s = strings.TrimSuffix(s, "0s")
-	s = strings.TrimSuffix(s, "0m")
+	s := d.String() // 5m0s, 10m0s, 1h0m0s, 1m30s
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
 	return s
 }
