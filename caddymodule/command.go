@@ -308,7 +308,8 @@ func examplePayload(provider string) ([]byte, string) {
 }
 
 // buildDelivery builds the body and headers of a test delivery and signs
-// them with signature.Sign, as the provider would.
+// them with signature.SignDelivery, as the provider would (writing into the
+// body where the provider does: Mailgun, Graph, Linear).
 func buildDelivery(p signParams) (testDelivery, error) {
 	preset, ok := signature.Lookup(p.Provider)
 	if !ok {
@@ -390,7 +391,8 @@ func buildDelivery(p signParams) (testDelivery, error) {
 	if now.IsZero() {
 		now = time.Now()
 	}
-	if err := signature.Sign(p.Provider, opts, body, h, now); err != nil {
+	body, err := signature.SignDelivery(p.Provider, opts, body, h, now)
+	if err != nil {
 		return testDelivery{}, fmt.Errorf("signing: %w", err)
 	}
 	d.Body, d.Header = body, h

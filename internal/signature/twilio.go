@@ -39,6 +39,8 @@ func init() {
 		EventID:         ids(headerID("I-Twilio-Idempotency-Token")),
 		DedupeBody:      true,
 		NeedsURL:        true,
+		Oracle:          "twilio",
+		IDStability:     StabilityStable, // the same for every retry of one webhook
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "X-Twilio-Signature"}},
 			Signed:    "{url} then each form parameter sorted by name as name+value; JSON: {url} with bodySHA256=<hex>",
