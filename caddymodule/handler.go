@@ -471,6 +471,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	if err := h.verifier.Verify(signed, r.Header); err != nil {
 		d.outcome, d.reason = outcomeInvalidSignature, err.Error()
+		if isBodyRefusal(err) {
+			d.outcome = outcomeBadRequest
+		}
 		if h.preset.NeedsURL {
 			d.signedURL = h.signedURL // a wrong configured url is the usual cause
 		}
