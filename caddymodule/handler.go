@@ -172,6 +172,11 @@ type Handler struct {
 	// signedURL is the configured URL of a URL-signed scheme, password
 	// redacted, for the log line of a failed verification.
 	signedURL string
+	// app is the http app of the config this handler belongs to (nil on a
+	// bare context); scopeUsed: its scope's storage is recorded there
+	// (configcheck.go).
+	app       any
+	scopeUsed bool
 }
 
 // Storage selects the store backend.
@@ -327,6 +332,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		st.Table = table // `table` alone names the table of the default SQLite file
 	}
+	h.app = httpApp(ctx)
+	if err := useScopeStorage(h.app, h.Scope, st); err != nil {
+		h.app = nil // nothing recorded to release
+		return err
+	}
+	h.scopeUsed = true
 	entries := defaultCache
 	if h.Cache != nil {
 		entries = *h.Cache
@@ -402,6 +413,10 @@ func (h *Handler) Validate() error {
 
 // Cleanup releases this handler's use of the shared store.
 func (h *Handler) Cleanup() error {
+	if h.scopeUsed {
+		releaseScopeStorage(h.app, h.Scope)
+		h.scopeUsed = false
+	}
 	h.cleanupAsync() // before the store: the dispatcher uses its pool
 	if h.wg != nil {
 		h.stopSweep()

@@ -1,9 +1,14 @@
 package caddymodule
 
 import (
+	"encoding/json"
 	"net/http"
+	"os"
+	"path/filepath"
 	"testing"
 
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/stretchr/testify/require"
 )
 
@@ -37,4 +42,56 @@ func TestTwilioBodyNotFormNamesTheReason(t *testing.T) {
 		"I-Twilio-Idempotency-Token", "idem-1", "X-Twilio-Signature", b64Of(make([]byte, 20)))
 	requireRefused(t, g.serve(req), http.StatusBadRequest, `"body is not a form"`)
 	require.Equal(t, 0, g.up.count())
+}
+
+// validateCaddyfile adapts a whole Caddyfile and provisions it as
+// `caddy validate` does (no listener, no admin endpoint), then cleans it up.
+// Caddy's logs go to the returned file.
+func validateCaddyfile(t *testing.T, body string) (error, string) {
+	t.Helper()
+	dir := t.TempDir()
+	logFile := filepath.Join(dir, "caddy.log")
+	global := "{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\tstorage file_system " + filepath.Join(dir, "data") +
+		"\n\tlog {\n\t\toutput file " + logFile + "\n\t\tformat json\n\t\tlevel DEBUG\n\t}\n}\n"
+	cfgJSON, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(global+body), map[string]any{"filename": "Caddyfile"})
+	require.NoError(t, err, "adapting")
+	var cfg caddy.Config
+	require.NoError(t, json.Unmarshal(cfgJSON, &cfg))
+	err = caddy.Validate(&cfg)
+	b, _ := os.ReadFile(logFile)
+	return err, string(b)
+}
+
+// Two routes of one config that share a scope on different storages are
+// refused at load, naming the scope and both storages (never a DSN
+// password); on one storage they load, and so do distinct scopes.
+func TestScopeOnTwoStoragesRefused(t *testing.T) {
+	dir := t.TempDir()
+	route := func(path, scope, storage string) string {
+		return "\thandle " + path + " {\n\t\twebhook_idempotency {\n\t\t\tprovider stripe\n\t\t\tsecret whsec_x\n\t\t\tscope " + scope +
+			"\n\t\t\tstorage " + storage + "\n\t\t}\n\t\trespond 200\n\t}\n"
+	}
+	a, b := "sqlite "+filepath.Join(dir, "a.db"), "sqlite "+filepath.Join(dir, "b.db")
+	pg := "postgres postgres://gw:S3CRETPW@127.0.0.1:1/none?sslmode=disable"
+
+	err, _ := validateCaddyfile(t, ":18080 {\n"+route("/a", "shop", a)+route("/b", "shop", b)+"}\n")
+	require.Error(t, err)
+	require.Contains(t, err.Error(), `scope: "shop" is already used by another route on sqlite`)
+	require.Contains(t, err.Error(), "give them the same storage, or distinct scopes")
+
+	// Postgres is checked before it is dialled (nothing listens on port 1).
+	err, _ = validateCaddyfile(t, ":18080 {\n"+route("/a", "shop", a)+"}\n:18081 {\n"+route("/b", "shop", pg)+"}\n")
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "postgres postgres://gw:xxxxx@127.0.0.1:1/none")
+	require.NotContains(t, err.Error(), "S3CRETPW")
+
+	configs := func() int {
+		configScopes.Lock()
+		defer configScopes.Unlock()
+		return len(configScopes.m)
+	}
+	before := configs()
+	err, _ = validateCaddyfile(t, ":18080 {\n"+route("/a", "shop", a)+route("/b", "shop", a)+route("/c", "other", b)+"}\n")
+	require.NoError(t, err)
+	require.Equal(t, before, configs(), "cleanup forgets the config")
 }
