@@ -1,12 +1,17 @@
 package caddymodule
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/url"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
 )
 
 // Checks across the routes of one loaded config. A handler sees only its own
@@ -100,4 +105,115 @@ func (c Storage) describe() string {
 		}
 	}
 	return fmt.Sprintf("%s %s (table %s)", c.Backend, where, table)
+}
+
+// hostWarned records, per config, the servers already warned about by
+// warnHostOnly, so a server with several webhook routes warns once.
+var hostWarned = struct {
+	sync.Mutex
+	m map[any]map[string]bool
+}{m: map[any]map[string]bool{}}
+
+// handlerPattern finds this module in a route's JSON not yet provisioned.
+var handlerPattern = regexp.MustCompile(`"handler"\s*:\s*"webhook_idempotency"`)
+
+// warnHostOnly warns, once per server of the config, when a server that runs
+// a webhook_idempotency route has only routes under host matchers (a site
+// address such as hooks.example.com or http://127.0.0.1:8080). Caddy answers
+// a request for any other Host on that listener with an empty 200: a
+// provider's delivery sent with another Host (a proxy in between, a changed
+// DNS name, an IP) is acknowledged and never reaches the route, so the event
+// is lost. It looks at the top-level routes only; their matchers are
+// provisioned before any handler (caddyhttp's autohttps), so they are
+// complete when a handler is provisioned.
+func warnHostOnly(app any, logger *zap.Logger) {
+	a, ok := app.(*caddyhttp.App)
+	if !ok || logger == nil {
+		return
+	}
+	for name, srv := range a.Servers {
+		if srv == nil || !routesHaveHandler(srv.Routes) {
+			continue
+		}
+		hosts, only := hostOnly(srv.Routes)
+		if !only {
+			continue
+		}
+		hostWarned.Lock()
+		if hostWarned.m[app] == nil {
+			hostWarned.m[app] = map[string]bool{}
+		}
+		done := hostWarned.m[app][name]
+		hostWarned.m[app][name] = true
+		hostWarned.Unlock()
+		if done {
+			continue
+		}
+		logger.Warn("server answers requests for other hosts with an empty 200: a delivery sent with another Host is acknowledged "+
+			"and lost; use a site address without a host (:8080) or add a catch-all site that answers 404",
+			zap.String("server", name), zap.Strings("listen", srv.Listen), zap.Strings("hosts", hosts))
+	}
+}
+
+// forgetHostWarnings drops a config's record when it is unloaded.
+func forgetHostWarnings(app any) {
+	hostWarned.Lock()
+	delete(hostWarned.m, app)
+	hostWarned.Unlock()
+}
+
+// routesHaveHandler reports whether a webhook_idempotency handler is among
+// the routes, provisioned or still raw JSON.
+func routesHaveHandler(routes caddyhttp.RouteList) bool {
+	for _, r := range routes {
+		if handlerPattern.Match(mustJSON(r.HandlersRaw)) {
+			return true
+		}
+		for _, h := range r.Handlers {
+			switch h := h.(type) {
+			case *Handler:
+				return true
+			case *caddyhttp.Subroute:
+				if routesHaveHandler(h.Routes) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+func mustJSON(raws []json.RawMessage) []byte {
+	var b []byte
+	for _, r := range raws {
+		b = append(b, r...)
+	}
+	return b
+}
+
+// hostOnly reports whether every route matches only under a host matcher,
+// and the hosts named.
+func hostOnly(routes caddyhttp.RouteList) ([]string, bool) {
+	var hosts []string
+	for _, r := range routes {
+		if len(r.MatcherSets) == 0 {
+			return nil, false
+		}
+		for _, set := range r.MatcherSets {
+			found := false
+			for _, m := range set {
+				switch m := m.(type) {
+				case caddyhttp.MatchHost:
+					found, hosts = true, append(hosts, m...)
+				case *caddyhttp.MatchHost:
+					found, hosts = true, append(hosts, *m...)
+				}
+			}
+			if !found {
+				return nil, false
+			}
+		}
+	}
+	slices.Sort(hosts)
+	return slices.Compact(hosts), len(routes) > 0
 }

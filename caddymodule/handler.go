@@ -338,6 +338,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.scopeUsed = true
+	warnHostOnly(h.app, h.logger)
 	entries := defaultCache
 	if h.Cache != nil {
 		entries = *h.Cache
@@ -415,6 +416,7 @@ func (h *Handler) Validate() error {
 func (h *Handler) Cleanup() error {
 	if h.scopeUsed {
 		releaseScopeStorage(h.app, h.Scope)
+		forgetHostWarnings(h.app)
 		h.scopeUsed = false
 	}
 	h.cleanupAsync() // before the store: the dispatcher uses its pool

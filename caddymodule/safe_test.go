@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
@@ -46,13 +47,14 @@ func TestTwilioBodyNotFormNamesTheReason(t *testing.T) {
 
 // validateCaddyfile adapts a whole Caddyfile and provisions it as
 // `caddy validate` does (no listener, no admin endpoint), then cleans it up.
-// Caddy's logs go to the returned file.
+// The handler's log lines go to the returned text (a named log: the default
+// logger, which is process-wide, is left alone).
 func validateCaddyfile(t *testing.T, body string) (error, string) {
 	t.Helper()
 	dir := t.TempDir()
 	logFile := filepath.Join(dir, "caddy.log")
 	global := "{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\tstorage file_system " + filepath.Join(dir, "data") +
-		"\n\tlog {\n\t\toutput file " + logFile + "\n\t\tformat json\n\t\tlevel DEBUG\n\t}\n}\n"
+		"\n\tlog gateway {\n\t\tinclude http.handlers.webhook_idempotency\n\t\toutput file " + logFile + "\n\t\tformat json\n\t\tlevel DEBUG\n\t}\n}\n"
 	cfgJSON, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(global+body), map[string]any{"filename": "Caddyfile"})
 	require.NoError(t, err, "adapting")
 	var cfg caddy.Config
@@ -95,4 +97,39 @@ func TestScopeOnTwoStoragesRefused(t *testing.T) {
 	err, _ = validateCaddyfile(t, ":18080 {\n"+route("/a", "shop", a)+route("/b", "shop", a)+route("/c", "other", b)+"}\n")
 	require.NoError(t, err)
 	require.Equal(t, before, configs(), "cleanup forgets the config")
+}
+
+// A webhook route reachable only under host matchers is warned about at
+// load: Caddy would answer a delivery with another Host an empty 200. A
+// site address without a host, or a catch-all site on the same listener,
+// is not.
+func TestHostOnlySiteWarns(t *testing.T) {
+	dir := t.TempDir()
+	hook := func(path string) string {
+		return "\thandle " + path + " {\n\t\twebhook_idempotency {\n\t\t\tprovider stripe\n\t\t\tsecret whsec_x\n\t\t\tstorage sqlite " +
+			filepath.Join(dir, "e.db") + "\n\t\t}\n\t\trespond 200\n\t}\n"
+	}
+	const warning = "server answers requests for other hosts with an empty 200"
+	for _, tc := range []struct {
+		name, caddyfile string
+		warns           bool
+	}{
+		{"ip site", "http://127.0.0.1:18080 {\n" + hook("/webhooks/stripe") + "}\n", true},
+		{"named site, two routes", "http://hooks.example.com:18080 {\n" + hook("/a") + hook("/b") + "}\n", true},
+		{"port only", ":18080 {\n" + hook("/webhooks/stripe") + "}\n", false},
+		{"catch-all beside", "http://hooks.example.com:18080 {\n" + hook("/a") + "}\n:18080 {\n\trespond 404\n}\n", false},
+		{"host site on another server", "http://hooks.example.com:18081 {\n\trespond 200\n}\n:18080 {\n" + hook("/a") + "}\n", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err, logs := validateCaddyfile(t, tc.caddyfile)
+			require.NoError(t, err)
+			if !tc.warns {
+				require.NotContains(t, logs, warning)
+				return
+			}
+			require.Equal(t, 1, strings.Count(logs, warning), "once per server:\n%s", logs)
+			require.Contains(t, logs, `"level":"warn"`)
+			require.Contains(t, logs, `"listen":[":18080"]`)
+		})
+	}
 }
