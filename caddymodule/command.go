@@ -53,7 +53,7 @@ const secretEnv = "WEBHOOK_IDEMPOTENCY_SECRET"
 func configureCommand(cmd *cobra.Command) {
 	cmd.Args = cobra.NoArgs
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
-	cmd.AddCommand(signCommand(), eventCommand())
+	cmd.AddCommand(signCommand(), eventCommand(), logFilterCommand())
 }
 
 func signCommand() *cobra.Command {

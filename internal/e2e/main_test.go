@@ -98,19 +98,27 @@ func (b *bundle) gateway(name, upstream string, extra ...string) *e2e.Gateway {
 // gatewayOn is gateway with the store reached through dsn (a Link's).
 func (b *bundle) gatewayOn(name, upstream, dsn string, extra ...string) *e2e.Gateway {
 	b.t.Helper()
-	if upstream == "" {
-		upstream = b.up.Addr()
+	return b.gatewayWith(e2e.GatewayConfig{Name: name, Upstream: upstream}, dsn, extra...)
+}
+
+// gatewayWith starts a gateway from cfg (Binary, Dir, Handler and an empty
+// Upstream filled in). When it is torn down its log is searched for the
+// test's secret and every signature sent (e2e.CheckNoLeaks), unless cfg
+// leaves out the log filter on purpose.
+func (b *bundle) gatewayWith(cfg e2e.GatewayConfig, dsn string, extra ...string) *e2e.Gateway {
+	b.t.Helper()
+	if cfg.Upstream == "" {
+		cfg.Upstream = b.up.Addr()
 	}
-	g, err := e2e.StartGateway(e2e.GatewayConfig{
-		Binary:   caddyBin,
-		Dir:      b.dir,
-		Name:     name,
-		Upstream: upstream,
-		Handler:  e2e.StripeHandler(b.secret, dsn, extra...),
-	})
+	cfg.Binary, cfg.Dir = caddyBin, b.dir
+	cfg.Handler = e2e.StripeHandler(b.secret, dsn, extra...)
+	g, err := e2e.StartGateway(cfg)
 	require.NoError(b.t, err)
 	b.t.Cleanup(func() {
 		g.Kill()
+		if !cfg.NoLogFilter {
+			e2e.CheckNoLeaks(b.t, g.LogPath(), b.secret)
+		}
 		if b.t.Failed() {
 			b.t.Logf("--- log of %s (last 12 lines):\n%s", g.Name, g.LogTail(12))
 		}
