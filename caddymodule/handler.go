@@ -14,8 +14,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -47,6 +49,7 @@ const (
 	defaultMaxBody        = 5_000_000 // 5MB, as humanize parses "5MB"
 	defaultCache          = 100_000
 	defaultForwardTimeout = 5 * time.Minute
+	defaultReadTimeout    = 10 * time.Second
 	// storeTimeout bounds every store call on the request path.
 	storeTimeout = 5 * time.Second
 	// unavailableRetryAfter is the Retry-After of a 503 when the store fails.
@@ -117,6 +120,14 @@ type Handler struct {
 	// ForwardTimeout bounds one forward to the upstream; the forward is not
 	// cancelled when the provider disconnects. Default: 5m.
 	ForwardTimeout caddy.Duration `json:"forward_timeout,omitempty"`
+
+	// ReadTimeout bounds how long the body may take to arrive, from the
+	// moment the handler starts reading it: a client trickling bytes is cut
+	// off with 408 and nothing is recorded. It is set on the connection
+	// (http.ResponseController.SetReadDeadline) and cleared once the body is
+	// read. Default: 10s. Caddy's server read_body/read_timeout bound the
+	// whole request too; see the README's security section.
+	ReadTimeout caddy.Duration `json:"read_timeout,omitempty"`
 
 	// OnAmbiguous is what happens to an event whose forward had no known
 	// outcome (forward_timeout ended it, or its gateway died): "reforward"
@@ -248,6 +259,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	if h.ForwardTimeout == 0 {
 		h.ForwardTimeout = caddy.Duration(defaultForwardTimeout)
+	}
+	if h.ReadTimeout == 0 {
+		h.ReadTimeout = caddy.Duration(defaultReadTimeout)
 	}
 	if h.OnAmbiguous == "" {
 		h.OnAmbiguous = "reforward"
@@ -480,7 +494,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 	}()
 
-	raw, signed, status, reason := h.readBody(r, buf)
+	raw, signed, status, reason := h.readBody(w, r, buf)
 	if status != 0 {
 		d.outcome, d.reason = outcomeFor(status), reason
 		respondError(w, status, reason, 0)
@@ -851,7 +865,7 @@ func (h *Handler) checkSameBody(parent context.Context, id string, body []byte) 
 // the raw bytes (what the upstream gets) and the bytes the provider signed
 // (the decoded body when Content-Encoding is gzip). A non-zero status means
 // the delivery is refused with that status and reason.
-func (h *Handler) readBody(r *http.Request, buf *bytes.Buffer) (raw, signed []byte, status int, reason string) {
+func (h *Handler) readBody(w http.ResponseWriter, r *http.Request, buf *bytes.Buffer) (raw, signed []byte, status int, reason string) {
 	encs := r.Header.Values("Content-Encoding")
 	if len(encs) > 1 {
 		// The upstream would undo every line; only one is ever verified.
@@ -867,7 +881,10 @@ func (h *Handler) readBody(r *http.Request, buf *bytes.Buffer) (raw, signed []by
 	if r.ContentLength > h.MaxBody {
 		return nil, nil, http.StatusRequestEntityTooLarge, "body exceeds max_body"
 	}
-	n, err := readAtMost(buf, r.Body, h.MaxBody)
+	n, err := h.readWithDeadline(w, buf, r.Body)
+	if isTimeout(err) {
+		return nil, nil, http.StatusRequestTimeout, "body not received within read_timeout"
+	}
 	if err != nil {
 		return nil, nil, http.StatusBadRequest, "reading body failed"
 	}
@@ -891,6 +908,32 @@ func (h *Handler) readBody(r *http.Request, buf *bytes.Buffer) (raw, signed []by
 		return nil, nil, http.StatusBadRequest, "gzip body is malformed"
 	}
 	return raw, dec.Bytes(), 0, ""
+}
+
+// readWithDeadline reads the body (readAtMost, at most MaxBody+1 bytes)
+// with the connection's read deadline set ReadTimeout from now, then clears
+// it, so the next request on a kept-alive connection is not cut short.
+// When the deadline passed it stays, and the connection is closed after the
+// answer: net/http would otherwise wait for the rest of the trickled body
+// before writing the 408. Where the writer cannot set a deadline
+// (http.ErrNotSupported) the body is read without one.
+func (h *Handler) readWithDeadline(w http.ResponseWriter, buf *bytes.Buffer, body io.Reader) (int64, error) {
+	rc := http.NewResponseController(w)
+	set := rc.SetReadDeadline(time.Now().Add(time.Duration(h.ReadTimeout))) == nil
+	n, err := readAtMost(buf, body, h.MaxBody)
+	switch {
+	case isTimeout(err):
+		w.Header().Set("Connection", "close")
+	case set:
+		_ = rc.SetReadDeadline(time.Time{})
+	}
+	return n, err
+}
+
+// isTimeout reports a read that ended on a deadline.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
 
 // sweepRetention deletes rows older than Retention in bounded batches until
@@ -977,6 +1020,8 @@ func outcomeFor(status int) string {
 		return outcomeTooLarge
 	case http.StatusUnsupportedMediaType:
 		return outcomeUnsupported
+	case http.StatusRequestTimeout:
+		return outcomeReadTimeout
 	}
 	return outcomeBadRequest
 }

@@ -45,11 +45,12 @@ const (
 	outcomeHandshake        = "handshake"     // verified challenge, forwarded without a claim
 	outcomeForwardedNoID    = "forwarded"     // on_missing_id forward: forwarded without deduplication
 	outcomeBodyReplay       = "body_replayed" // dedupe_body: same body under another event ID, 200 at the edge
+	outcomeReadTimeout      = "read_timeout"  // the body did not arrive within read_timeout: 408
 )
 
 var allOutcomes = []string{outcomeCompleted, outcomeReleased, outcomeAmbiguous, outcomeDuplicate,
 	outcomeInFlight, outcomeHeld, outcomeInvalidSignature, outcomeBadRequest, outcomeTooLarge,
-	outcomeUnsupported, outcomeStoreError, outcomeHandshake, outcomeForwardedNoID, outcomeBodyReplay}
+	outcomeUnsupported, outcomeStoreError, outcomeHandshake, outcomeForwardedNoID, outcomeBodyReplay, outcomeReadTimeout}
 
 func initMetrics(reg *prometheus.Registry) error {
 	const ns, sub = "caddy", "webhook_idempotency"

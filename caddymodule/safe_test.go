@@ -1,12 +1,18 @@
 package caddymodule
 
 import (
+	"bufio"
+	"bytes"
 	"encoding/json"
+	"fmt"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -132,4 +138,62 @@ func TestHostOnlySiteWarns(t *testing.T) {
 			require.Contains(t, logs, `"listen":[":18080"]`)
 		})
 	}
+}
+
+// A client trickling the body a byte every 100ms over a real socket is cut
+// off at read_timeout with 408, nothing is recorded or forwarded, and the
+// next request on a fresh connection is served normally.
+func TestReadTimeoutSlowBody(t *testing.T) {
+	t.Parallel()
+	secret := "whsec_" + randomHex(8)
+	scope := uniqueScope("slow")
+	g := newGateway(t, "webhook_idempotency {\n provider stripe\n secret "+secret+"\n scope "+scope+"\n read_timeout 500ms\n}")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = g.h.ServeHTTP(w, withReplacer(r), g.up)
+	}))
+	t.Cleanup(srv.Close)
+
+	body := stripeBody("evt_slow_1", "x")
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = fmt.Fprintf(conn, "POST /webhooks/stripe HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: %d\r\nStripe-Signature: %s\r\n\r\n",
+		len(body), stripeHeader(secret, body, g.clock.Unix()))
+	require.NoError(t, err)
+	start := time.Now()
+	answered := make(chan string, 1)
+	go func() {
+		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		line, _ := bufio.NewReader(conn).ReadString('\n')
+		answered <- line
+	}()
+	var status string
+trickle:
+	for i := 0; i < len(body)-1 && i < 50; i++ { // bounded: at most 5s of trickling
+		select {
+		case status = <-answered:
+			break trickle
+		case <-time.After(100 * time.Millisecond):
+			_, _ = conn.Write(body[i : i+1]) // fails once the gateway closed it
+		}
+	}
+	if status == "" {
+		status = <-answered
+	}
+	require.Contains(t, status, "408", "answer: %q", status)
+	require.Less(t, time.Since(start), 3*time.Second, "cut off at read_timeout, not at the end of the trickle")
+	require.Equal(t, 0, g.up.count())
+	require.Empty(t, g.rows())
+	require.Equal(t, 1.0, g.outcomes(outcomeReadTimeout))
+
+	// A delivery that arrives at once goes through.
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/webhooks/stripe", bytes.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Stripe-Signature", stripeHeader(secret, body, g.clock.Unix()))
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, 1, g.up.count())
 }
