@@ -177,6 +177,9 @@ The scope of a route is its scope setting, by default the provider name.
 					return errors.New("--scope and --id are required")
 				}
 				uri := adminPrefix + "events/" + url.PathEscape(scope) + "/" + url.PathEscape(id) + action
+				if method == http.MethodDelete {
+					uri += "?confirm=" + url.QueryEscape(id) // the admin API's guard (adminguard.go)
+				}
 				cmd.SilenceUsage = true
 				return adminCall(cmd.OutOrStdout(), admin, method, uri)
 			},
