@@ -197,3 +197,63 @@ trickle:
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Equal(t, 1, g.up.count())
 }
+
+// The queue and event commands call the admin API paths the admin modules
+// serve, and the destructive ones carry the confirmation the guard wants.
+func TestQueueAndForgetCommandsSendConfirmation(t *testing.T) {
+	var got []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = append(got, r.Method+" "+r.URL.RequestURI())
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{}`))
+	}))
+	t.Cleanup(srv.Close)
+	admin := srv.Listener.Addr().String()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"queue", "list"}, "GET /webhook_idempotency/queue/"},
+		{[]string{"queue", "list", "--scope", "stripe", "--state", "dead", "--limit", "5"}, "GET /webhook_idempotency/queue/stripe/events?limit=5&state=dead"},
+		{[]string{"queue", "get", "--scope", "stripe", "--id", "evt/1"}, "GET /webhook_idempotency/queue/stripe/events/evt%2F1"},
+		{[]string{"queue", "retry", "--scope", "stripe"}, "POST /webhook_idempotency/queue/stripe/retry"},
+		{[]string{"queue", "retry", "--scope", "stripe", "--id", "evt_1"}, "POST /webhook_idempotency/queue/stripe/events/evt_1/retry"},
+		{[]string{"queue", "purge", "--scope", "stripe", "--id", "evt/1"}, "DELETE /webhook_idempotency/queue/stripe/events/evt%2F1?confirm=evt%2F1"},
+		{[]string{"queue", "purge", "--scope", "stripe", "--state", "dead"}, "DELETE /webhook_idempotency/queue/stripe/events?confirm=dead&state=dead"},
+		{[]string{"event", "forget", "--scope", "stripe", "--id", "evt 1"}, "DELETE /webhook_idempotency/events/stripe/evt%201?confirm=evt+1"},
+	} {
+		got = nil
+		_, err := runCLI(t, append(tc.args, "--admin", admin)...)
+		require.NoError(t, err, tc.args)
+		require.Equal(t, []string{tc.want}, got, tc.args)
+	}
+	_, err := runCLI(t, "queue", "purge", "--scope", "stripe", "--admin", admin)
+	require.ErrorContains(t, err, "exactly one of --id and --state")
+
+	// The guard accepts what the CLI sends: the confirmation decoded is the ID.
+	for _, uri := range []string{"/webhook_idempotency/queue/stripe/events/evt%2F1?confirm=evt%2F1",
+		"/webhook_idempotency/events/stripe/evt%201?confirm=evt+1", "/webhook_idempotency/queue/stripe/events?confirm=dead&state=dead"} {
+		r := httptest.NewRequest(http.MethodDelete, uri, nil)
+		want, _ := confirmationFor(r)
+		require.NotEmpty(t, want, uri)
+		require.Equal(t, want, r.URL.Query().Get("confirm"), uri)
+	}
+}
+
+// log-filter prints, for each provider, every header that carries its
+// signature or token, in the form Caddy's logs print them.
+func TestLogFilterCommand(t *testing.T) {
+	out, err := runCLI(t, "log-filter", "--provider", "stripe,gitlab", "--provider", "standard", "--provider", "github")
+	require.NoError(t, err)
+	for _, h := range []string{"Stripe-Signature", "X-Gitlab-Token", "Webhook-Signature", "Svix-Signature", "X-Hub-Signature-256", "X-Hub-Signature"} {
+		require.Contains(t, out, "\t\t\t\trequest>headers>"+h+" delete\n")
+	}
+	require.True(t, strings.HasPrefix(out, "{\n\tlog default {\n\t\tformat filter {\n\t\t\twrap json\n"), out)
+	out, err = runCLI(t, "log-filter", "--provider", "hmac", "--header", "x-acme-signature", "--site", "--wrap", "console")
+	require.NoError(t, err)
+	require.Equal(t, "log {\n\tformat filter {\n\t\twrap console\n\t\tfields {\n\t\t\trequest>headers>X-Acme-Signature delete\n\t\t}\n\t}\n}\n", out)
+	_, err = runCLI(t, "log-filter", "--provider", "hmac")
+	require.ErrorContains(t, err, "--header")
+	_, err = runCLI(t, "log-filter", "--provider", "nosuch")
+	require.ErrorContains(t, err, "unknown provider")
+}
