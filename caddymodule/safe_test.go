@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -256,4 +257,33 @@ func TestLogFilterCommand(t *testing.T) {
 	require.ErrorContains(t, err, "--header")
 	_, err = runCLI(t, "log-filter", "--provider", "nosuch")
 	require.ErrorContains(t, err, "unknown provider")
+}
+
+// Every example ships the log filter for every provider it configures, and
+// none uses a site address with a host (a delivery with another Host would
+// get Caddy's empty 200).
+func TestExamplesShipLogFilterAndCatchAllSites(t *testing.T) {
+	files, err := filepath.Glob("../examples/*.Caddyfile")
+	require.NoError(t, err)
+	files = append(files, "../examples/Caddyfile")
+	providerLine := regexp.MustCompile(`(?m)^\s*provider\s+(\S+)`)
+	siteLine := regexp.MustCompile(`(?m)^([^\s#{][^{\n]*)\{[ \t]*$`)
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		var providers []string
+		for _, m := range providerLine.FindAllStringSubmatch(string(b), -1) {
+			providers = append(providers, m[1])
+		}
+		require.NotEmpty(t, providers, f)
+		headers, err := SecretHeaders(providers)
+		require.NoError(t, err, f)
+		for _, h := range headers {
+			require.Contains(t, string(b), "request>headers>"+h+" delete", "%s: log filter for %s", f, h)
+		}
+		for _, m := range siteLine.FindAllStringSubmatch(string(b), -1) {
+			addr := strings.TrimSpace(m[1])
+			require.True(t, strings.HasPrefix(addr, ":"), "%s: site address %q has a host", f, addr)
+		}
+	}
 }
