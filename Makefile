@@ -4,7 +4,7 @@ GO    ?= go
 BIN   := bin/caddy
 export STRIPE_WEBHOOK_SECRET ?= whsec_demo_not_a_real_secret
 
-.PHONY: run demo test test-short failover build accept fuzz soak bench bench-growth bench-memory bench-micro vet clean
+.PHONY: run demo test test-short failover build accept fuzz soak bench bench-growth bench-memory bench-micro vet lint xcaddy-check clean
 
 ## build: the custom Caddy binary (what xcaddy builds) into bin/caddy
 build:
@@ -62,6 +62,14 @@ fuzz:
 
 vet:
 	gofmt -l . | (! grep .) && $(GO) vet ./...
+
+## lint: golangci-lint with .golangci.yml (pinned, installed into bin/tools by scripts/tools.sh)
+lint:
+	@"$$(bash scripts/tools.sh golangci-lint)/golangci-lint" run ./...
+
+## xcaddy-check: xcaddy (pinned, from the Go module proxy) builds Caddy with this checkout; the modules are listed
+xcaddy-check:
+	@bash scripts/xcaddy-check.sh
 
 clean:
 	rm -rf bin

@@ -12,7 +12,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -506,7 +505,9 @@ func TestAsyncMaxConcurrencyAcrossInstances(t *testing.T) {
 func TestAsyncKilledDispatcher(t *testing.T) {
 	const events = 200
 	u := newLegacyUpstream(t)
-	u.delay.Store(int64(20 * time.Millisecond))
+	// Slow enough that the 200 events are queued long before they are
+	// delivered (8 at a time: 80/s), so the kill finds deliveries in flight.
+	u.delay.Store(int64(100 * time.Millisecond))
 	table := asyncTable(t)
 	scope := uniqueScope("kill")
 	extra := "lease 1s\nmax_concurrency 8\nretry_schedule 50ms"
@@ -515,7 +516,7 @@ func TestAsyncKilledDispatcher(t *testing.T) {
 		requireQueued(t, ga.send(asyncEvent{ID: fmt.Sprintf("evt_%03d", i)}))
 	}
 	waitFor(t, 30*time.Second, "deliveries under way", func() bool { return u.total.Load() >= 40 })
-	ga.h.async.qb.d.kill()
+	ga.h.async.qb.d.Kill()
 	killedAt := u.answeredEvents()
 	require.Less(t, killedAt, events, "killed mid-way")
 
@@ -608,7 +609,7 @@ func TestAsyncOrderKeyAcrossInstances(t *testing.T) {
 func queueAdminCall(t *testing.T, method, path string) (int, map[string]any) {
 	t.Helper()
 	rec := httptest.NewRecorder()
-	err := (&QueueAdmin{}).serve(rec, httptest.NewRequest(method, path, nil))
+	err := (&QueueAdmin{}).Routes()[0].Handler.ServeHTTP(rec, httptest.NewRequest(method, path, nil)) // through the guard
 	if err != nil {
 		apiErr, ok := err.(caddy.APIError)
 		require.True(t, ok, "admin error %v", err)
@@ -663,8 +664,7 @@ func TestAsyncDeadThenAdminRetry(t *testing.T) {
 		}
 		require.Equal(t, want, a["outcome"])
 	}
-	rt := g.h.async.reg.rt
-	rt.refreshStats()
+	g.h.async.reg.RefreshStats()
 	require.Equal(t, 2.0, gaugeValue(t, queueMetrics.dead.WithLabelValues(scope)))
 	require.Equal(t, 2.0, counterValue(t, queueMetrics.attempts.WithLabelValues(scope, queue.AttemptDead)))
 
@@ -690,10 +690,15 @@ func TestAsyncDeadThenAdminRetry(t *testing.T) {
 		return err == nil && ev.State == queue.StateDelivered
 	})
 
-	// Purge: the queue rows go, the claims stay (still duplicates).
+	// Purge: the queue rows go, the claims stay (still duplicates). Without
+	// the confirmation nothing is purged.
 	status, _ = queueAdminCall(t, http.MethodDelete, "/webhook_idempotency/queue/"+scope+"/events/evt%2F2")
+	require.Equal(t, http.StatusPreconditionRequired, status)
+	status, _ = queueAdminCall(t, http.MethodDelete, "/webhook_idempotency/queue/"+scope+"/events?state=delivered&confirm=dead")
+	require.Equal(t, http.StatusPreconditionRequired, status)
+	status, _ = queueAdminCall(t, http.MethodDelete, "/webhook_idempotency/queue/"+scope+"/events/evt%2F2?confirm=evt%2F2")
 	require.Equal(t, http.StatusOK, status)
-	status, out = queueAdminCall(t, http.MethodDelete, "/webhook_idempotency/queue/"+scope+"/events?state=delivered")
+	status, out = queueAdminCall(t, http.MethodDelete, "/webhook_idempotency/queue/"+scope+"/events?state=delivered&confirm=delivered")
 	require.Equal(t, http.StatusOK, status)
 	require.EqualValues(t, 1, out["purged"])
 	status, _ = queueAdminCall(t, http.MethodGet, "/webhook_idempotency/queue/"+scope+"/events/evt_dead")
@@ -718,7 +723,7 @@ func TestAsyncGracefulStop(t *testing.T) {
 	requireQueued(t, ga.send(asyncEvent{ID: "evt_1"}))
 	require.Equal(t, "evt_1", <-u.entered)
 
-	ga.h.async.qb.d.grace = 100 * time.Millisecond
+	ga.h.async.qb.d.SetGrace(100 * time.Millisecond)
 	ga.stop() // the last handler of the queue: its dispatcher stops
 
 	gb := newAsyncGateway(t, table, "b", asyncSnippet(scope, u, ""))
@@ -751,7 +756,6 @@ func TestAsyncReloadKeepsDispatcher(t *testing.T) {
 	g1 := newAsyncGateway(t, table, "a", asyncSnippet(scope, u1, ""))
 	g2 := newAsyncGateway(t, table, "a", asyncSnippet(scope, u2, ""))
 	require.Same(t, g1.h.async.qb, g2.h.async.qb, "one dispatcher per storage per process")
-	require.Same(t, g1.h.async.reg.rt, g2.h.async.reg.rt)
 	g1.stop()
 	requireQueued(t, g2.send(asyncEvent{ID: "evt_after_reload"}))
 	waitFor(t, 10*time.Second, "delivered to the new config's upstream", func() bool { return u2.answeredEvents() == 1 })
@@ -823,23 +827,6 @@ func TestAsyncConfig(t *testing.T) {
 	require.ErrorContains(t, provision(base+"mode async\ndeliver_to ftp://x\n}", pg), "deliver_to: want an absolute http or https URL")
 	require.ErrorContains(t, provision(base+"mode async\ndeliver_to http://127.0.0.1:9\nmax_age 100d\n}", pg), "max_age: must be positive and at most retention")
 	require.NoError(t, provision(base+"mode async\ndeliver_to http://127.0.0.1:9\n}", pg))
-
-	cfg := &routeConfig{target: mustURL(t, "http://127.0.0.1:9000"), schedule: []time.Duration{time.Second, time.Minute}}
-	require.Equal(t, "http://127.0.0.1:9000/hooks?a=1", cfg.urlFor("/hooks?a=1"))
-	cfg.target = mustURL(t, "https://legacy.example/stripe?k=v")
-	require.Equal(t, "https://legacy.example/stripe?k=v", cfg.urlFor("/hooks?a=1"))
-	for range 100 {
-		d := cfg.backoff(1)
-		require.True(t, d >= 800*time.Millisecond && d <= 1200*time.Millisecond, d)
-		d = cfg.backoff(7)
-		require.True(t, d >= 48*time.Second && d <= 72*time.Second, d)
-	}
-}
-
-func mustURL(t *testing.T, s string) *url.URL {
-	u, err := parseDeliverTo(s)
-	require.NoError(t, err)
-	return u
 }
 
 func gaugeValue(t *testing.T, g prometheus.Gauge) float64 {

@@ -24,9 +24,10 @@ import (
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
 
-// The field cases of ../shared/cases/CASES.md, one test each, with the
-// case's literal inputs and its kind of fault. NOW is the verifier's
-// injected clock (gateway.clock), so timestamp boundaries are exact.
+// The field cases BR-01…BR-19 (README "Edge cases" and "Tests"), one test
+// each, with the case's literal inputs and its kind of fault. NOW is the
+// verifier's injected clock (gateway.clock), so timestamp boundaries are
+// exact.
 
 // TestCase_BR01_BodyVerifiedAndForwardedByteForByte: the bytes verified are
 // the bytes that arrived (no re-serialisation, no newline changes, no

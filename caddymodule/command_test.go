@@ -3,7 +3,10 @@ package caddymodule
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
@@ -26,18 +29,28 @@ import (
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
 )
 
-// cliSigningSecret is a well-formed signing secret for provider: Standard
-// Webhooks' whsec_<base64>, Discord's private seed, else plain text.
+// cliSigningSecret is a well-formed signing secret for provider: whsec_<base64>
+// for every Standard Webhooks/Svix preset, Discord's private seed (hex),
+// Telnyx's seed:<base64>, SendGrid's PKCS#8 ECDSA key (base64), else plain text.
 func cliSigningSecret(t *testing.T, provider string) string {
 	t.Helper()
 	b := make([]byte, 32)
 	_, err := rand.Read(b)
 	require.NoError(t, err)
-	switch provider {
-	case "standard", "svix":
+	if p, ok := signature.Lookup(provider); ok && p.Secret == "whsec" { // standard, svix and the presets built on them
 		return "whsec_" + base64.StdEncoding.EncodeToString(b)
+	}
+	switch provider {
 	case "discord":
 		return hex.EncodeToString(b)
+	case "telnyx":
+		return "seed:" + base64.StdEncoding.EncodeToString(b)
+	case "sendgrid":
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		require.NoError(t, err)
+		der, err := x509.MarshalPKCS8PrivateKey(k)
+		require.NoError(t, err)
+		return base64.StdEncoding.EncodeToString(der)
 	}
 	return "cli_" + hex.EncodeToString(b)
 }

@@ -16,7 +16,7 @@ import (
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
 
-// The edge cases DESIGN.md decides ("Edge cases, decided"), one test each.
+// The edge cases the README decides (its "Edge cases" section), one test each.
 
 // TestEdge_ForwardDetachedFromProviderDisconnect: the provider hanging up
 // mid-forward cancels nothing; the forward runs on, bounded by
@@ -144,8 +144,8 @@ func TestEdge_DedupeBody(t *testing.T) {
 	t.Run("preset defaults", func(t *testing.T) {
 		t.Parallel()
 		for name, want := range map[string]bool{
-			"github": true, "shopify": true, "gitlab": true, "bitbucket": true, "linear": true, "hmac": true,
-			"stripe": false, "standard": false, "slack": false, "paddle": false, "square": false,
+			"github": true, "shopify": true, "gitlab": true, "bitbucket": true, "hmac": true,
+			"stripe": false, "standard": false, "slack": false, "paddle": false, "square": false, "linear": false,
 		} {
 			p, ok := signature.Lookup(name)
 			require.True(t, ok, name)

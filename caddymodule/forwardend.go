@@ -2,19 +2,13 @@ package caddymodule
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
-	"errors"
-	"io"
-	"net"
 	"net/http"
 	"net/http/httptrace"
-	"strings"
 	"sync/atomic"
-	"syscall"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/proxyerr"
 )
 
 // verdict is what a forward's end means for its claims.
@@ -59,7 +53,7 @@ type forwardEnd struct {
 //   - net/http's transport took a connection for the request but wrote no
 //     request header → release (nothing reached the upstream);
 //   - forward_timeout, or a panic before any status → ambiguous;
-//   - an error: proxyErrorAmbiguous decides;
+//   - an error: proxyerr.Ambiguous decides;
 //   - no status and no error → release.
 func (e forwardEnd) verdict() verdict {
 	switch {
@@ -71,7 +65,7 @@ func (e forwardEnd) verdict() verdict {
 		return verdictRelease
 	case e.timedOut, e.panicked:
 		return verdictAmbiguous
-	case e.err != nil && proxyErrorAmbiguous(e.err):
+	case e.err != nil && proxyerr.Ambiguous(e.err):
 		return verdictAmbiguous
 	}
 	return verdictRelease
@@ -108,65 +102,6 @@ func (e forwardEnd) describe() string {
 		return "the upstream connection failed after the request was written, before a status line"
 	}
 	return ""
-}
-
-// proxyErrorAmbiguous reports whether an error of the next handler
-// (normally reverse_proxy: a caddyhttp.HandlerError around the error of
-// net/http's transport) leaves it unknown whether the upstream received the
-// request. It is the one place proxy errors are classified; the README's
-// "Guarantees" table documents it.
-//
-// Not ambiguous (the request never reached the upstream, release):
-// reverse_proxy's DialError, a *net.OpError whose Op is "dial", a
-// *net.DNSError, ECONNREFUSED, a TLS handshake failure (certificate
-// verification, alerts, "TLS handshake timeout", a non-TLS server), and
-// "no upstreams available".
-//
-// Ambiguous (the request may have been written): everything else, among it
-// a connection reset (ECONNRESET, EPIPE), io.EOF or io.ErrUnexpectedEOF
-// before the status line ("server closed idle connection", "transport
-// connection broken"), "timeout awaiting response headers", and
-// context.DeadlineExceeded. net/http does not tell callers whether a failed
-// request was written, so an error it does not name as a connect failure
-// counts as ambiguous: holding by mistake costs an operator's decision,
-// releasing by mistake may run the upstream twice.
-func proxyErrorAmbiguous(err error) bool {
-	if err == nil {
-		return false
-	}
-	var (
-		dialErr  reverseproxy.DialError
-		opErr    *net.OpError
-		dnsErr   *net.DNSError
-		certErr  *tls.CertificateVerificationError
-		alertErr tls.AlertError
-		recErr   tls.RecordHeaderError
-		authErr  x509.UnknownAuthorityError
-		hostErr  x509.HostnameError
-		invErr   x509.CertificateInvalidError
-	)
-	switch {
-	case errors.As(err, &dialErr),
-		errors.As(err, &opErr) && opErr.Op == "dial",
-		errors.As(err, &dnsErr),
-		errors.Is(err, syscall.ECONNREFUSED),
-		errors.As(err, &certErr), errors.As(err, &alertErr), errors.As(err, &recErr),
-		errors.As(err, &authErr), errors.As(err, &hostErr), errors.As(err, &invErr):
-		return false
-	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
-		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
-		errors.Is(err, context.DeadlineExceeded):
-		return true
-	}
-	// Errors net/http and reverse_proxy return as unexported values, known
-	// by their text only.
-	msg := err.Error()
-	for _, s := range []string{"TLS handshake timeout", "no upstreams available"} {
-		if strings.Contains(msg, s) {
-			return false
-		}
-	}
-	return true
 }
 
 // wireTrace records, through net/http's httptrace (which reverse_proxy's

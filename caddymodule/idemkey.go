@@ -300,7 +300,7 @@ func (h *Handler) serveIdempotencyKey(w http.ResponseWriter, r *http.Request, ne
 			bufPool.Put(buf)
 		}
 	}()
-	raw, _, status, reason := h.readBody(r, buf)
+	raw, _, status, reason := h.readBody(w, r, buf)
 	if status != 0 {
 		d.outcome, d.reason = outcomeFor(status), reason
 		respondProblem(w, status, http.StatusText(status), reason, 0)

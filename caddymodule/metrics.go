@@ -9,8 +9,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/caddyserver/caddy/v2"
-
-	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue"
 )
 
 // Metrics, exposed on Caddy's own registry (its /metrics endpoint, next to
@@ -53,12 +51,13 @@ const (
 	outcomeForwardedNoID    = "forwarded"     // on_missing_id forward: forwarded without deduplication
 	outcomeBodyReplay       = "body_replayed" // dedupe_body: same body under another event ID, 200 at the edge
 	outcomeQueued           = "queued"        // async: stored for delivery, 200 at once
+	outcomeReadTimeout      = "read_timeout"  // the body did not arrive within read_timeout: 408
 )
 
 var allOutcomes = []string{outcomeCompleted, outcomeReleased, outcomeAmbiguous, outcomeDuplicate,
 	outcomeInFlight, outcomeHeld, outcomeInvalidSignature, outcomeBadRequest, outcomeTooLarge,
 	outcomeUnsupported, outcomeStoreError, outcomeHandshake, outcomeForwardedNoID, outcomeBodyReplay,
-	outcomeQueued}
+	outcomeQueued, outcomeReadTimeout}
 
 // storeTimes are the store_duration_seconds series, one per operation,
 // resolved once so no store call does a label lookup.
@@ -184,23 +183,4 @@ func initQueueMetrics(reg *prometheus.Registry) error {
 			"Dead events (out of attempts or max_age) waiting for an operator, across all instances.", "scope")
 	})
 	return register(reg, queueMetrics.depth, queueMetrics.oldest, queueMetrics.attempts, queueMetrics.dead)
-}
-
-// Attempt outcomes of queue_attempts_total besides the queue's own.
-const (
-	attemptLeaseLost    = "lease_lost"    // the lease was lost before settling
-	attemptSettleFailed = "settle_failed" // the store failed the settle
-)
-
-// queueAttempts resolves the queue_attempts_total series of a scope, one
-// per outcome, so no delivery does a label lookup. The queue gauges are
-// set every statsInterval and deleted when a route stops, so they are
-// looked up when set.
-func queueAttempts(scope string) map[string]prometheus.Counter {
-	m := map[string]prometheus.Counter{}
-	for _, o := range []string{queue.AttemptDelivered, queue.AttemptRetry, queue.AttemptDead, queue.AttemptLost,
-		queue.AttemptReleased, attemptLeaseLost, attemptSettleFailed} {
-		m[o] = queueMetrics.attempts.WithLabelValues(scope, o)
-	}
-	return m
 }

@@ -191,6 +191,7 @@ func TestReplayTwiML(t *testing.T) {
 	for _, cacheLine := range []string{"", "cache 0"} {
 		routes, logPath := startRoutes(t, up, func(backend string) string {
 			return `provider twilio
+			scope twilio_` + backend + ` # routes on two storages need two scopes
 			secret ` + secret + `
 			url "http://localhost:9080/` + backend + `/sms"
 			` + cacheLine
@@ -217,7 +218,7 @@ func TestReplayTwiML(t *testing.T) {
 				require.Equal(t, 1, up.count(token))
 
 				// The admin API shows the size and hash, not the content.
-				ev, raw := adminEvent(t, "twilio", token)
+				ev, raw := adminEvent(t, "twilio_"+backend, token)
 				require.Equal(t, "completed", ev.State)
 				require.NotNil(t, ev.Response)
 				require.Equal(t, ResponseJSON{BodyStored: true, Size: int64(len(twiml)), SHA256: sha256Hex([]byte(twiml))}, *ev.Response)
@@ -236,8 +237,8 @@ func TestReplayTwiML(t *testing.T) {
 func TestReplayLargeAnswerHeadersOnly(t *testing.T) {
 	const secret = "whsec_replay_big"
 	up := newAnsweringUpstream(t)
-	routes, logPath := startRoutes(t, up, func(string) string {
-		return "provider stripe\n\t\t\tsecret " + secret + "\n\t\t\treplay response"
+	routes, logPath := startRoutes(t, up, func(backend string) string {
+		return "provider stripe\n\t\t\tscope stripe_" + backend + "\n\t\t\tsecret " + secret + "\n\t\t\treplay response"
 	})
 	for _, backend := range []string{"postgres", "sqlite"} {
 		t.Run(backend, func(t *testing.T) {
@@ -258,7 +259,7 @@ func TestReplayLargeAnswerHeadersOnly(t *testing.T) {
 			require.Empty(t, dup.body)
 			require.Equal(t, 1, up.count(id))
 
-			ev, raw := adminEvent(t, "stripe", id)
+			ev, raw := adminEvent(t, "stripe_"+backend, id)
 			require.NotNil(t, ev.Response)
 			require.Equal(t, ResponseJSON{BodyStored: false, Size: int64(len(bigBody)), SHA256: sha256Hex(bigBody)}, *ev.Response)
 			require.NotContains(t, raw, "BIGANSWER")
@@ -324,8 +325,9 @@ func requireProblem(t *testing.T, f full, status int, title string) {
 // TestIdempotencyKeyMode is the Idempotency-Key table, on both stores.
 func TestIdempotencyKeyMode(t *testing.T) {
 	up := newAnsweringUpstream(t)
-	routes, logPath := startRoutes(t, up, func(string) string {
+	routes, logPath := startRoutes(t, up, func(backend string) string {
 		return `provider idempotency_key
+			scope api_` + backend + `
 			idempotency_key {
 				client header Authorization
 			}

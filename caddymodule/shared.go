@@ -9,6 +9,9 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/cache"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/dispatch"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue"
+	pgqueue "github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue/postgres"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store/postgres"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store/sqlite"
@@ -87,4 +90,62 @@ func openBackend(c Storage, cacheEntries int) (*backend, bool, error) {
 		return nil, false, errors.New("storage pool holds an unexpected value")
 	}
 	return b, loaded, nil
+}
+
+// queues holds the queue of async mode and its dispatcher, one per storage
+// (DSN and table) per process, next to the store's backends: every async
+// handler of that storage registers its route (scope) with the dispatcher,
+// config reloads hand a route over to the new config without stopping it,
+// and when the last handler is cleaned up the dispatcher stops gracefully.
+// Every instance runs one; they share the work through the database.
+var queues = caddy.NewUsagePool()
+
+// queueBackend is the pooled value: the queue of one storage and its
+// dispatcher.
+type queueBackend struct {
+	q queue.Queue
+	d *dispatch.Dispatcher
+}
+
+// Destruct implements caddy.Destructor: the last handler using the queue is
+// gone. Deliveries in flight get the dispatcher's grace period to finish.
+func (qb *queueBackend) Destruct() error {
+	qb.d.Stop()
+	return nil
+}
+
+// openQueue returns the pooled queue of a store backend, creating its
+// tables (named after the store's table) on first use. key is the store backend's pool key: the queue uses
+// the store's connection pool, and a handler releases the queue before the
+// store, so the pool outlives the dispatcher.
+func openQueue(key string, b *backend) (*queueBackend, error) {
+	val, _, err := queues.LoadOrNew(key, func() (caddy.Destructor, error) {
+		ps, ok := b.Store.(*postgres.Store)
+		if !ok {
+			return nil, errors.New("the store is not the PostgreSQL store")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		q, err := pgqueue.New(ctx, ps, pgqueue.Options{})
+		if err != nil {
+			return nil, err
+		}
+		d := dispatch.New(q, dispatch.Options{
+			Logger: caddy.Log().Named("http.handlers.webhook_idempotency.dispatcher"),
+			Metrics: dispatch.Metrics{Depth: queueMetrics.depth, Oldest: queueMetrics.oldest,
+				Attempts: queueMetrics.attempts, Dead: queueMetrics.dead, Store: metrics.store},
+			SweepInterval: retentionInterval,
+			SweepBatch:    retentionBatch,
+			StoreTimeout:  storeTimeout,
+		})
+		return &queueBackend{q: q, d: d}, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	qb, ok := val.(*queueBackend)
+	if !ok {
+		return nil, errors.New("queue pool holds an unexpected value")
+	}
+	return qb, nil
 }

@@ -20,8 +20,14 @@ if [ -n "$unformatted" ]; then
 fi
 go vet ./...
 
+echo "== golangci-lint (.golangci.yml; pinned, installed into bin/tools by scripts/tools.sh)"
+"$(bash scripts/tools.sh golangci-lint)/golangci-lint" run ./...
+
 echo "== go build ./xcaddy"
 go build -o bin/caddy ./xcaddy
+
+echo "== xcaddy build --with <this checkout> (the README's Building section; scripts/xcaddy-check.sh)"
+bash scripts/xcaddy-check.sh
 
 echo "== go test -race ./... (PostgreSQL: ${TEST_DATABASE_URL%%\?*})"
 go test -race -count=1 -timeout 20m ./...

@@ -1,7 +1,7 @@
 // Command caddy is Caddy with the standard modules and webhook_idempotency:
 // the binary `xcaddy build --with github.com/webhook-idempotency/caddy-webhook-idempotency=.`
-// produces, kept in the repository so `go build -o caddy ./xcaddy` needs no
-// extra tool.
+// produces (xcaddy blank-imports the module's root package, as here), kept in
+// the repository so `go build -o caddy ./xcaddy` needs no extra tool.
 package main
 
 import (
@@ -10,7 +10,7 @@ import (
 	// plug in Caddy modules here
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
-	_ "github.com/webhook-idempotency/caddy-webhook-idempotency/caddymodule"
+	_ "github.com/webhook-idempotency/caddy-webhook-idempotency"
 )
 
 func main() {

@@ -70,7 +70,7 @@ func lookupJSON(body []byte, names []string) (gjson.Result, error) {
 		return gjson.Result{}, nil
 	}
 	// gjson.GetBytes converts the same way; no copy of the body.
-	cur := gjson.Parse(unsafe.String(unsafe.SliceData(body), len(body)))
+	cur := gjson.Parse(unsafe.String(unsafe.SliceData(body), len(body))) //nolint:gosec // audited: body is not written while the result is used; callers copy what they keep
 	for depth, name := range names {
 		switch {
 		case cur.IsObject():

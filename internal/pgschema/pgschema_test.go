@@ -23,8 +23,8 @@ func TestMapError(t *testing.T) {
 	err := MapError(fmt.Errorf("exec: %w", pgErr), notFound)
 	require.EqualError(t, err, "postgres: relation does not exist (SQLSTATE 42P01)")
 	var target *pgconn.PgError
-	require.False(t, errors.As(err, &target), "driver types do not escape")
-	require.False(t, errors.Is(MapError(pgx.ErrNoRows, nil), pgx.ErrNoRows))
+	require.NotErrorAs(t, err, &target, "driver types do not escape")
+	require.NotErrorIs(t, MapError(pgx.ErrNoRows, nil), pgx.ErrNoRows)
 }
 
 func TestLockID(t *testing.T) {

@@ -5,11 +5,16 @@ package signature
 // documentation; no conformance vectors yet. Where the default event ID is
 // an unsigned header, or there is none, DedupeBody is on.
 func init() {
+	// WooCommerce has no event ID: X-WC-Webhook-Delivery-ID is a hash of
+	// the webhook ID and the send time (WC_Webhook::get_new_delivery_id), a
+	// new value on every delivery, so it cannot be the default. Configure
+	// one, e.g. `event_id header X-WC-Webhook-ID json id json
+	// date_modified_gmt` (the resource at one modification); dedupe_body
+	// stays on.
 	register(Preset{
 		Name:            "woocommerce",
 		Doc:             "https://developer.woocommerce.com/docs/apis/rest-api/v2/webhooks/",
 		SignatureHeader: "X-WC-Webhook-Signature: <base64>",
-		EventID:         ids(headerID("X-WC-Webhook-Delivery-ID")),
 		DedupeBody:      true,
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "X-WC-Webhook-Signature"}},
@@ -48,6 +53,7 @@ func init() {
 		Name:            "coinbase",
 		Doc:             "https://docs.cdp.coinbase.com/commerce/api-arcitecture/webhooks-security",
 		SignatureHeader: "X-CC-Webhook-Signature: <hex>",
+		Oracle:          "coinbase-commerce-node",
 		EventID:         ids(jsonID("event.id")),
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "X-CC-Webhook-Signature"}},

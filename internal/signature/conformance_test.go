@@ -17,9 +17,9 @@ import (
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
 )
 
-// vector is one case of shared/conformance/signatures.json: a signed
-// delivery and the verdict of the provider's official library (or of
-// DESIGN.md where it is stricter).
+// vector is one case of the conformance vectors (testdata/signatures.json,
+// README "Tests"): a signed delivery and the verdict of the provider's
+// official library (or of the README's "Edge cases" where it is stricter).
 type vector struct {
 	ID               string              `json:"id"`
 	Provider         string              `json:"provider"`
@@ -173,6 +173,8 @@ var sentinels = []error{
 	signature.ErrMalformedHeader,
 	signature.ErrNoMatchingSignature,
 	signature.ErrTimestampOutOfTolerance,
+	signature.ErrBodyNotJSON,
+	signature.ErrBodyNotForm,
 }
 
 // requireOneSentinel checks err wraps exactly one of the package's reasons.

@@ -35,6 +35,11 @@ func init() {
 		// check it with deliberately bad ones, removing the endpoint's URL
 		// when it answers anything else.
 		RefuseStatus: http.StatusUnauthorized,
+		Oracle:       "discord-interactions",
+		Challenges: []Challenge{{
+			Name: "PING", Method: http.MethodPost, BodyField: "type", BodyValue: "1",
+			Auth: AuthSignature, Answer: AnswerFixed, Body: `{"type":1}`,
+		}},
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "X-Signature-Ed25519", Timestamp: "X-Signature-Timestamp"}},
 			Signed:    "{timestamp}{body}",
@@ -124,8 +129,12 @@ func (d *discord) sign(body []byte, h http.Header, ts time.Time) error {
 // PublicSecret returns the secret a gateway verifies with when signingSecret
 // is what Sign signs with. For HMAC and token schemes they are the same; for
 // discord (Ed25519) signingSecret is the private seed in hex and the result
-// is the matching public key in hex.
+// is the matching public key in hex; for sendgrid (ECDSA) and telnyx
+// (Ed25519) see pubkey.go.
 func PublicSecret(provider, signingSecret string) (string, error) {
+	if pub, ok, err := publicKeySecret(provider, signingSecret); ok {
+		return pub, err
+	}
 	if provider != "discord" {
 		return signingSecret, nil
 	}

@@ -33,6 +33,7 @@ type engine struct {
 	keys      [][]byte
 	tolerance time.Duration // 0: the scheme has no timestamp
 	unit      time.Duration
+	layout    string // Scheme.TimestampLayout: "" for Unix digits
 	url       string
 	jsonBody  bool
 	now       func() time.Time
@@ -92,6 +93,7 @@ func newEngine(p Preset, s Scheme, o Options) (*engine, error) {
 		codec:     c,
 		keys:      keys,
 		unit:      s.TimestampUnit,
+		layout:    s.TimestampLayout,
 		url:       o.URL,
 		jsonBody:  s.JSONBody,
 		now:       o.Now,
@@ -148,7 +150,11 @@ func (e *engine) Verify(body []byte, h http.Header) error {
 		}
 	}
 	if e.tolerance > 0 {
-		if err := checkTimestamp(ts, e.unit, e.tolerance, e.now()); err != nil {
+		check := checkTimestamp
+		if e.layout != "" {
+			check = layoutChecker(e.layout)
+		}
+		if err := check(ts, e.unit, e.tolerance, e.now()); err != nil {
 			return err
 		}
 	}
@@ -163,7 +169,7 @@ func (e *engine) Verify(body []byte, h http.Header) error {
 			hs.Signature, len(sigs), len(e.keys), ErrNoMatchingSignature)
 	}
 	if e.jsonBody && !isJSONObject(body) {
-		return fmt.Errorf("signed body is not a JSON object, which %s never sends: %w", e.name, ErrNoMatchingSignature)
+		return fmt.Errorf("signed body is not a JSON object, which %s never sends: %w", e.name, ErrBodyNotJSON)
 	}
 	return nil
 }
@@ -313,6 +319,9 @@ func (e *engine) sign(body []byte, h http.Header, ts time.Time) error {
 		tsText = strconv.FormatInt(ts.Unix(), 10)
 		if e.unit == time.Millisecond {
 			tsText = strconv.FormatInt(ts.UnixMilli(), 10)
+		}
+		if e.layout != "" {
+			tsText = ts.UTC().Format(e.layout)
 		}
 	}
 	var id string

@@ -3,7 +3,9 @@ package signature
 // Code forges other than GitHub and GitLab: an HMAC-SHA256 of the body in
 // one header, no timestamp, delivery IDs in unsigned headers (hence
 // DedupeBody). Checked against the providers' documentation; no conformance
-// vectors yet.
+// vectors yet. Gitea and Forgejo webhooks whose content type is "form" send
+// payload=<json> but sign the JSON: the payload field is verified
+// (FormPayload).
 func init() {
 	register(Preset{
 		Name:            "bitbucket",
@@ -25,6 +27,8 @@ func init() {
 		SignatureHeader: "X-Gitea-Signature: <hex>",
 		EventID:         ids(headerID("X-Gitea-Delivery")),
 		DedupeBody:      true,
+		build:           withFormPayload,
+		overridable:     true,
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "X-Gitea-Signature"}},
 			Signed:    "{body}",
@@ -38,6 +42,8 @@ func init() {
 		SignatureHeader: "X-Forgejo-Signature: <hex>",
 		EventID:         ids(headerID("X-Forgejo-Delivery")),
 		DedupeBody:      true,
+		build:           withFormPayload,
+		overridable:     true,
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "X-Forgejo-Signature"}},
 			Signed:    "{body}",

@@ -14,6 +14,8 @@ func init() {
 		SignatureHeader: "X-Hub-Signature-256: sha256=<hex> (X-Hub-Signature: sha1=<hex> with allow_sha1)",
 		EventID:         ids(headerID("X-GitHub-Delivery")),
 		DedupeBody:      true,
+		Oracle:          "@octokit/webhooks-methods",
+		IDStability:     StabilityStable, // a redelivery keeps the delivery GUID
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "X-Hub-Signature-256"}},
 			Format:    Format{Prefix: "sha256="},

@@ -23,6 +23,7 @@ func init() {
 		SignatureHeader: "X-Gitlab-Token: <secret token>",
 		EventID:         ids(headerID("Idempotency-Key"), headerID("X-Gitlab-Event-UUID")),
 		DedupeBody:      true,
+		IDStability:     StabilityStable, // Idempotency-Key: consistent across retries
 		Scheme: Scheme{
 			Headers: []HeaderSet{{Signature: "X-Gitlab-Token"}},
 			Signed:  "none: the secret token is sent as is",

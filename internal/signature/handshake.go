@@ -1,38 +1,394 @@
 package signature
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
 	"strings"
-	"unsafe"
 
 	"github.com/tidwall/gjson"
 )
 
-// topMember returns the one member of body's top-level JSON object named
-// name. A second member of that name (after unescaping, or ignoring case,
-// as encoding/json matches struct fields) makes ok false: parsers disagree
-// on which one counts (gjson reads the first, encoding/json, Python and
-// JavaScript the last), so a handshake test on such a body would let the
-// gateway pass a delivery on unclaimed as a handshake while the upstream
-// reads it as an event. eventid applies the same rule to event-ID paths.
-func topMember(body []byte, name string) (v gjson.Result, ok bool) {
-	if !isJSONObject(body) {
-		return gjson.Result{}, false
-	}
-	n := 0
-	// No copy of the body (as gjson.GetBytes); nothing read is kept.
-	gjson.Parse(unsafe.String(unsafe.SliceData(body), len(body))).ForEach(func(k, val gjson.Result) bool {
-		if strings.EqualFold(k.Str, name) {
-			n++
-			v = val
-		}
-		return n < 2
-	})
-	return v, n == 1 && v.Exists()
+// Stability says whether a preset's default event ID stays the same when the
+// provider retries one event, per the provider's documentation.
+type Stability string
+
+// Values of Preset.IDStability.
+const (
+	// StabilityStable: documented to be the same on every retry of an event.
+	StabilityStable Stability = "stable"
+	// StabilityPerDelivery: a new value on every attempt; it cannot
+	// deduplicate retries on its own, so such a preset has no default.
+	StabilityPerDelivery Stability = "per delivery"
+	// StabilityUndocumented: the ID names the event, but the provider does
+	// not say what its retries carry.
+	StabilityUndocumented Stability = "undocumented"
+	// StabilityNone: the preset has no default event ID; configure one.
+	StabilityNone Stability = "none"
+)
+
+// ChallengeAuth is how a handshake request is authenticated before it is
+// answered.
+type ChallengeAuth string
+
+// Values of Challenge.Auth.
+const (
+	// AuthNone: anyone may trigger the answer. Only used where the answer
+	// reveals nothing but what the request itself carries.
+	AuthNone ChallengeAuth = "none"
+	// AuthSignature: the handshake is signed like a delivery; verify it with
+	// the preset's Verifier first.
+	AuthSignature ChallengeAuth = "signature"
+	// AuthVerifyToken: query parameter Challenge.TokenQuery must equal the
+	// route's configured verify token (HandshakeAnswer.CheckToken), as Meta
+	// and Strava document. The verify token is not the signing secret.
+	AuthVerifyToken ChallengeAuth = "verify_token"
+)
+
+// AnswerKind is how a recognised handshake is answered.
+type AnswerKind string
+
+// Values of Challenge.Answer. "The value" is what Challenge.Echo names.
+const (
+	// AnswerText: 200 text/plain; charset=utf-8, the body is the value.
+	AnswerText AnswerKind = "text"
+	// AnswerJSON: 200 application/json, {"<JSONKey>": "<value>"}.
+	AnswerJSON AnswerKind = "json"
+	// AnswerHeader: 200, empty body, response header EchoHeader = the value.
+	AnswerHeader AnswerKind = "header"
+	// AnswerEmpty: 200 with an empty body.
+	AnswerEmpty AnswerKind = "empty"
+	// AnswerFixed: 200 application/json with Challenge.Body as is.
+	AnswerFixed AnswerKind = "fixed"
+	// AnswerZoom: 200 application/json {"plainToken": v, "encryptedToken":
+	// hex HMAC-SHA256(secret, v)}, Zoom's endpoint.url_validation answer.
+	AnswerZoom AnswerKind = "zoom"
+	// AnswerForward: no answer at the edge; forward upstream without a
+	// claim (the handshake is the legacy handler's to answer).
+	AnswerForward AnswerKind = "forward"
+)
+
+// Challenge describes one endpoint handshake (or heartbeat) of a provider as
+// data: how to recognise it, how to authenticate it and how to answer it.
+// Handshakes are never claimed nor deduplicated.
+//
+// Recognition: every non-empty condition must hold. Values are compared
+// exactly (header and query names case as HTTP defines them).
+type Challenge struct {
+	// Name is a short label for logs and the provider table, e.g.
+	// "hub.challenge" or "heartbeat".
+	Name string
+	// Method is the request method, e.g. GET; "" matches any method.
+	Method string
+	// Query is a query parameter that must be present and non-empty;
+	// with QueryValue it must equal it.
+	Query, QueryValue string
+	// Header is a request header that must be present and non-empty; with
+	// HeaderValue it must equal it.
+	Header, HeaderValue string
+	// BodyField is a gjson path that must exist in a JSON body; with
+	// BodyValue its string form must equal it (numbers as written, e.g.
+	// "1"; "events.#" with "0" matches an empty events array).
+	BodyField, BodyValue string
+
+	// Auth is how the handshake is authenticated.
+	Auth ChallengeAuth
+	// TokenQuery is the query parameter carrying the verify token
+	// (AuthVerifyToken only).
+	TokenQuery string
+
+	// Answer is how it is answered.
+	Answer AnswerKind
+	// Echo names the echoed value: "query <name>", "header <name>" or
+	// "json <gjson path>". Required by text, json, header and zoom.
+	Echo string
+	// JSONKey is the member of an AnswerJSON answer: "challenge",
+	// "verification".
+	JSONKey string
+	// EchoHeader is the response header of an AnswerHeader answer.
+	EchoHeader string
+	// Body is the answer of AnswerFixed.
+	Body string
+	// NoSniff adds X-Content-Type-Options: nosniff (Dropbox requires it).
+	NoSniff bool
+	// LearnSecret names a value ("header <name>" or "json <path>") that
+	// becomes the route's signing secret (Asana's X-Hook-Secret). The route
+	// stores it durably; a stored secret is replaced only by a handshake the
+	// provider authenticates (Auth != AuthNone), never by an unauthenticated
+	// one, so a forged handshake cannot take the route over.
+	LearnSecret string
 }
 
-// memberIs reports whether body's top-level member name is given once and
-// is the JSON string want.
-func memberIs(body []byte, name, want string) bool {
-	v, ok := topMember(body, name)
-	return ok && v.Type == gjson.String && v.Str == want
+// HandshakeAnswer is what the edge sends back for a recognised handshake,
+// plus what the caller must check or store before sending it.
+type HandshakeAnswer struct {
+	// Challenge is the handshake that matched; its Auth says what to check
+	// before answering.
+	Challenge Challenge
+	// Forward: do not answer; forward upstream without a claim.
+	Forward bool
+	// Status, Header and Body are the answer (Status 200).
+	Status int
+	Header http.Header
+	Body   []byte
+	// Token is the presented verify token (AuthVerifyToken).
+	Token string
+	// Secret is the value LearnSecret names, to store as the route's
+	// secret; "" when the handshake teaches none.
+	Secret string
+}
+
+// CheckToken reports whether the presented verify token equals one of the
+// configured ones, in constant time over SHA-256 digests.
+func (a HandshakeAnswer) CheckToken(tokens []string) bool {
+	if a.Token == "" {
+		return false
+	}
+	got := sha256.Sum256([]byte(a.Token))
+	ok := false
+	for _, t := range tokens {
+		want := sha256.Sum256([]byte(t))
+		if t != "" && hmac.Equal(got[:], want[:]) {
+			ok = true
+		}
+	}
+	return ok
+}
+
+// MatchHandshake reports whether r (with its already read body) is one of
+// the preset's handshakes and, if so, builds the answer. It is a pure
+// function of its inputs: it neither verifies nor stores anything. The
+// caller then authenticates per answer.Challenge.Auth (verify the
+// signature, or CheckToken), stores answer.Secret if any, and writes the
+// answer (Respond) or forwards when answer.Forward. secret is the route's
+// first signing secret, used only by AnswerZoom. Handshakes are tried in
+// order; the first that matches wins.
+func (p Preset) MatchHandshake(r *http.Request, body []byte, secret string) (HandshakeAnswer, bool) {
+	for _, c := range p.Challenges {
+		if c.matches(r, body) {
+			a, err := c.answer(r, body, secret)
+			if err != nil {
+				continue // nothing to echo or learn: not this handshake
+			}
+			return a, true
+		}
+	}
+	return HandshakeAnswer{}, false
+}
+
+// Respond writes the answer to w. It must not be called when Forward is set.
+func (a HandshakeAnswer) Respond(w http.ResponseWriter) {
+	for k, vs := range a.Header {
+		w.Header()[k] = vs
+	}
+	w.WriteHeader(a.Status)
+	if len(a.Body) > 0 {
+		_, _ = w.Write(a.Body)
+	}
+}
+
+func (c *Challenge) matches(r *http.Request, body []byte) bool {
+	if c.Method != "" && r.Method != c.Method {
+		return false
+	}
+	if c.Query != "" {
+		v := r.URL.Query().Get(c.Query)
+		if v == "" || (c.QueryValue != "" && v != c.QueryValue) {
+			return false
+		}
+	}
+	return c.matchesSigned(body, r.Header)
+}
+
+// matchesSigned checks the header and body conditions only.
+func (c *Challenge) matchesSigned(body []byte, h http.Header) bool {
+	if c.Header != "" {
+		v := strings.TrimSpace(h.Get(c.Header))
+		if v == "" || (c.HeaderValue != "" && v != c.HeaderValue) {
+			return false
+		}
+	}
+	if c.BodyField != "" {
+		if !isJSONObject(body) {
+			return false
+		}
+		res := gjson.GetBytes(body, c.BodyField)
+		if !res.Exists() || (c.BodyValue != "" && res.String() != c.BodyValue) {
+			return false
+		}
+	}
+	return true
+}
+
+// signedHandshake reports, for Preset.Handshake (which sees only the
+// verified body and headers), whether a POST delivery is one of the
+// signature-authenticated handshakes in cs.
+func signedHandshake(cs []Challenge) func(body []byte, h http.Header) bool {
+	return func(body []byte, h http.Header) bool {
+		for i := range cs {
+			c := &cs[i]
+			if c.Auth == AuthSignature && c.Query == "" && (c.Method == "" || c.Method == http.MethodPost) &&
+				c.matchesSigned(body, h) {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// lookup reads the value a "query|header|json <name>" reference names.
+func lookup(ref string, r *http.Request, body []byte) string {
+	kind, name, _ := strings.Cut(ref, " ")
+	switch kind {
+	case "query":
+		return r.URL.Query().Get(name)
+	case "header":
+		return strings.TrimSpace(r.Header.Get(name))
+	case "json":
+		if res := gjson.GetBytes(body, name); res.Type == gjson.String {
+			return res.Str
+		}
+	}
+	return ""
+}
+
+func (c *Challenge) answer(r *http.Request, body []byte, secret string) (HandshakeAnswer, error) {
+	a := HandshakeAnswer{Challenge: *c, Status: http.StatusOK, Header: http.Header{}}
+	if c.Auth == AuthVerifyToken {
+		a.Token = r.URL.Query().Get(c.TokenQuery)
+	}
+	if c.LearnSecret != "" {
+		if a.Secret = lookup(c.LearnSecret, r, body); a.Secret == "" {
+			return HandshakeAnswer{}, errors.New("no secret to learn")
+		}
+	}
+	var v string
+	if c.Echo != "" {
+		if v = lookup(c.Echo, r, body); v == "" {
+			return HandshakeAnswer{}, errors.New("nothing to echo")
+		}
+	}
+	if c.NoSniff {
+		a.Header.Set("X-Content-Type-Options", "nosniff")
+	}
+	switch c.Answer {
+	case AnswerText:
+		a.Header.Set("Content-Type", "text/plain; charset=utf-8")
+		a.Body = []byte(v)
+	case AnswerJSON:
+		a.Header.Set("Content-Type", "application/json")
+		a.Body, _ = json.Marshal(map[string]string{c.JSONKey: v})
+	case AnswerHeader:
+		a.Header.Set(c.EchoHeader, v)
+	case AnswerEmpty:
+	case AnswerFixed:
+		a.Header.Set("Content-Type", "application/json")
+		a.Body = []byte(c.Body)
+	case AnswerZoom:
+		m := hmac.New(sha256.New, []byte(secret))
+		m.Write([]byte(v))
+		a.Header.Set("Content-Type", "application/json")
+		a.Body, _ = json.Marshal(map[string]string{"plainToken": v, "encryptedToken": hex.EncodeToString(m.Sum(nil))})
+	case AnswerForward:
+		a.Forward, a.Status, a.Header = true, 0, nil
+	}
+	return a, nil
+}
+
+// validate checks that the description can be run.
+func (c *Challenge) validate() error {
+	if c.Name == "" {
+		return errors.New("no name")
+	}
+	if c.Method == "" && c.Query == "" && c.Header == "" && c.BodyField == "" {
+		return errors.New("no recognition condition")
+	}
+	switch c.Auth {
+	case AuthNone, AuthSignature:
+	case AuthVerifyToken:
+		if c.TokenQuery == "" {
+			return errors.New("verify_token needs TokenQuery")
+		}
+	default:
+		return fmt.Errorf("unknown auth %q", c.Auth)
+	}
+	refOK := func(ref string) bool {
+		kind, name, ok := strings.Cut(ref, " ")
+		return ok && name != "" && (kind == "query" || kind == "header" || kind == "json")
+	}
+	switch c.Answer {
+	case AnswerText, AnswerJSON, AnswerHeader, AnswerZoom:
+		if !refOK(c.Echo) {
+			return fmt.Errorf("answer %s needs Echo as query|header|json <name>", c.Answer)
+		}
+	case AnswerEmpty, AnswerForward:
+	case AnswerFixed:
+		if !json.Valid([]byte(c.Body)) {
+			return errors.New("fixed answer body is not JSON")
+		}
+	default:
+		return fmt.Errorf("unknown answer %q", c.Answer)
+	}
+	if c.Answer == AnswerJSON && c.JSONKey == "" {
+		return errors.New("json answer needs JSONKey")
+	}
+	if c.Answer == AnswerHeader && !validHeaderName(c.EchoHeader) {
+		return errors.New("header answer needs EchoHeader")
+	}
+	if c.LearnSecret != "" && !refOK(c.LearnSecret) {
+		return errors.New("LearnSecret must be header|json <name>")
+	}
+	return nil
+}
+
+// Describe renders the handshake for the provider table, e.g.
+// "GET ?hub.challenge → text (verify_token)".
+func (c Challenge) Describe() string {
+	var when []string
+	if c.Method != "" {
+		when = append(when, c.Method)
+	}
+	if c.Query != "" {
+		q := "?" + c.Query
+		if c.QueryValue != "" {
+			q += "=" + c.QueryValue
+		}
+		when = append(when, q)
+	}
+	if c.Header != "" {
+		h := c.Header
+		if c.HeaderValue != "" {
+			h += ": " + c.HeaderValue
+		}
+		when = append(when, h)
+	}
+	if c.BodyField != "" {
+		b := "body " + c.BodyField
+		if c.BodyValue != "" {
+			b += "=" + c.BodyValue
+		}
+		when = append(when, b)
+	}
+	ans := string(c.Answer)
+	switch c.Answer {
+	case AnswerText:
+		ans = "echo " + c.Echo + " as text"
+	case AnswerJSON:
+		ans = `{"` + c.JSONKey + `": ` + c.Echo + "}"
+	case AnswerHeader:
+		ans = "echo " + c.Echo + " in " + c.EchoHeader
+	case AnswerFixed:
+		ans = c.Body
+	case AnswerEmpty:
+		ans = "empty 200"
+	}
+	s := c.Name + ": " + strings.Join(when, " ") + " → " + ans + " (auth " + string(c.Auth) + ")"
+	if c.LearnSecret != "" {
+		s += "; secret learned from " + c.LearnSecret
+	}
+	return s
 }

@@ -13,6 +13,8 @@ func init() {
 		SignatureHeader:  "Paddle-Signature: ts=<ts>;h1=<hex>",
 		DefaultTolerance: 5 * time.Minute,
 		EventID:          ids(jsonID("event_id")),
+		Oracle:           "@paddle/paddle-node-sdk",
+		IDStability:      StabilityStable,
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "Paddle-Signature"}},
 			Format:    Format{List: ";", Pair: "=", SigKey: "h1", TimestampKey: "ts"},

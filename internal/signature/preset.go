@@ -32,7 +32,9 @@ type Preset struct {
 	DedupeBody bool
 	// Handshake reports whether a verified request is a handshake (Slack
 	// url_verification, Zoom endpoint.url_validation) that is forwarded
-	// every time without a claim. nil: the provider has none.
+	// every time without a claim. nil: the provider has none. register sets
+	// it from Challenges whose Auth is AuthSignature when it is nil (twitch,
+	// asana's heartbeat, xero).
 	Handshake func(body []byte, h http.Header) bool
 	// NeedsURL: the scheme signs the public URL, so Options.URL is required.
 	NeedsURL bool
@@ -48,6 +50,22 @@ type Preset struct {
 	// sends deliberately bad signatures to an interactions endpoint and
 	// removes the endpoint unless it answers 401 (see Doc).
 	RefuseStatus int
+	// IDStability says whether the default event ID stays the same across
+	// the provider's retries of one event, per its documentation.
+	IDStability Stability
+	// Challenges are the provider's endpoint handshakes and heartbeats as
+	// data (see MatchHandshake), tried in order; empty: it has none.
+	Challenges []Challenge
+	// Batch describes deliveries that carry several events; nil: one event
+	// per delivery.
+	Batch *Batch
+	// HeaderConfigurable: the signature (token) header's name may be set
+	// per route (Options.HMAC.Header), as Okta lets each hook choose it.
+	HeaderConfigurable bool
+	// Oracle names the official library (npm name) whose vectors in
+	// testdata/oracles.json prove this preset; "" means the preset rests on
+	// the provider's documentation only. TestOracles keeps the two in step.
+	Oracle string
 
 	// Scheme is how the provider signs. For presets with bespoke code it
 	// only describes the scheme (Signed is then prose, not a template).
@@ -55,6 +73,9 @@ type Preset struct {
 
 	// build replaces the generic engine for schemes it cannot express.
 	build func(p Preset, o Options) (signer, error)
+	// overridable: build wraps the generic engine and applies the
+	// Options.HMAC overrides itself (linear, gitea, forgejo).
+	overridable bool
 }
 
 // Scheme declares how a provider signs a delivery. The generic engine reads
@@ -81,6 +102,10 @@ type Scheme struct {
 	// TimestampUnit is the unit of the signed timestamp: time.Second (the
 	// default) or time.Millisecond.
 	TimestampUnit time.Duration
+	// TimestampLayout, when set, is the time.Parse layout of a timestamp
+	// written as a date (Twitch and Box send RFC 3339); TimestampUnit is
+	// then unused.
+	TimestampLayout string
 	// JSONBody refuses bodies that are not a JSON object even when the
 	// signature matches, as the provider's official library does (stripe-go
 	// parses the event and fails on anything else).
@@ -131,6 +156,11 @@ type LegacyHeader struct {
 func (p Preset) clone() Preset {
 	p.EventID = slices.Clone(p.EventID)
 	p.Headers = slices.Clone(p.Headers)
+	p.Challenges = slices.Clone(p.Challenges)
+	if p.Batch != nil {
+		b := *p.Batch
+		p.Batch = &b
+	}
 	if p.Legacy != nil {
 		l := *p.Legacy
 		p.Legacy = &l
@@ -162,6 +192,29 @@ func register(p Preset) {
 	}
 	if p.Scheme.TimestampUnit == 0 {
 		p.Scheme.TimestampUnit = time.Second
+	}
+	if p.IDStability == "" {
+		p.IDStability = StabilityUndocumented
+		if len(p.EventID) == 0 {
+			p.IDStability = StabilityNone
+		}
+	}
+	signed := false
+	for i := range p.Challenges {
+		if err := p.Challenges[i].validate(); err != nil {
+			panic(fmt.Sprintf("signature: preset %s: handshake %d: %v", p.Name, i+1, err))
+		}
+		signed = signed || p.Challenges[i].Auth == AuthSignature
+	}
+	if p.Handshake == nil && signed {
+		// A signed handshake reaches the handler's verified path: keep it
+		// out of claims there until the edge answers it.
+		p.Handshake = signedHandshake(slices.Clone(p.Challenges))
+	}
+	if p.Batch != nil {
+		if err := p.Batch.validate(); err != nil {
+			panic(fmt.Sprintf("signature: preset %s: batch: %v", p.Name, err))
+		}
 	}
 	if p.build == nil {
 		if err := p.Scheme.validate(p); err != nil {

@@ -10,6 +10,8 @@ func init() {
 		SignatureHeader: "X-Razorpay-Signature: <hex>",
 		EventID:         ids(headerID("X-Razorpay-Event-Id")),
 		DedupeBody:      true,
+		Oracle:          "razorpay",
+		IDStability:     StabilityStable, // Razorpay: the same for retries of one event
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "X-Razorpay-Signature"}},
 			Signed:    "{body}",

@@ -2,6 +2,7 @@ package signature_test
 
 import (
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -35,6 +36,19 @@ func TestPresetRefuseStatus(t *testing.T) {
 				row = line
 			}
 		}
-		require.Contains(t, row, " | "+strconv.Itoa(want)+" | [docs](", name)
+		require.Equal(t, strconv.Itoa(want), tableCell(t, table, row, "refuse_status"), name)
 	}
+}
+
+// tableCell returns the cell of row under the column named col of the
+// Markdown table whose first line is its header.
+func tableCell(t *testing.T, table, row, col string) string {
+	t.Helper()
+	header, _, _ := strings.Cut(table, "\n")
+	names := strings.Split(strings.Trim(header, "| "), " | ")
+	cells := strings.Split(strings.Trim(row, "| "), " | ")
+	i := slices.Index(names, col)
+	require.GreaterOrEqual(t, i, 0, "no column %q in %q", col, header)
+	require.Greater(t, len(cells), i, row)
+	return cells[i]
 }

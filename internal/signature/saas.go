@@ -8,20 +8,25 @@ import (
 // Software-as-a-service providers. Each is data for the generic engine,
 // checked against the provider's documentation; no conformance vectors yet.
 func init() {
-	// Linear also puts webhookTimestamp (ms) in the signed body; only the
-	// body signature is checked here, so a replay is caught by DedupeBody.
+	// Linear signs the body and puts webhookTimestamp (Unix ms) inside it;
+	// its SDK (LinearWebhookClient) refuses a timestamp more than 60 s from
+	// the clock, and so does this preset, after the signature matched.
 	register(Preset{
-		Name:            "linear",
-		Doc:             "https://linear.app/developers/webhooks#securing-webhooks",
-		SignatureHeader: "Linear-Signature: <hex>",
-		EventID:         ids(headerID("Linear-Delivery")),
-		DedupeBody:      true,
+		Name:             "linear",
+		Doc:              "https://linear.app/developers/webhooks#securing-webhooks",
+		SignatureHeader:  "Linear-Signature: <hex> (webhookTimestamp, ms, in the signed body)",
+		DefaultTolerance: time.Minute,
+		EventID:          ids(headerID("Linear-Delivery")),
+		Oracle:           "@linear/sdk",
 		Scheme: Scheme{
-			Headers:   []HeaderSet{{Signature: "Linear-Signature"}},
-			Signed:    "{body}",
-			Algorithm: "sha256",
-			Encoding:  "hex",
+			Headers:       []HeaderSet{{Signature: "Linear-Signature"}},
+			Signed:        "{body}",
+			Algorithm:     "sha256",
+			Encoding:      "hex",
+			TimestampUnit: time.Millisecond,
 		},
+		build:       withBodyTimestamp("webhookTimestamp"),
+		overridable: true,
 	})
 	// Zoom has no per-event ID; configure one (e.g. a composite) per route.
 	register(Preset{
@@ -30,6 +35,11 @@ func init() {
 		SignatureHeader:  "x-zm-signature: v0=<hex> (with x-zm-request-timestamp)",
 		DefaultTolerance: 5 * time.Minute,
 		Handshake:        zoomHandshake,
+		Challenges: []Challenge{{
+			Name: "endpoint.url_validation", Method: http.MethodPost,
+			BodyField: "event", BodyValue: "endpoint.url_validation",
+			Auth: AuthSignature, Answer: AnswerZoom, Echo: "json payload.plainToken",
+		}},
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "x-zm-signature", Timestamp: "x-zm-request-timestamp"}},
 			Format:    Format{Prefix: "v0="},
@@ -61,6 +71,8 @@ func init() {
 		SignatureHeader:  "X-HubSpot-Signature-v3: <base64> (with X-HubSpot-Request-Timestamp, ms)",
 		DefaultTolerance: 5 * time.Minute,
 		NeedsURL:         true,
+		Oracle:           "@hubspot/api-client",
+		Batch:            &Batch{Items: "@this", ItemID: "eventId", Policy: BatchSet},
 		Scheme: Scheme{
 			Headers:       []HeaderSet{{Signature: "X-HubSpot-Signature-v3", Timestamp: "X-HubSpot-Request-Timestamp"}},
 			Signed:        "{method}{url}{body}{timestamp}",

@@ -11,6 +11,8 @@ func init() {
 		SignatureHeader: "X-Shopify-Hmac-Sha256: <base64>",
 		EventID:         ids(headerID("X-Shopify-Event-Id"), headerID("X-Shopify-Webhook-Id")),
 		DedupeBody:      true,
+		IDStability:     StabilityStable, // Shopify: X-Shopify-Event-Id identifies duplicates
+		Oracle:          "@shopify/shopify-api",
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "X-Shopify-Hmac-Sha256"}},
 			Signed:    "{body}",

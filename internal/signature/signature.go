@@ -5,8 +5,13 @@
 // one generic HMAC engine (engine.go) reads to find the signature header(s),
 // parse them, rebuild the signed bytes, and compare. A new plain-HMAC
 // provider is one Preset value plus its conformance vectors. Only schemes the
-// engine cannot express have code of their own (twilio.go, gitlab.go, and the
-// user-configured hmac.go), and say so.
+// engine cannot express have code of their own (twilio.go, gitlab.go,
+// discord.go, pubkey.go for ECDSA and Ed25519 keys, bodysig.go for
+// signatures inside the body, and the user-configured hmac.go), and say so.
+//
+// A preset also describes, as data, what surrounds its signature: its
+// endpoint handshakes (Challenge, MatchHandshake), its batches of events
+// (Batch) and whether its default event ID survives retries (Stability).
 //
 // Every configured secret is tried (rotation), every signature in a header is
 // tried, comparisons are constant-time, and timestamps are checked against the
@@ -41,6 +46,15 @@ var (
 	// ErrTimestampOutOfTolerance: the signed timestamp is further in the past
 	// or the future than the tolerance allows.
 	ErrTimestampOutOfTolerance = errors.New("timestamp outside tolerance")
+	// ErrBodyNotJSON: the signature matches, but the body is not the JSON
+	// object the provider always sends (schemes with Scheme.JSONBody, as
+	// stripe-go refuses it). Only a correctly signed body gets it, so it
+	// says nothing about the secrets.
+	ErrBodyNotJSON = errors.New("body is not JSON")
+	// ErrBodyNotForm: a form-signed scheme (twilio) cannot rebuild the
+	// signed text because the body is not application/x-www-form-urlencoded.
+	// Decided from the body alone, before any secret is used.
+	ErrBodyNotForm = errors.New("body is not a form")
 )
 
 // Verifier checks one delivery. body is the raw request body, byte for byte
@@ -70,7 +84,9 @@ type HMACOptions struct {
 // Secrets means "the preset's default".
 type Options struct {
 	// Secrets are the provider's signing secrets, as the provider displays
-	// them (Stripe's whsec_..., Standard Webhooks' whsec_<base64>, ...).
+	// them (Stripe's whsec_..., Standard Webhooks' whsec_<base64>, ...), or
+	// its public keys for public-key schemes (discord: hex Ed25519; telnyx:
+	// base64 Ed25519; sendgrid: base64 DER ECDSA P-256).
 	// Every one is tried, so a rotation can list the new and the old secret.
 	// At least one is required.
 	Secrets []string
@@ -89,7 +105,8 @@ type Options struct {
 	// HMAC is the custom scheme of provider "hmac" (Header required). For a
 	// preset run by the generic engine its non-empty fields override the
 	// preset's signature header, algorithm, encoding and prefix; presets with
-	// bespoke code (twilio, gitlab) refuse it.
+	// bespoke code (twilio, gitlab, ...) refuse it, except that a preset with
+	// HeaderConfigurable (okta) takes Header alone.
 	HMAC HMACOptions
 	// Now is the clock used for timestamp checks. nil means time.Now.
 	Now func() time.Time
@@ -202,8 +219,13 @@ func checkOptions(p Preset, o Options) error {
 	if o.AllowSHA1 && p.Legacy == nil {
 		return errors.New("allow_sha1 applies only to provider github")
 	}
-	if o.HMAC != (HMACOptions{}) && p.build != nil && p.Name != "hmac" {
-		return errors.New("header, algorithm, encoding and prefix cannot be overridden for this provider's scheme")
+	if o.HMAC != (HMACOptions{}) && p.build != nil && p.Name != "hmac" && !p.overridable {
+		if !p.HeaderConfigurable || o.HMAC != (HMACOptions{Header: o.HMAC.Header}) {
+			return errors.New("header, algorithm, encoding and prefix cannot be overridden for this provider's scheme")
+		}
+		if !validHeaderName(o.HMAC.Header) {
+			return fmt.Errorf("header %q is not a valid header name", o.HMAC.Header)
+		}
 	}
 	if p.NeedsURL {
 		if o.URL == "" {

@@ -19,6 +19,13 @@ func init() {
 		DefaultTolerance: 5 * time.Minute,
 		EventID:          ids(jsonID("event_id")),
 		Handshake:        slackHandshake,
+		IDStability:      StabilityStable,
+		Oracle:           "@slack/bolt",
+		Challenges: []Challenge{{
+			Name: "url_verification", Method: http.MethodPost,
+			BodyField: "type", BodyValue: "url_verification",
+			Auth: AuthSignature, Answer: AnswerJSON, Echo: "json challenge", JSONKey: "challenge",
+		}},
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "X-Slack-Signature", Timestamp: "X-Slack-Request-Timestamp"}},
 			Format:    Format{Prefix: "v0="},

@@ -11,6 +11,8 @@ func init() {
 		SignatureHeader: "x-square-hmacsha256-signature: <base64>",
 		EventID:         ids(jsonID("event_id")),
 		NeedsURL:        true,
+		Oracle:          "square",
+		IDStability:     StabilityStable, // Square: event_id to handle duplicate notifications
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "x-square-hmacsha256-signature"}},
 			Signed:    "{url}{body}",

@@ -29,6 +29,8 @@ func init() {
 		SignatureHeader:  "webhook-signature: v1,<base64> (with webhook-id, webhook-timestamp; svix-* accepted)",
 		DefaultTolerance: 5 * time.Minute,
 		EventID:          ids(headerID("webhook-id"), headerID("svix-id")),
+		IDStability:      StabilityStable,
+		Oracle:           "standardwebhooks",
 		Scheme:           standard,
 	})
 
@@ -40,6 +42,8 @@ func init() {
 		SignatureHeader:  "svix-signature: v1,<base64> (with svix-id, svix-timestamp; webhook-* accepted)",
 		DefaultTolerance: 5 * time.Minute,
 		EventID:          ids(headerID("svix-id"), headerID("webhook-id")),
+		IDStability:      StabilityStable,
+		Oracle:           "svix",
 		Scheme:           sv,
 	})
 }

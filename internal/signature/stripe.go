@@ -15,6 +15,8 @@ func init() {
 		SignatureHeader:  "Stripe-Signature: t=<ts>,v1=<hex>",
 		DefaultTolerance: 5 * time.Minute,
 		EventID:          ids(jsonID("id")),
+		Oracle:           "stripe",
+		IDStability:      StabilityStable, // a retried event keeps its evt_ ID
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "Stripe-Signature"}},
 			Format:    Format{List: ",", Pair: "=", SigKey: "v1", TimestampKey: "t"},

@@ -40,6 +40,8 @@ func init() {
 		DedupeBody:      true,
 		NeedsURL:        true,
 		ReplayResponse:  true, // the TwiML answer is the reply SMS or call flow
+		Oracle:          "twilio",
+		IDStability:     StabilityStable, // the same for every retry of one webhook
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "X-Twilio-Signature"}},
 			Signed:    "{url} then each form parameter sorted by name as name+value; JSON: {url} with bodySHA256=<hex>",
@@ -119,7 +121,7 @@ func (v *twilioVerifier) messages(body []byte, h http.Header) ([]string, error) 
 	}
 	form, err := url.ParseQuery(string(body))
 	if err != nil {
-		return nil, fmt.Errorf("body is not a form: %w", ErrNoMatchingSignature)
+		return nil, fmt.Errorf("%w (application/x-www-form-urlencoded), nor is Content-Type JSON", ErrBodyNotForm)
 	}
 	params := sortedParams(form)
 	bases := urlVariants(v.url)

@@ -2,7 +2,6 @@ package postgres_test
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"strings"
 	"sync"
@@ -102,7 +101,7 @@ func TestFailoverToPromotedStandby(t *testing.T) {
 	require.Equal(t, 8, failed, "no primary: every claim fails")
 	for _, err := range errs {
 		for _, sentinel := range []error{store.ErrNotFound, store.ErrLeaseLost} {
-			require.False(t, errors.Is(err, sentinel), "a failover is a store error, not %v: %v", sentinel, err)
+			require.NotErrorIs(t, err, sentinel, "a failover is a store error, not %v: %v", sentinel, err)
 		}
 	}
 

@@ -3,7 +3,6 @@ package storetest
 import (
 	"context"
 	"encoding/hex"
-	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -191,6 +190,6 @@ func exerciseClaim(t *testing.T, newStore func(t *testing.T) store.Store) {
 		cancel()
 		_, err := s.Claim(ctx, store.ClaimParams{Scope: "s", EventID: "e", Lease: lease})
 		require.Error(t, err)
-		require.True(t, errors.Is(err, context.Canceled), "got %v", err)
+		require.ErrorIs(t, err, context.Canceled)
 	})
 }

@@ -1,0 +1,94 @@
+package signature
+
+import "time"
+
+// Developer platforms: hosting, CI, AI and blockchain APIs.
+func init() {
+	register(Preset{
+		Name:            "vercel",
+		Doc:             "https://vercel.com/docs/webhooks/webhooks-api#securing-webhooks",
+		SignatureHeader: "x-vercel-signature: <hex>",
+		EventID:         ids(jsonID("id")),
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "x-vercel-signature"}},
+			Signed:    "{body}",
+			Algorithm: "sha1",
+			Encoding:  "hex",
+		},
+	})
+	// Heroku app webhooks tell the event (webhook_metadata.event.id) from
+	// the delivery and the attempt; the event's ID is the key.
+	register(Preset{
+		Name:            "heroku",
+		Doc:             "https://devcenter.heroku.com/articles/app-webhooks#securing-webhook-requests",
+		SignatureHeader: "Heroku-Webhook-Hmac-SHA256: <base64>",
+		EventID:         ids(jsonID("webhook_metadata.event.id"), jsonID("id")),
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "Heroku-Webhook-Hmac-SHA256"}},
+			Signed:    "{body}",
+			Algorithm: "sha256",
+			Encoding:  "base64",
+		},
+	})
+	register(Preset{
+		Name:            "circleci",
+		Doc:             "https://circleci.com/docs/webhooks/#validate-webhooks",
+		SignatureHeader: "circleci-signature: v1=<hex>[,v1=<hex>]",
+		EventID:         ids(jsonID("id")),
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "circleci-signature"}},
+			Format:    Format{List: ",", Pair: "=", SigKey: "v1"},
+			Signed:    "{body}",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+		},
+	})
+	// Buildkite payloads carry no event ID: configure one.
+	register(Preset{
+		Name:             "buildkite",
+		Doc:              "https://buildkite.com/docs/apis/webhooks#webhook-signature",
+		SignatureHeader:  "X-Buildkite-Signature: timestamp=<ts>,signature=<hex>",
+		DefaultTolerance: 5 * time.Minute,
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "X-Buildkite-Signature"}},
+			Format:    Format{List: ",", Pair: "=", SigKey: "signature", TimestampKey: "timestamp"},
+			Signed:    "{timestamp}.{body}",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+		},
+	})
+	register(standardBased("replicate", "https://replicate.com/docs/topics/webhooks/verify-webhook", "whsec", "replicate"))
+	register(standardBased("openai", "https://platform.openai.com/docs/guides/webhooks", "whsec", "openai"))
+	// Polar follows Standard Webhooks but keys the HMAC with the bytes of
+	// the secret as displayed (its SDK base64-encodes it before handing it
+	// to the standardwebhooks library, in validateEvent).
+	register(standardBased("polar", "https://docs.polar.sh/integrate/webhooks/delivery", "raw", "@polar-sh/sdk"))
+	register(Preset{
+		Name:            "alchemy",
+		Doc:             "https://www.alchemy.com/docs/reference/notify-api-quickstart#webhook-signature--security",
+		SignatureHeader: "X-Alchemy-Signature: <hex>",
+		EventID:         ids(jsonID("id")),
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "X-Alchemy-Signature"}},
+			Signed:    "{body}",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+		},
+	})
+	// Mux: "t=<ts>,v1=<hex>" over "<t>.<body>"; @mux/mux-node allows 300 s.
+	register(Preset{
+		Name:             "mux",
+		Doc:              "https://www.mux.com/docs/core/verify-webhook-signatures",
+		SignatureHeader:  "Mux-Signature: t=<ts>,v1=<hex>",
+		DefaultTolerance: 5 * time.Minute,
+		EventID:          ids(jsonID("id")),
+		Oracle:           "@mux/mux-node",
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "Mux-Signature"}},
+			Format:    Format{List: ",", Pair: "=", SigKey: "v1", TimestampKey: "t"},
+			Signed:    "{timestamp}.{body}",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+		},
+	})
+}

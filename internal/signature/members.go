@@ -1,0 +1,39 @@
+package signature
+
+import (
+	"strings"
+	"unsafe"
+
+	"github.com/tidwall/gjson"
+)
+
+// topMember returns the one member of body's top-level JSON object named
+// name. A second member of that name (after unescaping, or ignoring case,
+// as encoding/json matches struct fields) makes ok false: parsers disagree
+// on which one counts (gjson reads the first, encoding/json, Python and
+// JavaScript the last), so a handshake test on such a body would let the
+// gateway pass a delivery on unclaimed as a handshake while the upstream
+// reads it as an event. eventid applies the same rule to event-ID paths.
+func topMember(body []byte, name string) (v gjson.Result, ok bool) {
+	if !isJSONObject(body) {
+		return gjson.Result{}, false
+	}
+	n := 0
+	// No copy of the body (as gjson.GetBytes); nothing read is kept.
+	doc := gjson.Parse(unsafe.String(unsafe.SliceData(body), len(body))) //nolint:gosec // audited: nothing read is kept
+	doc.ForEach(func(k, val gjson.Result) bool {
+		if strings.EqualFold(k.Str, name) {
+			n++
+			v = val
+		}
+		return n < 2
+	})
+	return v, n == 1 && v.Exists()
+}
+
+// memberIs reports whether body's top-level member name is given once and
+// is the JSON string want.
+func memberIs(body []byte, name, want string) bool {
+	v, ok := topMember(body, name)
+	return ok && v.Type == gjson.String && v.Str == want
+}

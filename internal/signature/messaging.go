@@ -1,0 +1,188 @@
+package signature
+
+import (
+	"net/http"
+	"time"
+)
+
+// Messaging, e-mail and streaming providers.
+func init() {
+	// Twitch EventSub: HMAC-SHA256 over message ID + timestamp (RFC 3339)
+	// + body; Twitch asks receivers to refuse messages older than 10
+	// minutes and documents that a retried notification keeps its message
+	// ID. The callback verification is signed like a notification and
+	// answered with the raw challenge as text; revocation messages are
+	// ordinary deliveries.
+	register(Preset{
+		Name:             "twitch",
+		Doc:              "https://dev.twitch.tv/docs/eventsub/handling-webhook-events/#verifying-the-event-message",
+		SignatureHeader:  "Twitch-Eventsub-Message-Signature: sha256=<hex> (with Twitch-Eventsub-Message-Id, -Timestamp)",
+		DefaultTolerance: 10 * time.Minute,
+		EventID:          ids(headerID("Twitch-Eventsub-Message-Id")),
+		IDStability:      StabilityStable,
+		Challenges: []Challenge{{
+			Name: "webhook_callback_verification", Method: http.MethodPost,
+			Header: "Twitch-Eventsub-Message-Type", HeaderValue: "webhook_callback_verification",
+			Auth: AuthSignature, Answer: AnswerText, Echo: "json challenge",
+		}},
+		Scheme: Scheme{
+			Headers: []HeaderSet{{
+				Signature: "Twitch-Eventsub-Message-Signature",
+				Timestamp: "Twitch-Eventsub-Message-Timestamp",
+				ID:        "Twitch-Eventsub-Message-Id",
+			}},
+			Format:          Format{Prefix: "sha256="},
+			Signed:          "{id}{timestamp}{body}",
+			Algorithm:       "sha256",
+			Encoding:        "hex",
+			TimestampLayout: time.RFC3339Nano,
+		},
+	})
+	// Meta (WhatsApp Cloud API, Instagram, Messenger): X-Hub-Signature-256
+	// over the body with the app secret. The subscription handshake is a
+	// GET with hub.mode=subscribe, answered with hub.challenge when
+	// hub.verify_token equals the route's verify token. Payloads batch
+	// entries without a per-event ID: configure one (e.g. a message ID).
+	register(Preset{
+		Name:            "meta",
+		Doc:             "https://developers.facebook.com/docs/graph-api/webhooks/getting-started",
+		SignatureHeader: "X-Hub-Signature-256: sha256=<hex>",
+		DedupeBody:      true,
+		Challenges: []Challenge{{
+			Name: "hub.challenge", Method: http.MethodGet, Query: "hub.mode", QueryValue: "subscribe",
+			Auth: AuthVerifyToken, TokenQuery: "hub.verify_token",
+			Answer: AnswerText, Echo: "query hub.challenge",
+		}},
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "X-Hub-Signature-256"}},
+			Format:    Format{Prefix: "sha256="},
+			Signed:    "{body}",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+		},
+	})
+	// Microsoft Graph change notifications carry no signature: each
+	// notification in value[] holds the clientState the subscription was
+	// created with, configured here as the secret. The validation request
+	// is a POST ?validationToken=… answered 200 text/plain with the token
+	// within 10 s. Notifications have no per-event ID: configure one.
+	register(Preset{
+		Name:            "msgraph",
+		Doc:             "https://learn.microsoft.com/en-us/graph/change-notifications-delivery-webhooks",
+		SignatureHeader: "none: value[].clientState in the body",
+		DedupeBody:      true,
+		Challenges: []Challenge{{
+			Name: "validationToken", Method: http.MethodPost, Query: "validationToken",
+			Auth: AuthNone, Answer: AnswerText, Echo: "query validationToken",
+		}},
+		Scheme: Scheme{Signed: "none: every value[].clientState equals the secret"},
+		build:  buildGraph,
+	})
+	// Telnyx: Ed25519 over "<timestamp>|<body>", verified with the account's
+	// public key (base64, from the portal); telnyx-node allows 300 s.
+	register(Preset{
+		Name:             "telnyx",
+		Doc:              "https://developers.telnyx.com/docs/messaging/messages/receiving-webhooks",
+		SignatureHeader:  "telnyx-signature-ed25519: <base64> (with telnyx-timestamp)",
+		DefaultTolerance: 5 * time.Minute,
+		EventID:          ids(jsonID("data.id")),
+		Oracle:           "telnyx",
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "telnyx-signature-ed25519", Timestamp: "telnyx-timestamp"}},
+			Signed:    "{timestamp}|{body}",
+			Algorithm: "ed25519",
+			Encoding:  "base64",
+		},
+		build: buildPubkey(algEd25519, "|"),
+	})
+	// Customer.io reporting webhooks.
+	register(Preset{
+		Name:             "customerio",
+		Doc:              "https://docs.customer.io/journeys/webhooks/#securely-verify-requests",
+		SignatureHeader:  "X-CIO-Signature: <hex> (with X-CIO-Timestamp)",
+		DefaultTolerance: 5 * time.Minute,
+		EventID:          ids(jsonID("event_id")),
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "X-CIO-Signature", Timestamp: "X-CIO-Timestamp"}},
+			Signed:    "v0:{timestamp}:{body}",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+		},
+	})
+	// Mailgun signs inside the JSON body, and only timestamp + token: see
+	// bodysig.go. event-data.id names the event across retries.
+	register(Preset{
+		Name:             "mailgun",
+		Doc:              "https://documentation.mailgun.com/docs/mailgun/user-manual/webhooks/securing-webhooks",
+		SignatureHeader:  "none: body signature.signature = <hex> (with signature.timestamp, signature.token)",
+		DefaultTolerance: 5 * time.Minute,
+		EventID:          ids(jsonID("event-data.id")),
+		IDStability:      StabilityStable,
+		Scheme: Scheme{
+			Signed:    "body fields signature.timestamp + signature.token (event-data not signed)",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+		},
+		build: buildMailgun,
+	})
+	// SendGrid Event Webhook: ECDSA P-256 over timestamp + body, verified
+	// with the verification key SendGrid displays (base64 DER). The body is
+	// an array of events, each with its own sg_event_id.
+	register(Preset{
+		Name:             "sendgrid",
+		Doc:              "https://www.twilio.com/docs/sendgrid/for-developers/tracking-events/getting-started-event-webhook-security-features",
+		SignatureHeader:  "X-Twilio-Email-Event-Webhook-Signature: <base64 DER ECDSA> (with X-Twilio-Email-Event-Webhook-Timestamp)",
+		DefaultTolerance: 5 * time.Minute,
+		Oracle:           "@sendgrid/eventwebhook",
+		Batch:            &Batch{Items: "@this", ItemID: "sg_event_id", Policy: BatchSet},
+		Scheme: Scheme{
+			Headers: []HeaderSet{{
+				Signature: "X-Twilio-Email-Event-Webhook-Signature",
+				Timestamp: "X-Twilio-Email-Event-Webhook-Timestamp",
+			}},
+			Signed:    "{timestamp}{body}",
+			Algorithm: "ecdsa-p256",
+			Encoding:  "base64",
+		},
+		build: buildPubkey(algECDSAP256, ""),
+	})
+	// Resend delivers through Svix.
+	register(svixBased("resend", "https://resend.com/docs/dashboard/webhooks/verify-webhooks-requests", "resend"))
+}
+
+// svixBased is a provider that delivers through Svix: the svix preset's
+// scheme and event ID under the provider's name. Svix keeps svix-id across
+// the retries of one message.
+func svixBased(name, doc, oracle string) Preset {
+	svix := HeaderSet{Signature: "svix-signature", Timestamp: "svix-timestamp", ID: "svix-id"}
+	webhook := HeaderSet{Signature: "webhook-signature", Timestamp: "webhook-timestamp", ID: "webhook-id"}
+	return Preset{
+		Name:             name,
+		Doc:              doc,
+		SignatureHeader:  "svix-signature: v1,<base64> (with svix-id, svix-timestamp; webhook-* accepted)",
+		DefaultTolerance: 5 * time.Minute,
+		EventID:          ids(headerID("svix-id"), headerID("webhook-id")),
+		IDStability:      StabilityStable,
+		Oracle:           oracle,
+		Scheme: Scheme{
+			Headers:   []HeaderSet{svix, webhook},
+			Format:    Format{List: " ", Pair: ",", SigKey: "v1", Lenient: true},
+			Signed:    "{id}.{timestamp}.{body}",
+			Algorithm: "sha256",
+			Encoding:  "base64",
+			Secret:    "whsec",
+		},
+	}
+}
+
+// standardBased is a provider that follows Standard Webhooks (webhook-*
+// headers). secret is "whsec" when the provider displays whsec_<base64>
+// secrets, "raw" when the HMAC key is the displayed string's bytes (Polar).
+func standardBased(name, doc, secret, oracle string) Preset {
+	p := svixBased(name, doc, oracle)
+	p.SignatureHeader = "webhook-signature: v1,<base64> (with webhook-id, webhook-timestamp)"
+	p.EventID = ids(headerID("webhook-id"))
+	p.Headers = []HeaderSet{{Signature: "webhook-signature", Timestamp: "webhook-timestamp", ID: "webhook-id"}}
+	p.Scheme.Secret = secret
+	return p
+}

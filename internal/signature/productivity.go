@@ -1,0 +1,172 @@
+package signature
+
+import (
+	"net/http"
+	"time"
+)
+
+// Productivity, file and scheduling platforms.
+func init() {
+	// Asana: the first POST of a new webhook carries X-Hook-Secret, echoed
+	// back in the answer's header; that value becomes the secret of
+	// X-Hook-Signature on every later delivery (learned, not configured).
+	// Heartbeats are signed deliveries with an empty events array. Events
+	// carry no ID: configure one.
+	register(Preset{
+		Name:            "asana",
+		Doc:             "https://developers.asana.com/docs/webhooks-guide",
+		SignatureHeader: "X-Hook-Signature: <hex> (secret learned from X-Hook-Secret)",
+		DedupeBody:      true,
+		Challenges: []Challenge{
+			{ //nolint:gosec // G101: header names, not credentials
+				Name: "X-Hook-Secret", Method: http.MethodPost, Header: "X-Hook-Secret",
+				Auth: AuthNone, Answer: AnswerHeader, Echo: "header X-Hook-Secret", EchoHeader: "X-Hook-Secret",
+				LearnSecret: "header X-Hook-Secret",
+			},
+			{
+				Name: "heartbeat", Method: http.MethodPost, BodyField: "events.#", BodyValue: "0",
+				Auth: AuthSignature, Answer: AnswerEmpty,
+			},
+		},
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "X-Hook-Signature"}},
+			Signed:    "{body}",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+		},
+	})
+	// Trello: base64 HMAC-SHA1 (app secret) over the body followed by the
+	// callback URL as registered. A HEAD probe precedes registration.
+	register(Preset{
+		Name:            "trello",
+		Doc:             "https://developer.atlassian.com/cloud/trello/guides/rest-api/webhooks/#webhook-signatures",
+		SignatureHeader: "X-Trello-Webhook: <base64>",
+		EventID:         ids(jsonID("action.id")),
+		NeedsURL:        true,
+		Challenges: []Challenge{{
+			Name: "HEAD probe", Method: http.MethodHead, Auth: AuthNone, Answer: AnswerEmpty,
+		}},
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "X-Trello-Webhook"}},
+			Signed:    "{body}{url}",
+			Algorithm: "sha1",
+			Encoding:  "base64",
+		},
+	})
+	// Dropbox: the notification only names accounts with changes: there
+	// is no event ID; configure one or rely on dedupe_body.
+	register(Preset{
+		Name:            "dropbox",
+		Doc:             "https://www.dropbox.com/developers/reference/webhooks",
+		SignatureHeader: "X-Dropbox-Signature: <hex>",
+		DedupeBody:      true,
+		Challenges: []Challenge{{
+			Name: "challenge", Method: http.MethodGet, Query: "challenge",
+			Auth: AuthNone, Answer: AnswerText, Echo: "query challenge", NoSniff: true,
+		}},
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "X-Dropbox-Signature"}},
+			Signed:    "{body}",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+		},
+	})
+	// Notion: the subscription's first POST carries verification_token,
+	// which the user confirms in Notion and which then signs every event.
+	register(Preset{
+		Name:            "notion",
+		Doc:             "https://developers.notion.com/reference/webhooks",
+		SignatureHeader: "X-Notion-Signature: sha256=<hex>",
+		EventID:         ids(jsonID("id")),
+		Challenges: []Challenge{{ //nolint:gosec // G101: a field name, not a credential
+			Name: "verification_token", Method: http.MethodPost, BodyField: "verification_token",
+			Auth: AuthNone, Answer: AnswerEmpty, LearnSecret: "json verification_token",
+		}},
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "X-Notion-Signature"}},
+			Format:    Format{Prefix: "sha256="},
+			Signed:    "{body}",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+		},
+	})
+	// Box V2 webhooks: base64 HMAC-SHA256 over body + BOX-DELIVERY-TIMESTAMP
+	// (RFC 3339), refused after 10 minutes as Box's SDKs do. Only the
+	// primary signature header is read: list both the primary and the
+	// secondary key as secrets while rotating. As Box's SDKs, a body with
+	// non-ASCII characters or "/" is also checked in Box's escaped form
+	// (box.go).
+	register(Preset{
+		Name:             "box",
+		Doc:              "https://developer.box.com/guides/webhooks/v2/signatures-v2/",
+		SignatureHeader:  "BOX-SIGNATURE-PRIMARY: <base64> (with BOX-DELIVERY-TIMESTAMP)",
+		DefaultTolerance: 10 * time.Minute,
+		EventID:          ids(jsonID("id")),
+		Oracle:           "box-node-sdk",
+		Scheme: Scheme{
+			Headers:         []HeaderSet{{Signature: "BOX-SIGNATURE-PRIMARY", Timestamp: "BOX-DELIVERY-TIMESTAMP"}},
+			Signed:          "{body}{timestamp}",
+			Algorithm:       "sha256",
+			Encoding:        "base64",
+			TimestampLayout: time.RFC3339Nano,
+		},
+		build: buildBox,
+	})
+	// Calendly: "t=<ts>,v1=<hex>" over "<t>.<body>"; its guide uses a
+	// three-minute tolerance. Payloads carry no event ID: configure one.
+	register(Preset{
+		Name:             "calendly",
+		Doc:              "https://developer.calendly.com/api-docs/4c305798a61d3-webhook-signatures",
+		SignatureHeader:  "Calendly-Webhook-Signature: t=<ts>,v1=<hex>",
+		DefaultTolerance: 3 * time.Minute,
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "Calendly-Webhook-Signature"}},
+			Format:    Format{List: ",", Pair: "=", SigKey: "v1", TimestampKey: "t"},
+			Signed:    "{timestamp}.{body}",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+		},
+	})
+	register(Preset{
+		Name:            "calcom",
+		Doc:             "https://cal.com/docs/developing/guides/automation/webhooks",
+		SignatureHeader: "X-Cal-Signature-256: <hex>",
+		DedupeBody:      true,
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "X-Cal-Signature-256"}},
+			Signed:    "{body}",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+		},
+	})
+	// DocuSign Connect: one X-DocuSign-Signature-<n> per HMAC key; the
+	// first is read, so list every key as a secret. No event ID of its
+	// own: configure one (e.g. data.envelopeId with generatedDateTime).
+	register(Preset{
+		Name:            "docusign",
+		Doc:             "https://developers.docusign.com/platform/webhooks/connect/hmac/",
+		SignatureHeader: "X-DocuSign-Signature-1: <base64>",
+		DedupeBody:      true,
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "X-DocuSign-Signature-1"}},
+			Signed:    "{body}",
+			Algorithm: "sha256",
+			Encoding:  "base64",
+		},
+	})
+	// Webflow: HMAC-SHA256 of "<timestamp ms>:<body>", five minutes.
+	register(Preset{
+		Name:             "webflow",
+		Doc:              "https://developers.webflow.com/data/docs/working-with-webhooks#validating-request-signatures",
+		SignatureHeader:  "x-webflow-signature: <hex> (with x-webflow-timestamp, ms)",
+		Oracle:           "webflow-api",
+		DefaultTolerance: 5 * time.Minute,
+		Scheme: Scheme{
+			Headers:       []HeaderSet{{Signature: "x-webflow-signature", Timestamp: "x-webflow-timestamp"}},
+			Signed:        "{timestamp}:{body}",
+			Algorithm:     "sha256",
+			Encoding:      "hex",
+			TimestampUnit: time.Millisecond,
+		},
+	})
+}

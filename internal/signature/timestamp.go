@@ -1,0 +1,41 @@
+package signature
+
+import (
+	"fmt"
+	"time"
+)
+
+// layoutChecker returns a checkTimestamp for timestamps written as dates in
+// layout (time.RFC3339Nano also accepts RFC 3339 without fractions), with
+// the same both-ways tolerance and errors.
+func layoutChecker(layout string) func(string, time.Duration, time.Duration, time.Time) error {
+	return func(text string, _, tolerance time.Duration, now time.Time) error {
+		if text == "" || len(text) > 64 {
+			return fmt.Errorf("timestamp is not a %s date: %w", layoutName(layout), ErrMalformedHeader)
+		}
+		t, err := time.Parse(layout, text)
+		if err != nil {
+			return fmt.Errorf("timestamp is not a %s date: %w", layoutName(layout), ErrMalformedHeader)
+		}
+		return checkInstant(t, tolerance, now)
+	}
+}
+
+func layoutName(layout string) string {
+	if layout == time.RFC3339Nano || layout == time.RFC3339 {
+		return "RFC 3339"
+	}
+	return "dated"
+}
+
+// checkInstant checks t is within tolerance of now, in both directions;
+// exactly tolerance away is still accepted.
+func checkInstant(t time.Time, tolerance time.Duration, now time.Time) error {
+	switch {
+	case t.Before(now.Add(-tolerance)):
+		return fmt.Errorf("timestamp is %s old, tolerance %s: %w", now.Sub(t).Round(time.Second), tolerance, ErrTimestampOutOfTolerance)
+	case t.After(now.Add(tolerance)):
+		return fmt.Errorf("timestamp is %s in the future, tolerance %s: %w", t.Sub(now).Round(time.Second), tolerance, ErrTimestampOutOfTolerance)
+	}
+	return nil
+}

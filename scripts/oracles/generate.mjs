@@ -1,0 +1,597 @@
+// Generates ../../internal/signature/testdata/oracles.json: webhook deliveries
+// signed and/or verified by each provider's OFFICIAL library, with that
+// library's verdict. TestOracles (internal/signature/oracle_test.go) checks
+// that every preset reaches the same verdict, so `go test` needs no Node.
+//
+// Re-run: cd scripts/oracles && npm ci && node generate.mjs
+// The libraries are test tools only, never dependencies of the Go module.
+//
+// Each vector: preset, case, library, version, how (who signed, who
+// verified), secrets (what the gateway is configured with), url, now (Unix
+// ms of the verifying clock), headers, body, valid (the library's verdict).
+// Where a library can only verify, the delivery is signed with the
+// provider's documented formula (node:crypto) and the library verifies it;
+// a vector whose library verdict is not the one the case intends aborts the
+// run, so a wrong formula cannot slip into the test data.
+
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import { createRequire } from 'node:module';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const require = createRequire(import.meta.url);
+const here = path.dirname(fileURLToPath(import.meta.url));
+const out = path.join(here, '../../internal/signature/testdata/oracles.json');
+
+// Presets that rest on the provider's documentation only: no official
+// library that verifies (or signs) the scheme was found on npm, or (hmac) the
+// scheme is the user's. TestOracleCoverage keeps this list equal to the
+// presets without Preset.Oracle.
+const DOCUMENTATION_ONLY = [
+  'alchemy', 'asana', 'bitbucket', 'buildkite', 'calcom', 'calendly', 'checkout', 'circleci', 'customerio',
+  'docusign', 'dropbox', 'forgejo', 'gitea', 'gitlab', 'heroku', 'hmac', 'intercom', 'intuit', 'lemonsqueezy',
+  'mailgun', 'meta', 'msgraph', 'notion', 'okta', 'pagerduty', 'paystack', 'persona', 'sentry',
+  'trello', 'twitch', 'typeform', 'vercel', 'woocommerce', 'xero', 'zoom',
+];
+
+const NOW = 1764547200000; // 2025-12-01T00:00:00Z, the vectors' clock
+const NOW_S = NOW / 1000;
+
+function version(pkg) {
+  return JSON.parse(fs.readFileSync(path.join(here, 'node_modules', pkg, 'package.json'), 'utf8')).version;
+}
+
+// withNow runs fn with Date (Date.now and new Date()) frozen at ms.
+async function withNow(ms, fn) {
+  const Real = Date;
+  class Fake extends Real {
+    constructor(...args) {
+      if (args.length === 0) super(ms);
+      else super(...args);
+    }
+    static now() { return ms; }
+  }
+  globalThis.Date = Fake;
+  try {
+    return await fn();
+  } finally {
+    globalThis.Date = Real;
+  }
+}
+
+// verdict turns a library call (returns boolean, or throws on refusal) into
+// true/false.
+async function verdict(fn) {
+  try {
+    const r = await fn();
+    return r !== false;
+  } catch {
+    return false;
+  }
+}
+
+const vectors = [];
+const HMAC = (alg, key, data, enc) => crypto.createHmac(alg, key).update(data).digest(enc);
+const tamper = (body) => body.replace('1000', '9000');
+
+// add records a vector after checking the library's verdict is the one the
+// case intends.
+async function add(v, verify, intended) {
+  v.valid = await withNow(v.now ?? NOW, () => verdict(verify));
+  if (v.valid !== intended) {
+    throw new Error(`${v.preset}/${v.case}: ${v.library} says ${v.valid}, intended ${intended}`);
+  }
+  v.now = v.now ?? NOW;
+  vectors.push(v);
+}
+
+const body = '{"id":"evt_oracle_1","event_id":"ev_oracle_1","type":"invoice.paid","data":{"amount":1000}}';
+
+// ---- Stripe: stripe-node signs (generateTestHeaderString) and verifies.
+{
+  const Stripe = require('stripe');
+  const stripe = new Stripe('sk_test_oracle');
+  const lib = 'stripe', ver = version('stripe');
+  const secret = 'whsec_oracle_stripe_current';
+  const header = (payload, t, s = secret) => stripe.webhooks.generateTestHeaderString({ payload, secret: s, timestamp: t });
+  const check = (b, h) => () => stripe.webhooks.constructEvent(b, h, secret, 300);
+  const how = 'signed with stripe.webhooks.generateTestHeaderString, verified with constructEvent (tolerance 300 s)';
+  for (const [name, b, h, ok] of [
+    ['valid', body, header(body, NOW_S), true],
+    ['tampered body', tamper(body), header(body, NOW_S), false],
+    ['wrong secret', body, header(body, NOW_S, 'whsec_oracle_other'), false],
+    ['stale timestamp', body, header(body, NOW_S - 301), false],
+  ]) {
+    await add({ preset: 'stripe', case: name, library: lib, version: ver, how, secrets: [secret], headers: { 'Stripe-Signature': h }, body: b }, check(b, h), ok);
+  }
+}
+
+// ---- GitHub: @octokit/webhooks-methods signs and verifies.
+{
+  const { sign, verify } = await import('@octokit/webhooks-methods');
+  const lib = '@octokit/webhooks-methods', ver = version(lib);
+  const secret = 'gh_oracle_secret';
+  const how = 'signed with sign(), verified with verify()';
+  for (const [name, b, s, ok] of [
+    ['valid', body, secret, true],
+    ['tampered body', tamper(body), secret, false],
+    ['wrong secret', body, 'gh_oracle_other', false],
+  ]) {
+    const h = await sign(s, body);
+    await add({ preset: 'github', case: name, library: lib, version: ver, how, secrets: [secret], headers: { 'X-Hub-Signature-256': h }, body: b }, () => verify(secret, b, h), ok);
+  }
+}
+
+// ---- Standard Webhooks and Svix (and the providers that deliver through them).
+// standardFamily signs with a Standard Webhooks / Svix Webhook (libSecret)
+// and has the provider's library verify (check(body, headers) ->
+// true/throws); the gateway is configured with `configured`.
+async function standardFamily(preset, libName, Webhook, prefix, libSecret, configured, check = null, stale = true) {
+  const ver = version(libName);
+  const wh = new Webhook(libSecret);
+  const verify = check ?? ((b, h) => wh.verify(b, h));
+  const how = `signed with new Webhook(secret).sign()${check ? '' : ', verified with verify()'}${libSecret !== configured ? ' (secret base64-encoded first, as the provider SDK does)' : ''}`;
+  const other = new Webhook('whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw');
+  const id = 'msg_oracle_1';
+  const hdr = (w, b, t) => ({ [`${prefix}-id`]: id, [`${prefix}-timestamp`]: String(t), [`${prefix}-signature`]: w.sign(id, new Date(t * 1000), b) });
+  const cases = [
+    ['valid', body, hdr(wh, body, NOW_S), true],
+    ['tampered body', tamper(body), hdr(wh, body, NOW_S), false],
+    ['wrong secret', body, hdr(other, body, NOW_S), false],
+  ];
+  if (stale) cases.push(['stale timestamp', body, hdr(wh, body, NOW_S - 301), false]);
+  for (const [name, b, h, ok] of cases) {
+    await add({ preset, case: name, library: libName, version: ver, how: check ? `${how}, verified with ${preset}'s library` : how, secrets: [configured], headers: h, body: b }, () => verify(b, h), ok);
+  }
+}
+{
+  const { Webhook: SW } = await import('standardwebhooks');
+  const { Webhook: SV } = await import('svix');
+  const wsec = 'whsec_QlIxMi10ZXN0LWtleS0wMTIzNDU2Nzg5YWJjZGVmISE=';
+  await standardFamily('standard', 'standardwebhooks', SW, 'webhook', wsec, wsec);
+  const polarSecret = 'polar_whs_oracle_secret';
+  // Polar: @polar-sh/sdk validateEvent. It verifies, then parses the
+  // payload into its models; only its WebhookVerificationError is a refusal
+  // of the signature (a model it cannot parse is not).
+  const polarWebhooks = require('@polar-sh/sdk/webhooks');
+  await standardFamily('polar', '@polar-sh/sdk', SW, 'webhook', Buffer.from(polarSecret).toString('base64'), polarSecret, (b, h) => {
+    try {
+      polarWebhooks.validateEvent(b, h, polarSecret);
+    } catch (e) {
+      if (e instanceof polarWebhooks.WebhookVerificationError) throw e;
+    }
+    return true;
+  });
+  await standardFamily('svix', 'svix', SV, 'svix', wsec, wsec);
+
+  // OpenAI: openai client.webhooks.verifySignature (tolerance 300 s).
+  const { default: OpenAI } = await import('openai');
+  const openai = new OpenAI({ apiKey: 'sk-oracle' });
+  await standardFamily('openai', 'openai', SW, 'webhook', wsec, wsec,
+    (b, h) => openai.webhooks.verifySignature(b, h, wsec, 300));
+  // Replicate: replicate validateWebhook (it does not check the timestamp's age).
+  const { validateWebhook } = require('replicate');
+  await standardFamily('replicate', 'replicate', SW, 'webhook', wsec, wsec,
+    (b, h) => validateWebhook({ id: h['webhook-id'], timestamp: h['webhook-timestamp'], signature: h['webhook-signature'], body: b, secret: wsec }), false);
+  // Resend: resend.webhooks.verify (svix-* headers).
+  const { Resend } = require('resend');
+  const resend = new Resend('re_oracle');
+  await standardFamily('resend', 'resend', SV, 'svix', wsec, wsec,
+    (b, h) => resend.webhooks.verify({ payload: b, headers: { id: h['svix-id'], timestamp: h['svix-timestamp'], signature: h['svix-signature'] }, webhookSecret: wsec }));
+  // Clerk: @clerk/backend verifyWebhook (a Fetch Request with svix-* headers).
+  const { verifyWebhook } = require('@clerk/backend/webhooks');
+  const clerkBody = '{"type":"user.created","object":"event","data":{"id":"user_oracle_1","amount":1000},"timestamp":1764547200000,"instance_id":"ins_1"}';
+  {
+    const wh = new SV(wsec);
+    const other = new SV('whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw');
+    const lib = '@clerk/backend', ver = version(lib);
+    const hdr = (w, b, t) => ({ 'svix-id': 'msg_oracle_1', 'svix-timestamp': String(t), 'svix-signature': w.sign('msg_oracle_1', new Date(t * 1000), b) });
+    const how = 'signed with svix Webhook.sign(), verified with @clerk/backend verifyWebhook()';
+    for (const [name, b, h, ok] of [
+      ['valid', clerkBody, hdr(wh, clerkBody, NOW_S), true],
+      ['tampered body', tamper(clerkBody), hdr(wh, clerkBody, NOW_S), false],
+      ['wrong secret', clerkBody, hdr(other, clerkBody, NOW_S), false],
+      ['stale timestamp', clerkBody, hdr(wh, clerkBody, NOW_S - 301), false],
+    ]) {
+      await add({ preset: 'clerk', case: name, library: lib, version: ver, how, secrets: [wsec], headers: h, body: b },
+        () => verifyWebhook(new Request('https://hooks.example.test/clerk', { method: 'POST', headers: h, body: b }), { signingSecret: wsec }), ok);
+    }
+  }
+}
+
+// ---- Discord: discord-interactions verifyKey (Ed25519).
+{
+  const { verifyKey } = await import('discord-interactions');
+  const lib = 'discord-interactions', ver = version(lib);
+  const seed = Buffer.from('9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60', 'hex');
+  const priv = crypto.createPrivateKey({ key: Buffer.concat([Buffer.from('302e020100300506032b657004220420', 'hex'), seed]), format: 'der', type: 'pkcs8' });
+  const pubHex = crypto.createPublicKey(priv).export({ format: 'der', type: 'spki' }).subarray(12).toString('hex');
+  const other = crypto.generateKeyPairSync('ed25519').privateKey;
+  const b = '{"type":2,"id":"1234567890","data":{"name":"pay"}}';
+  const ts = String(NOW_S);
+  const sig = (k, x) => crypto.sign(null, Buffer.from(ts + x), k).toString('hex');
+  const how = 'signed with node:crypto Ed25519 (documented formula), verified with verifyKey()';
+  for (const [name, bb, s, ok] of [
+    ['valid', b, sig(priv, b), true],
+    ['tampered body', b.replace('pay', 'PAY'), sig(priv, b), false],
+    ['wrong key', b, sig(other, b), false],
+  ]) {
+    await add({ preset: 'discord', case: name, library: lib, version: ver, how, secrets: [pubHex], headers: { 'X-Signature-Ed25519': s, 'X-Signature-Timestamp': ts }, body: bb }, () => verifyKey(bb, s, ts, pubHex), ok);
+  }
+}
+
+// ---- SendGrid: @sendgrid/eventwebhook verifySignature (ECDSA P-256).
+{
+  const { EventWebhook } = require('@sendgrid/eventwebhook');
+  const lib = '@sendgrid/eventwebhook', ver = version(lib);
+  const { privateKey, publicKey } = crypto.generateKeyPairSync('ec', { namedCurve: 'prime256v1' });
+  const other = crypto.generateKeyPairSync('ec', { namedCurve: 'prime256v1' }).privateKey;
+  const pubB64 = publicKey.export({ format: 'der', type: 'spki' }).toString('base64');
+  const ew = new EventWebhook();
+  const key = ew.convertPublicKeyToECDSA(pubB64);
+  const b = '[{"email":"a@example.com","event":"delivered","sg_event_id":"sg_oracle_1","timestamp":1764547200},{"email":"b@example.com","event":"open","sg_event_id":"sg_oracle_2","timestamp":1764547200}]';
+  const ts = String(NOW_S);
+  const sig = (k, x) => crypto.sign('sha256', Buffer.from(ts + x), { key: k, dsaEncoding: 'der' }).toString('base64');
+  const how = 'signed with node:crypto ECDSA P-256/SHA-256 DER (documented formula), verified with EventWebhook.verifySignature()';
+  for (const [name, bb, s, ok] of [
+    ['valid', b, sig(privateKey, b), true],
+    ['tampered body', b.replace('open', 'click'), sig(privateKey, b), false],
+    ['wrong key', b, sig(other, b), false],
+  ]) {
+    await add({
+      preset: 'sendgrid', case: name, library: lib, version: ver, how, secrets: [pubB64],
+      headers: { 'X-Twilio-Email-Event-Webhook-Signature': s, 'X-Twilio-Email-Event-Webhook-Timestamp': ts }, body: bb,
+    }, () => ew.verifySignature(key, bb, s, ts), ok);
+  }
+}
+
+// ---- Mux: @mux/mux-node webhooks.verifySignature.
+{
+  const { default: Mux } = await import('@mux/mux-node');
+  const lib = '@mux/mux-node', ver = version(lib);
+  const mux = new Mux({ tokenId: 'oracle', tokenSecret: 'oracle' });
+  const secret = 'mux_oracle_secret';
+  const hdr = (b, t, s = secret) => ({ 'Mux-Signature': `t=${t},v1=${HMAC('sha256', s, `${t}.${b}`, 'hex')}` });
+  const how = 'signed with the documented formula (node:crypto), verified with mux.webhooks.verifySignature()';
+  for (const [name, b, h, ok] of [
+    ['valid', body, hdr(body, NOW_S), true],
+    ['tampered body', tamper(body), hdr(body, NOW_S), false],
+    ['wrong secret', body, hdr(body, NOW_S, 'mux_other'), false],
+    ['stale timestamp', body, hdr(body, NOW_S - 301), false],
+  ]) {
+    await add({ preset: 'mux', case: name, library: lib, version: ver, how, secrets: [secret], headers: h, body: b },
+      () => mux.webhooks.verifySignature(b, { 'mux-signature': h['Mux-Signature'] }, secret), ok);
+  }
+}
+
+// ---- Linear: @linear/sdk LinearWebhookClient.verify (signature + body webhookTimestamp within 60 s).
+{
+  const { LinearWebhookClient } = await import('@linear/sdk/webhooks');
+  const lib = '@linear/sdk', ver = version(lib);
+  const secret = 'lin_wh_oracle_secret';
+  const client = new LinearWebhookClient(secret);
+  const mk = (ts) => `{"action":"create","type":"Issue","data":{"id":"i1","amount":1000},"webhookTimestamp":${ts}}`;
+  const how = 'signed with the documented formula (node:crypto), verified with LinearWebhookClient.verify()';
+  for (const [name, b, s, ok] of [
+    ['valid', mk(NOW), HMAC('sha256', secret, mk(NOW), 'hex'), true],
+    ['tampered body', tamper(mk(NOW)), HMAC('sha256', secret, mk(NOW), 'hex'), false],
+    ['wrong secret', mk(NOW), HMAC('sha256', 'lin_other', mk(NOW), 'hex'), false],
+    ['body timestamp 61 s old', mk(NOW - 61000), HMAC('sha256', secret, mk(NOW - 61000), 'hex'), false],
+    ['body timestamp 59 s old', mk(NOW - 59000), HMAC('sha256', secret, mk(NOW - 59000), 'hex'), true],
+  ]) {
+    await add({ preset: 'linear', case: name, library: lib, version: ver, how, secrets: [secret], headers: { 'Linear-Signature': s }, body: b },
+      () => client.verify(Buffer.from(b), s), ok);
+  }
+}
+
+// ---- Box: box-node-sdk WebhooksManager.validateMessage (primary key, 10 min max age).
+{
+  const { WebhooksManager } = require('box-node-sdk/lib/managers/webhooks');
+  const lib = 'box-node-sdk', ver = version(lib);
+  const key = 'box_oracle_primary_key';
+  const iso = (ms) => new Date(ms).toISOString().replace('.000Z', 'Z');
+  const hdr = (b, t, k = key) => ({
+    'box-delivery-timestamp': t,
+    'box-signature-primary': crypto.createHmac('sha256', k).update(b).update(t).digest('base64'),
+    'box-signature-version': '1',
+    'box-signature-algorithm': 'HmacSHA256',
+  });
+  // The escaped form box-node-sdk also accepts (its jsonStringifyWithEscapedUnicode, same regexes).
+  const escape = (b) => b.replace(/[\u007f-\uffff]/g, (c) => `\\u${`0000${c.charCodeAt(0).toString(16)}`.slice(-4)}`).replace(/(?<!\\)\//g, '\\/');
+  const hdrEscaped = (b, t) => ({ ...hdr(escape(b), t) });
+  const boxBody = '{"type":"webhook_event","id":"eb0c4e06-751f-442c-86f8-fd5bb404dbec","trigger":"FILE.UPLOADED","source":{"name":"Café 😀.pdf","path":"/Reports/2025"}}';
+  const how = 'signed with the documented formula (node:crypto), verified with WebhooksManager.validateMessage(maxAge 600)';
+  for (const [name, b, h, ok] of [
+    ['valid', body, hdr(body, iso(NOW - 5000)), true],
+    ['tampered body', tamper(body), hdr(body, iso(NOW - 5000)), false],
+    ['wrong key', body, hdr(body, iso(NOW - 5000), 'box_other'), false],
+    ['stale timestamp', body, hdr(body, iso(NOW - 601000)), false],
+    ['non-ASCII and "/" signed raw', boxBody, hdr(boxBody, iso(NOW - 5000)), true],
+    ['non-ASCII and "/" signed in Box\'s escaped form', boxBody, hdrEscaped(boxBody, iso(NOW - 5000)), true],
+    ['escaped form, tampered', boxBody.replace('Café', 'Cafe'), hdrEscaped(boxBody, iso(NOW - 5000)), false],
+  ]) {
+    await add({ preset: 'box', case: name, library: lib, version: ver, how, secrets: [key], headers: h, body: b },
+      () => WebhooksManager.validateMessage(b, h, key, { maxAge: 600 }), ok);
+  }
+}
+
+// ---- GoCardless: gocardless-nodejs webhooks.parse.
+{
+  const webhooks = require('gocardless-nodejs/webhooks');
+  const lib = 'gocardless-nodejs', ver = version(lib);
+  const secret = 'gc_oracle_secret';
+  const b = '{"events":[{"id":"EV0001","action":"paid_out","resource_type":"payments","links":{"payment":"PM1"}},{"id":"EV0002","action":"confirmed","resource_type":"payments","links":{"payment":"PM2"}}],"meta":{"webhook_id":"WB1"}}';
+  const how = 'signed with the documented formula (node:crypto), verified with webhooks.parse()';
+  for (const [name, bb, s, ok] of [
+    ['valid', b, HMAC('sha256', secret, b, 'hex'), true],
+    ['tampered body', b.replace('paid_out', 'failed'), HMAC('sha256', secret, b, 'hex'), false],
+    ['wrong secret', b, HMAC('sha256', 'gc_other', b, 'hex'), false],
+  ]) {
+    await add({ preset: 'gocardless', case: name, library: lib, version: ver, how, secrets: [secret], headers: { 'Webhook-Signature': s }, body: bb },
+      () => webhooks.parse(bb, secret, s), ok);
+  }
+}
+
+// ---- Telnyx: telnyx TelnyxWebhook.verify (Ed25519, 300 s).
+{
+  const { TelnyxWebhook } = require('telnyx/lib/webhooks');
+  const lib = 'telnyx', ver = version(lib);
+  const { privateKey, publicKey } = crypto.generateKeyPairSync('ed25519');
+  const other = crypto.generateKeyPairSync('ed25519').privateKey;
+  const pubB64 = publicKey.export({ format: 'der', type: 'spki' }).subarray(12).toString('base64');
+  const wh = new TelnyxWebhook(pubB64);
+  const b = '{"data":{"id":"0ccc7b54-4df3-4bca-a65a-3da1ecc777f0","event_type":"message.received","payload":{"amount":1000}}}';
+  const hdr = (x, t, k = privateKey) => ({ 'telnyx-signature-ed25519': crypto.sign(null, Buffer.from(`${t}|${x}`), k).toString('base64'), 'telnyx-timestamp': String(t) });
+  const how = 'signed with node:crypto Ed25519 (documented formula), verified with TelnyxWebhook.verify()';
+  for (const [name, bb, h, ok] of [
+    ['valid', b, hdr(b, NOW_S), true],
+    ['tampered body', tamper(b), hdr(b, NOW_S), false],
+    ['wrong key', b, hdr(b, NOW_S, other), false],
+    ['stale timestamp', b, hdr(b, NOW_S - 301), false],
+  ]) {
+    await add({ preset: 'telnyx', case: name, library: lib, version: ver, how, secrets: [pubB64], headers: h, body: bb }, () => wh.verify(bb, h), ok);
+  }
+}
+
+// ---- Razorpay: Razorpay.validateWebhookSignature.
+{
+  const Razorpay = require('razorpay');
+  const lib = 'razorpay', ver = version(lib);
+  const secret = 'rzp_oracle_secret';
+  const how = 'signed with the documented formula (node:crypto), verified with Razorpay.validateWebhookSignature()';
+  for (const [name, b, s, ok] of [
+    ['valid', body, HMAC('sha256', secret, body, 'hex'), true],
+    ['tampered body', tamper(body), HMAC('sha256', secret, body, 'hex'), false],
+    ['wrong secret', body, HMAC('sha256', 'rzp_other', body, 'hex'), false],
+  ]) {
+    await add({ preset: 'razorpay', case: name, library: lib, version: ver, how, secrets: [secret], headers: { 'X-Razorpay-Signature': s }, body: b },
+      () => Razorpay.validateWebhookSignature(b, s, secret), ok);
+  }
+}
+
+// ---- Paddle: @paddle/paddle-node-sdk Webhooks.isSignatureValid (its SDK allows only 5 s).
+{
+  const { Paddle } = require('@paddle/paddle-node-sdk');
+  const lib = '@paddle/paddle-node-sdk', ver = version(lib);
+  const secret = 'pdl_ntfset_oracle_secret';
+  const hdr = (b, t, s = secret) => `ts=${t};h1=${HMAC('sha256', s, `${t}:${b}`, 'hex')}`;
+  const how = 'signed with the documented formula (node:crypto), verified with Webhooks.isSignatureValid()';
+  const wh = new Paddle('pdl_sdbx_apikey_oracle').webhooks; // the client installs the runtime's crypto
+  for (const [name, b, h, ok] of [
+    ['valid', body, hdr(body, NOW_S), true],
+    ['tampered body', tamper(body), hdr(body, NOW_S), false],
+    ['wrong secret', body, hdr(body, NOW_S, 'pdl_other'), false],
+  ]) {
+    await add({ preset: 'paddle', case: name, library: lib, version: ver, how, secrets: [secret], headers: { 'Paddle-Signature': h }, body: b },
+      () => wh.isSignatureValid(b, secret, h), ok);
+  }
+}
+
+// ---- EasyPost: @easypost/api Utils.validateWebhook (note: it rewrites
+// integer "weight" values to floats before hashing, as EasyPost signs them).
+{
+  const EasyPost = require('@easypost/api');
+  const lib = '@easypost/api', ver = version(lib);
+  const client = new EasyPost('oracle');
+  const secret = 'ep_oracle_secret';
+  const signed = (b) => b.replace(/("weight":\s*)(\d+)(\s*)(?=,|\})/g, '$1$2.0');
+  const hdr = (b, s = secret) => ({ 'X-Hmac-Signature': `hmac-sha256-hex=${HMAC('sha256', s, signed(b), 'hex')}` });
+  const wb = '{"id":"evt_oracle_ep","object":"Event","description":"tracker.updated","result":{"weight":10,"amount":1000}}';
+  const how = 'signed with the documented formula (node:crypto, weights as floats), verified with client.Utils.validateWebhook()';
+  for (const [name, b, h, ok] of [
+    ['valid', body, hdr(body), true],
+    ['tampered body', tamper(body), hdr(body), false],
+    ['wrong secret', body, hdr(body, 'ep_other'), false],
+    ['integer weight signed as float', wb, hdr(wb), true],
+    ['integer weight with spaces signed as float', wb.replace('"weight":10', '"weight": 10 '), hdr(wb.replace('"weight":10', '"weight": 10 ')), true],
+  ]) {
+    await add({ preset: 'easypost', case: name, library: lib, version: ver, how, secrets: [secret], headers: h, body: b },
+      () => client.Utils.validateWebhook(Buffer.from(b), h, secret), ok);
+  }
+}
+
+// ---- Square: square WebhooksHelper.verifySignature (URL + body).
+{
+  const { WebhooksHelper } = require('square');
+  const lib = 'square', ver = version(lib);
+  const key = 'sq_oracle_signature_key';
+  const url = 'https://hooks.example.test/square/webhook?tenant=a';
+  const sig = (b, k = key, u = url) => crypto.createHmac('sha256', k).update(u + b).digest('base64');
+  const how = 'signed with the documented formula (node:crypto), verified with WebhooksHelper.verifySignature()';
+  const b = '{"merchant_id":"M1","type":"payment.updated","event_id":"ev_sq_1","data":{"amount":1000}}';
+  for (const [name, bb, s, ok] of [
+    ['valid', b, sig(b), true],
+    ['tampered body', tamper(b), sig(b), false],
+    ['wrong key', b, sig(b, 'sq_other'), false],
+    ['other URL signed', b, sig(b, key, 'https://hooks.example.test/square/webhook'), false],
+  ]) {
+    await add({ preset: 'square', case: name, library: lib, version: ver, how, secrets: [key], url, headers: { 'x-square-hmacsha256-signature': s }, body: bb },
+      () => WebhooksHelper.verifySignature({ requestBody: bb, signatureHeader: s, signatureKey: key, notificationUrl: url }), ok);
+  }
+}
+
+// ---- Twilio: twilio signs (getExpectedTwilioSignature) and verifies (validateRequest, validateRequestWithBody).
+{
+  const twilio = require('twilio');
+  const lib = 'twilio', ver = version(lib);
+  const token = 'tw_oracle_auth_token';
+  const url = 'https://hooks.example.test/twilio/sms?tenant=a';
+  const form = 'AccountSid=AC_ORACLE&Body=Hello+caf%C3%A9&From=%2B15550000001&MessageSid=SM_ORACLE_1&To=%2B15550000002';
+  const params = Object.fromEntries(new URLSearchParams(form));
+  const how = 'signed with twilio.getExpectedTwilioSignature(), verified with twilio.validateRequest() / validateRequestWithBody()';
+  const sigForm = (t, p) => twilio.getExpectedTwilioSignature(t, url, p);
+  for (const [name, bb, s, ok] of [
+    ['form valid', form, sigForm(token, params), true],
+    ['form tampered', form.replace('Hello', 'Bye'), sigForm(token, params), false],
+    ['form wrong token', form, sigForm('tw_other', params), false],
+  ]) {
+    const p = Object.fromEntries(new URLSearchParams(bb));
+    await add({ preset: 'twilio', case: name, library: lib, version: ver, how, secrets: [token], url,
+      headers: { 'X-Twilio-Signature': s, 'Content-Type': 'application/x-www-form-urlencoded' }, body: bb },
+    () => twilio.validateRequest(token, s, url, p), ok);
+  }
+  const js = '{"MessageSid":"SM_ORACLE_2","amount":1000}';
+  const sha = crypto.createHash('sha256').update(js).digest('hex');
+  const jsURL = `${url}&bodySHA256=${sha}`;
+  const jsSig = twilio.getExpectedTwilioSignature(token, jsURL, {});
+  for (const [name, bb, ok] of [['json valid', js, true], ['json tampered', tamper(js), false]]) {
+    await add({ preset: 'twilio', case: name, library: lib, version: ver, how, secrets: [token], url: jsURL,
+      headers: { 'X-Twilio-Signature': jsSig, 'Content-Type': 'application/json' }, body: bb },
+    () => twilio.validateRequestWithBody(token, jsSig, jsURL, bb), ok);
+  }
+}
+
+// ---- WorkOS: @workos-inc/node webhooks.verifyHeader (ms timestamp, 180 s).
+{
+  const { WorkOS } = await import('@workos-inc/node');
+  const lib = '@workos-inc/node', ver = version(lib);
+  const workos = new WorkOS('sk_test_oracle');
+  const secret = 'workos_oracle_secret';
+  const hdr = (b, t, s = secret) => `t=${t}, v1=${HMAC('sha256', s, `${t}.${b}`, 'hex')}`;
+  const how = 'signed with the documented formula (node:crypto), verified with workos.webhooks.verifyHeader()';
+  for (const [name, b, h, ok] of [
+    ['valid', body, hdr(body, NOW), true],
+    ['tampered body', tamper(body), hdr(body, NOW), false],
+    ['wrong secret', body, hdr(body, NOW, 'workos_other'), false],
+    ['stale timestamp', body, hdr(body, NOW - 181000), false],
+  ]) {
+    await add({ preset: 'workos', case: name, library: lib, version: ver, how, secrets: [secret], headers: { 'WorkOS-Signature': h }, body: b },
+      () => workos.webhooks.verifyHeader({ payload: JSON.parse(b), sigHeader: h, secret }), ok);
+  }
+}
+
+// ---- HubSpot: @hubspot/api-client Signature.isValid (v3: method + URL + body + timestamp ms).
+{
+  const { Signature } = require('@hubspot/api-client');
+  const lib = '@hubspot/api-client', ver = version(lib);
+  const secret = 'hs_oracle_client_secret';
+  const url = 'https://hooks.example.test/hubspot?portal=1';
+  const b = '[{"eventId":100,"subscriptionType":"contact.creation","objectId":1000}]';
+  const sig = (x, t, s = secret) => crypto.createHmac('sha256', s).update('POST' + url + x + t).digest('base64');
+  const how = 'signed with the documented formula (node:crypto), verified with Signature.isValid({signatureVersion: "v3"})';
+  for (const [name, bb, s, t, ok] of [
+    ['valid', b, sig(b, NOW), NOW, true],
+    ['tampered body', tamper(b), sig(b, NOW), NOW, false],
+    ['wrong secret', b, sig(b, NOW, 'hs_other'), NOW, false],
+    ['stale timestamp', b, sig(b, NOW - 300001), NOW - 300001, false],
+  ]) {
+    await add({ preset: 'hubspot', case: name, library: lib, version: ver, how, secrets: [secret], url,
+      headers: { 'X-HubSpot-Signature-v3': s, 'X-HubSpot-Request-Timestamp': String(t) }, body: bb },
+    () => Signature.isValid({ signatureVersion: 'v3', signature: s, clientSecret: secret, requestBody: bb, url, method: 'POST', timestamp: t }), ok);
+  }
+}
+
+// ---- Coinbase Commerce: coinbase-commerce-node Webhook.verifySigHeader.
+{
+  const { Webhook } = require('coinbase-commerce-node');
+  const lib = 'coinbase-commerce-node', ver = version(lib);
+  const secret = 'cc_oracle_shared_secret';
+  const b = '{"id":1,"scheduled_for":"2025-12-01T00:00:00Z","event":{"id":"24934862-d980-46cb-9402-43c81b0cdba6","type":"charge:created","data":{"amount":1000}}}';
+  const how = 'signed with the documented formula (node:crypto), verified with Webhook.verifySigHeader()';
+  for (const [name, bb, s, ok] of [
+    ['valid', b, HMAC('sha256', secret, b, 'hex'), true],
+    ['tampered body', tamper(b), HMAC('sha256', secret, b, 'hex'), false],
+    ['wrong secret', b, HMAC('sha256', 'cc_other', b, 'hex'), false],
+  ]) {
+    await add({ preset: 'coinbase', case: name, library: lib, version: ver, how, secrets: [secret], headers: { 'X-CC-Webhook-Signature': s }, body: bb },
+      () => Webhook.verifySigHeader(bb, s, secret), ok);
+  }
+}
+
+// ---- Slack: @slack/bolt verifySlackRequest (v0, five minutes).
+{
+  const { verifySlackRequest } = require('@slack/bolt');
+  const lib = '@slack/bolt', ver = version(lib);
+  const secret = 'slack_oracle_signing_secret';
+  const sig = (b, t, s = secret) => 'v0=' + HMAC('sha256', s, `v0:${t}:${b}`, 'hex');
+  const how = 'signed with the documented formula (node:crypto), verified with verifySlackRequest()';
+  const form = 'token=x&team_id=T1&command=%2Fpay&text=1000';
+  const quiet = { debug() {}, info() {}, warn() {}, error() {}, setLevel() {}, getLevel() {}, setName() {} };
+  for (const [name, b, s, t, ok] of [
+    ['valid', body, sig(body, NOW_S), NOW_S, true],
+    ['form body valid', form, sig(form, NOW_S), NOW_S, true],
+    ['tampered body', tamper(body), sig(body, NOW_S), NOW_S, false],
+    ['wrong secret', body, sig(body, NOW_S, 'slack_other'), NOW_S, false],
+    ['stale timestamp', body, sig(body, NOW_S - 301), NOW_S - 301, false],
+  ]) {
+    await add({ preset: 'slack', case: name, library: lib, version: ver, how, secrets: [secret],
+      headers: { 'X-Slack-Signature': s, 'X-Slack-Request-Timestamp': String(t) }, body: b },
+    () => verifySlackRequest({ signingSecret: secret, body: b, headers: { 'x-slack-signature': s, 'x-slack-request-timestamp': t }, logger: quiet }), ok);
+  }
+}
+
+// ---- Shopify: @shopify/shopify-api signs (test-helpers getHmac) and verifies (webhooks.validate).
+{
+  require('@shopify/shopify-api/adapters/node');
+  const { shopifyApi, ApiVersion } = require('@shopify/shopify-api');
+  const { getHmac } = require('@shopify/shopify-api/test-helpers');
+  const lib = '@shopify/shopify-api', ver = version(lib);
+  const secret = 'shpss_oracle_client_secret';
+  const shopify = shopifyApi({ apiKey: 'oracle', apiSecretKey: secret, apiVersion: ApiVersion.October25, hostName: 'hooks.example.test', isEmbeddedApp: false, logger: { level: 0 } });
+  const hdr = (b, s = secret) => ({
+    'X-Shopify-Hmac-Sha256': getHmac(b, s), 'X-Shopify-Topic': 'orders/create', 'X-Shopify-API-Version': '2025-10',
+    'X-Shopify-Shop-Domain': 'test-shop.myshopify.com', 'X-Shopify-Webhook-Id': 'b54557e4-bdd9-4b37-8a5f-bf7d70bcd043',
+    'X-Shopify-Event-Id': '98880550-7158-44d4-b7cd-2c97c8a091b5',
+  });
+  const how = 'signed with test-helpers getHmac(), verified with shopify.webhooks.validate()';
+  for (const [name, b, h, ok] of [
+    ['valid', body, hdr(body), true],
+    ['tampered body', tamper(body), hdr(body), false],
+    ['wrong secret', body, hdr(body, 'shpss_other'), false],
+  ]) {
+    const lower = Object.fromEntries(Object.entries(h).map(([k, v]) => [k.toLowerCase(), v]));
+    await add({ preset: 'shopify', case: name, library: lib, version: ver, how, secrets: [secret], headers: h, body: b },
+      async () => (await shopify.webhooks.validate({ rawBody: b, rawRequest: { headers: lower, method: 'POST', url: '/webhooks' }, rawResponse: {} })).valid, ok);
+  }
+}
+
+// ---- Webflow: webflow-api client.webhooks.verifySignature (it does not check the timestamp's age).
+{
+  const { WebflowClient } = require('webflow-api');
+  const lib = 'webflow-api', ver = version(lib);
+  const client = new WebflowClient({ accessToken: 'oracle' });
+  const secret = 'wf_oracle_client_secret';
+  const hdr = (b, t, s = secret) => ({ 'x-webflow-timestamp': String(t), 'x-webflow-signature': HMAC('sha256', s, `${t}:${b}`, 'hex') });
+  const how = 'signed with the documented formula (node:crypto), verified with client.webhooks.verifySignature()';
+  for (const [name, b, h, ok] of [
+    ['valid', body, hdr(body, NOW), true],
+    ['tampered body', tamper(body), hdr(body, NOW), false],
+    ['wrong secret', body, hdr(body, NOW, 'wf_other'), false],
+  ]) {
+    await add({ preset: 'webflow', case: name, library: lib, version: ver, how, secrets: [secret], headers: h, body: b },
+      () => client.webhooks.verifySignature({ headers: h, body: b, secret }), ok);
+  }
+}
+
+vectors.sort((a, b) => (a.preset + a.case).localeCompare(b.preset + b.case));
+const libraries = {};
+for (const v of vectors) libraries[v.library] = v.version;
+fs.writeFileSync(out, JSON.stringify({
+  generated_by: 'scripts/oracles/generate.mjs',
+  clock: NOW,
+  libraries,
+  documentation_only: DOCUMENTATION_ONLY,
+  vectors,
+}, null, 2) + '\n');
+console.log(`${vectors.length} vectors from ${Object.keys(libraries).length} libraries -> ${path.relative(process.cwd(), out)}`);
