@@ -138,12 +138,19 @@ func (f full) replayed() bool { return f.header.Get("Idempotent-Replayed") == "t
 
 func do(t *testing.T, req *http.Request) full {
 	t.Helper()
-	resp, err := (&http.Client{Timeout: 20 * time.Second}).Do(req)
+	f, err := tryDo(req)
 	require.NoError(t, err)
+	return f
+}
+
+func tryDo(req *http.Request) (full, error) {
+	resp, err := (&http.Client{Timeout: 20 * time.Second}).Do(req)
+	if err != nil {
+		return full{}, err
+	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	return full{resp.StatusCode, resp.Header, b}
+	return full{resp.StatusCode, resp.Header, b}, err
 }
 
 // twilioDelivery is an incoming-SMS webhook signed as Twilio signs it:
@@ -356,15 +363,20 @@ func TestIdempotencyKeyMode(t *testing.T) {
 
 		t.Run(backend+"/concurrent duplicate 409", func(t *testing.T) {
 			k := key()
+			req := apiRequest(t, url, k, "alice", `{"amount":7}`, "X-Delay-Ms", "1500")
 			done := make(chan full, 1)
-			go func() {
-				done <- do(t, apiRequest(t, url, k, "alice", `{"amount":7}`, "X-Delay-Ms", "1500"))
+			errc := make(chan error, 1)
+			go func() { // no assertions off the test's goroutine
+				f, err := tryDo(req)
+				done <- f
+				errc <- err
 			}()
 			require.Eventually(t, func() bool { return up.count(k+"|alice") == 1 }, 5*time.Second, 10*time.Millisecond)
 			conflict := do(t, apiRequest(t, url, k, "alice", `{"amount":7}`))
 			requireProblem(t, conflict, http.StatusConflict, "A request is outstanding for this Idempotency-Key")
 			require.NotEmpty(t, conflict.header.Get("Retry-After"))
 			first := <-done
+			require.NoError(t, <-errc)
 			require.Equal(t, http.StatusCreated, first.status)
 			dup := do(t, apiRequest(t, url, k, "alice", `{"amount":7}`))
 			require.True(t, dup.replayed())
@@ -431,8 +443,8 @@ func TestIdempotencyKeyMode(t *testing.T) {
 			// retention 3s, swept every 750ms; the cached answer lives at
 			// most the retention too.
 			require.Eventually(t, func() bool {
-				r := do(t, apiRequest(t, url, k, "alice", `{"amount":3}`))
-				return r.status == http.StatusCreated && !r.replayed()
+				r, err := tryDo(apiRequest(t, url, k, "alice", `{"amount":3}`))
+				return err == nil && r.status == http.StatusCreated && !r.replayed()
 			}, 10*time.Second, 250*time.Millisecond)
 			require.Equal(t, 2, up.count(k+"|alice"))
 		})

@@ -150,7 +150,7 @@ func (c *Completed) Response(scope, eventID string) (*store.Response, bool) {
 	}
 	bp := keyBufs.Get().(*[]byte)
 	k := append(append(append((*bp)[:0], scope...), 0), eventID...)
-	resp, ok := c.r.Get(unsafe.String(unsafe.SliceData(k), len(k)))
+	resp, ok := c.r.Get(unsafe.String(unsafe.SliceData(k), len(k))) //nolint:gosec // as in Has: Get keeps no reference
 	*bp = k
 	keyBufs.Put(bp)
 	return resp, ok
