@@ -44,7 +44,8 @@ const (
 	// problemType is the RFC 9457 type of the mode's problem answers: the
 	// README section that explains them.
 	problemType = "https://github.com/webhook-idempotency/caddy-webhook-idempotency#idempotency-key-for-client-apis"
-	// outcomeKeyReused: the key came with another request fingerprint: 422.
+	// outcomeKeyReused: the key came with another request fingerprint: 422
+	// (in allOutcomes, metrics.go).
 	outcomeKeyReused = "key_reused"
 )
 

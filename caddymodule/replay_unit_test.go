@@ -160,12 +160,14 @@ func TestIdempotencyKeyRequests(t *testing.T) {
 		require.Equal(t, http.StatusOK, g.serve(apiCall("k", `{"a":1}`)).status)
 		require.Equal(t, "true", g.serve(apiCall("k", `{"a":2}`)).header.Get("Idempotent-Replayed"))
 
-		p := newGateway(t, "webhook_idempotency {\n\tprovider idempotency_key\n\tidempotency_key {\n\t\tfingerprint method path\n\t}\n}")
+		p := newGateway(t, "webhook_idempotency {\n\tprovider idempotency_key\n\tscope fp_partial_"+randomHex(4)+"\n\tidempotency_key {\n\t\tfingerprint method path\n\t}\n}")
 		require.Equal(t, http.StatusOK, p.serve(apiCall("k", `{"a":1}`)).status)
 		require.Equal(t, "true", p.serve(apiCall("k", `{"a":2}`)).header.Get("Idempotent-Replayed"), "the body is not covered")
 		other := apiCall("k", `{"a":1}`)
 		other.Method = http.MethodPatch
 		require.Equal(t, http.StatusUnprocessableEntity, p.serve(other).status)
+		require.Equal(t, 1.0, p.outcomes(outcomeKeyReused))
+		require.Len(t, p.logged("idempotency key reused"), 1)
 	})
 
 	t.Run("store_4xx off", func(t *testing.T) {
