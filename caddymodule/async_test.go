@@ -804,6 +804,9 @@ func TestAsyncConfig(t *testing.T) {
 	} {
 		h := new(Handler)
 		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("webhook_idempotency {\nprovider stripe\nsecret whsec_x\n" + c.block + "\n}"))
+		if err == nil {
+			err = h.prepareConfig() // a rule on values, not syntax
+		}
 		require.ErrorContains(t, err, c.want, c.block)
 	}
 
