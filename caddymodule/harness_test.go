@@ -1,0 +1,151 @@
+package caddymodule
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddytest"
+	"github.com/stretchr/testify/require"
+)
+
+// The module's shared test harness: one in-process Caddy (startCaddy), one
+// fake upstream for it (webhookUpstream) and one Stripe signer
+// (stripeHeader, stripeRequest). The in-process Handler without Caddy is
+// newGateway (handler_test.go) with its upstream next handler; async mode's
+// provisioned Handler is newAsyncGateway, its slow ordered upstream
+// legacyUpstream (async_test.go).
+
+// gatewayBase is the address of the in-process Caddy's HTTP server.
+const gatewayBase = "http://localhost:9080"
+
+// caddyTestGlobals are the global options of every in-process Caddy test:
+// caddytest's admin port, fixed HTTP ports, no trust store, no grace period.
+const caddyTestGlobals = "\tskip_install_trust\n\tadmin localhost:2999\n\thttp_port 9080\n\thttps_port 9443\n\tgrace_period 1ns\n"
+
+// startCaddy loads a Caddyfile into the process's Caddy (caddytest), whose
+// global options block must begin with caddyTestGlobals. Caddy's config and
+// ports are global: its tests do not run in parallel, and skip under -short.
+func startCaddy(t *testing.T, caddyfile string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("in-process Caddy: skipped with -short")
+	}
+	caddytest.NewTester(t).InitServer(caddyfile, "caddyfile")
+	require.False(t, t.Failed(), "caddy config did not load")
+}
+
+// webhookUpstream is the fake upstream behind an in-process Caddy. It counts
+// forwarded deliveries and keeps their bodies by their X-Test-Event header,
+// answers 200 JSON, or the status set for the event (answer) or for all
+// (status), after delay, and can hold an event's forwards until released.
+type webhookUpstream struct {
+	*httptest.Server
+	mu      sync.Mutex
+	calls   map[string]int
+	bodies  map[string][][]byte
+	answers map[string]int
+	gates   map[string]chan struct{}
+	entered chan string  // receives each held event's ID as it waits
+	status  atomic.Int32 // answer status of every event; 0 = 200
+	delay   atomic.Int64 // nanoseconds to wait before answering
+}
+
+func newWebhookUpstream(t *testing.T) *webhookUpstream {
+	u := &webhookUpstream{
+		calls:   map[string]int{},
+		bodies:  map[string][][]byte{},
+		answers: map[string]int{},
+		gates:   map[string]chan struct{}{},
+		entered: make(chan string, 16),
+	}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		id := r.Header.Get("X-Test-Event")
+		u.mu.Lock()
+		u.calls[id]++
+		u.bodies[id] = append(u.bodies[id], body)
+		st, gate := u.answers[id], u.gates[id]
+		u.mu.Unlock()
+		if gate != nil {
+			u.entered <- id
+			<-gate
+		}
+		if d := u.delay.Load(); d > 0 {
+			time.Sleep(time.Duration(d))
+		}
+		if st == 0 {
+			st = int(u.status.Load())
+		}
+		if st == 0 {
+			st = http.StatusOK
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(st)
+		_, _ = io.WriteString(w, `{"upstream":true}`)
+	}))
+	t.Cleanup(u.Close)
+	return u
+}
+
+// count is how many times the event was forwarded.
+func (u *webhookUpstream) count(id string) int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.calls[id]
+}
+
+// answer makes the upstream answer the event's forwards with status.
+func (u *webhookUpstream) answer(id string, status int) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.answers[id] = status
+}
+
+// hold makes the forwards of id wait until the returned func is called.
+func (u *webhookUpstream) hold(id string) (release func()) {
+	gate := make(chan struct{})
+	u.mu.Lock()
+	u.gates[id] = gate
+	u.mu.Unlock()
+	var once sync.Once
+	return func() { once.Do(func() { close(gate) }) }
+}
+
+// randomHex is n random bytes in hex: unique names, secrets and IDs.
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// stripeSig is SIG-STRIPE's v1 value for body at ts (Unix seconds, as text).
+func stripeSig(secret string, body []byte, ts string) string {
+	return hexOf(mac256([]byte(secret), []byte(ts+"."), body))
+}
+
+// stripeHeader is a Stripe-Signature header with one v1 signature.
+func stripeHeader(secret string, body []byte, ts int64) string {
+	tsText := strconv.FormatInt(ts, 10)
+	return "t=" + tsText + ",v1=" + stripeSig(secret, body, tsText)
+}
+
+// stripeRequest is a Stripe-signed POST of body to url, signed at ts, as
+// Stripe sends one; webhookUpstream counts it under testID.
+func stripeRequest(t *testing.T, url, secret string, body []byte, ts time.Time, testID string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Stripe-Signature", stripeHeader(secret, body, ts.Unix()))
+	req.Header.Set("X-Test-Event", testID)
+	return req
+}
