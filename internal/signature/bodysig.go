@@ -28,21 +28,6 @@ type bodySigner interface {
 	signBody(body []byte, ts time.Time) ([]byte, error)
 }
 
-// SignBody returns body as provider would send it at ts, signed with
-// o.Secrets[0], for schemes whose signature lives in the body (mailgun,
-// msgraph). It is meant for tests and the CLI.
-func SignBody(provider string, o Options, body []byte, ts time.Time) ([]byte, error) {
-	s, err := build(provider, o)
-	if err != nil {
-		return nil, err
-	}
-	bs, ok := s.(bodySigner)
-	if !ok {
-		return nil, fmt.Errorf("provider %s signs in headers: use Sign", provider)
-	}
-	return bs.signBody(body, ts)
-}
-
 // SignDelivery is Sign for every scheme: it returns the body to send, which
 // differs from body where the provider writes into it (Mailgun's signature,
 // Graph's clientState, Linear's webhookTimestamp), and sets h as Sign does.
