@@ -65,13 +65,8 @@ type mailgun struct {
 }
 
 func buildMailgun(p Preset, o Options) (signer, error) {
-	m := &mailgun{tolerance: p.DefaultTolerance, now: o.Now}
-	if o.Tolerance > 0 {
-		m.tolerance = o.Tolerance
-	}
-	if m.now == nil {
-		m.now = time.Now
-	}
+	m := &mailgun{}
+	m.tolerance, m.now = clock(p, o)
 	for _, s := range o.Secrets {
 		m.keys = append(m.keys, []byte(s))
 	}
@@ -262,13 +257,8 @@ func withBodyTimestamp(path string) func(p Preset, o Options) (signer, error) {
 		if err != nil {
 			return nil, err
 		}
-		b := &bodyTimestamp{signer: e, path: path, unit: p.TimestampUnit, tolerance: p.DefaultTolerance, now: o.Now}
-		if o.Tolerance > 0 {
-			b.tolerance = o.Tolerance
-		}
-		if b.now == nil {
-			b.now = time.Now
-		}
+		b := &bodyTimestamp{signer: e, path: path, unit: p.TimestampUnit}
+		b.tolerance, b.now = clock(p, o)
 		return b, nil
 	}
 }

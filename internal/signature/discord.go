@@ -67,15 +67,8 @@ func buildDiscord(p Preset, o Options) (signer, error) {
 	d := &discord{
 		sigHeader: p.Headers[0].Signature,
 		tsHeader:  p.Headers[0].Timestamp,
-		tolerance: p.DefaultTolerance,
-		now:       o.Now,
 	}
-	if o.Tolerance > 0 {
-		d.tolerance = o.Tolerance
-	}
-	if d.now == nil {
-		d.now = time.Now
-	}
+	d.tolerance, d.now = clock(p, o)
 	for i, s := range o.Secrets {
 		k, err := hex.DecodeString(s)
 		if err != nil || len(k) != ed25519.PublicKeySize {

@@ -39,3 +39,17 @@ func checkInstant(t time.Time, tolerance time.Duration, now time.Time) error {
 	}
 	return nil
 }
+
+// clock returns a timestamped scheme's tolerance (o.Tolerance, else the
+// preset's default) and clock (o.Now, else time.Now).
+func clock(p Preset, o Options) (time.Duration, func() time.Time) {
+	tolerance := p.DefaultTolerance
+	if o.Tolerance > 0 {
+		tolerance = o.Tolerance
+	}
+	now := o.Now
+	if now == nil {
+		now = time.Now
+	}
+	return tolerance, now
+}
