@@ -131,9 +131,7 @@ func runFailover(t *testing.T, ha haServer, mode string, lease time.Duration) fa
 
 	// Service resumes by itself: wait (at most 30s) for a new event sent
 	// after the promotion to be forwarded, then keep the load on for 2s.
-	resumed := load.resumedAfter(promoteEnd)
-	time.Sleep(2 * time.Second)
-	load.halt()
+	resumed := load.haltAfterResume(promoteEnd)
 	sent, known := load.sent, load.known
 	require.False(t, resumed.IsZero(), "a delivery after the promotion was forwarded")
 	slow := <-slowDone

@@ -86,6 +86,15 @@ func (l *providerLoad) resumedAfter(t time.Time) time.Time {
 	return resumed
 }
 
+// haltAfterResume waits (resumedAfter) for service to resume after t, keeps
+// the load on for 2s more, then halts it; it returns resumedAfter's time.
+func (l *providerLoad) haltAfterResume(t time.Time) time.Time {
+	resumed := l.resumedAfter(t)
+	time.Sleep(2 * time.Second)
+	l.halt()
+	return resumed
+}
+
 // halt stops the load and waits for its workers; sent and known are then
 // the test's to read.
 func (l *providerLoad) halt() {

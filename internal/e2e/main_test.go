@@ -176,6 +176,17 @@ func (b *bundle) deliverLater(g *e2e.Gateway, id string) <-chan e2e.Result {
 	return first
 }
 
+// deliverForwarded is deliverLater, returning once the upstream has the
+// delivery's first call (at most 15s).
+func (b *bundle) deliverForwarded(g *e2e.Gateway, id string) <-chan e2e.Result {
+	b.t.Helper()
+	first := b.deliverLater(g, id)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	require.NoError(b.t, b.up.WaitFor(ctx, id, func(cs []e2e.Call) bool { return len(cs) == 1 }))
+	return first
+}
+
 // storeLink is a cuttable TCP link to the test database, closed at the end
 // of the test: a gateway given b.db.DSNVia(link.Addr()) loses its store when
 // the link is cut.

@@ -90,9 +90,7 @@ func TestPostgresRestartUnderLoad(t *testing.T) {
 
 	// Service resumes by itself: wait (at most 30s) for a new event sent
 	// after the restart to be forwarded, then keep the load on for 2s.
-	resumed := load.resumedAfter(startEnd)
-	time.Sleep(2 * time.Second)
-	load.halt()
+	resumed := load.haltAfterResume(startEnd)
 	sent, known := load.sent, load.known
 	require.False(t, resumed.IsZero(), "a delivery after the restart was forwarded")
 
