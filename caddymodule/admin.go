@@ -100,17 +100,9 @@ type EventJSON struct {
 }
 
 func toJSON(e store.Event) EventJSON {
-	out := EventJSON{Scope: e.Scope, EventID: e.EventID, State: string(e.State), Attempts: e.Attempts,
-		FirstSeen: e.FirstSeen.UTC(), UpdatedAt: e.UpdatedAt.UTC(), Status: e.Status}
-	if !e.LeaseUntil.IsZero() {
-		t := e.LeaseUntil.UTC()
-		out.LeaseUntil = &t
-	}
-	if !e.CompletedAt.IsZero() {
-		t := e.CompletedAt.UTC()
-		out.CompletedAt = &t
-	}
-	return out
+	return EventJSON{Scope: e.Scope, EventID: e.EventID, State: string(e.State), Attempts: e.Attempts,
+		FirstSeen: e.FirstSeen.UTC(), UpdatedAt: e.UpdatedAt.UTC(), Status: e.Status,
+		LeaseUntil: timePtr(e.LeaseUntil), CompletedAt: timePtr(e.CompletedAt)}
 }
 
 func apiErr(status int, format string, args ...any) error {

@@ -42,9 +42,12 @@ func send(t *testing.T, req *http.Request) result {
 }
 
 // startGateway loads a Caddy config with one route per backend, both in
-// front of the upstream, and returns the route prefixes. The routes have
-// scopes of their own: one scope on two storages is refused at load.
-func startGateway(t *testing.T, up *webhookUpstream, secret string, extra string) map[string]string {
+// front of a new webhookUpstream with a new secret, and returns the secret,
+// the upstream and the route URL of each backend. The routes have scopes of
+// their own: one scope on two storages is refused at load.
+func startGateway(t *testing.T, extra string) (secret string, up *webhookUpstream, routes map[string]string) {
+	secret = "whsec_" + randomHex(16)
+	up = newWebhookUpstream(t)
 	dsn := pgDSN(t)
 	table := "it_" + randomHex(6)
 	t.Cleanup(func() { dropTable(dsn, table) })
@@ -74,13 +77,11 @@ http://localhost:9080 {
 		reverse_proxy %[6]s
 	}
 }`, secret, dsn, table, dbPath, extra, up.Listener.Addr().String()))
-	return map[string]string{"postgres": gatewayBase + "/postgres/hook", "sqlite": gatewayBase + "/sqlite/hook"}
+	return secret, up, map[string]string{"postgres": gatewayBase + "/postgres/hook", "sqlite": gatewayBase + "/sqlite/hook"}
 }
 
 func TestGatewayEndToEnd(t *testing.T) {
-	secret := "whsec_" + randomHex(16)
-	up := newWebhookUpstream(t)
-	routes := startGateway(t, up, secret, "lease 3s")
+	secret, up, routes := startGateway(t, "lease 3s")
 
 	for _, backend := range []string{"postgres", "sqlite"} {
 		url := routes[backend]

@@ -11,9 +11,7 @@ import (
 // In a real Caddy: refuse_status answers a bad signature, an event ID given
 // twice is 400, and neither is recorded or forwarded (issue 10, items 5, 6).
 func TestGatewayRefusals(t *testing.T) {
-	secret := "whsec_" + randomHex(16)
-	up := newWebhookUpstream(t)
-	routes := startGateway(t, up, secret, "refuse_status 401")
+	secret, up, routes := startGateway(t, "refuse_status 401")
 	for _, backend := range []string{"postgres", "sqlite"} {
 		url := routes[backend]
 		t.Run(backend, func(t *testing.T) {
