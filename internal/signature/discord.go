@@ -81,11 +81,7 @@ func buildDiscord(p Preset, o Options) (signer, error) {
 }
 
 func (d *discord) Verify(body []byte, h http.Header) error {
-	sigText, err := oneValue(h, d.sigHeader)
-	if err != nil {
-		return err
-	}
-	ts, err := oneValue(h, d.tsHeader)
+	sigText, ts, err := signedAt(h, d.sigHeader, d.tsHeader)
 	if err != nil {
 		return err
 	}

@@ -127,11 +127,7 @@ func stripPEM(s string) string {
 }
 
 func (v *pubkeyVerifier) Verify(body []byte, h http.Header) error {
-	sigText, err := oneValue(h, v.sigHeader)
-	if err != nil {
-		return err
-	}
-	ts, err := oneValue(h, v.tsHeader)
+	sigText, ts, err := signedAt(h, v.sigHeader, v.tsHeader)
 	if err != nil {
 		return err
 	}

@@ -103,11 +103,7 @@ func (a *standardAsym) Verify(body []byte, h http.Header) error {
 	if err != nil {
 		return err
 	}
-	raw, err := oneValue(h, hs.Signature)
-	if err != nil {
-		return err
-	}
-	ts, err := oneValue(h, hs.Timestamp)
+	raw, ts, err := signedAt(h, hs.Signature, hs.Timestamp)
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package signature
 
 import (
 	"fmt"
+	"net/http"
 	"time"
 )
 
@@ -52,4 +53,16 @@ func clock(p Preset, o Options) (time.Duration, func() time.Time) {
 		now = time.Now
 	}
 	return tolerance, now
+}
+
+// signedAt reads the one value (oneValue) of a scheme's signature header and
+// of its timestamp header, in that order.
+func signedAt(h http.Header, sigHeader, tsHeader string) (sig, ts string, err error) {
+	if sig, err = oneValue(h, sigHeader); err != nil {
+		return "", "", err
+	}
+	if ts, err = oneValue(h, tsHeader); err != nil {
+		return "", "", err
+	}
+	return sig, ts, nil
 }
