@@ -121,13 +121,8 @@ func runFailover(t *testing.T, ha haServer, mode string, lease time.Duration) fa
 	}()
 	require.NoError(t, b.up.WaitFor(ctx, slowID, func(cs []e2e.Call) bool { return len(cs) == 1 }))
 
-	stopBegin := time.Now()
-	require.NoError(t, ha.fail(ctx, mode))
-	stopEnd := time.Now()
-	time.Sleep(ha.gap)
-	promoteBegin := time.Now()
-	require.NoError(t, ha.promote(ctx))
-	promoteEnd := time.Now()
+	stopBegin, stopEnd, promoteBegin, promoteEnd := outage(t,
+		func() error { return ha.fail(ctx, mode) }, ha.gap, func() error { return ha.promote(ctx) })
 
 	// Service resumes by itself: wait (at most 30s) for a new event sent
 	// after the promotion to be forwarded, then keep the load on for 2s.

@@ -70,6 +70,19 @@ func startLoad(ctx context.Context, b *bundle, gws []*e2e.Gateway, workers int) 
 	return l
 }
 
+// outage takes the database down, waits gap, brings it up again, and
+// returns when each step began and ended; a step's error fails the test.
+func outage(t *testing.T, down func() error, gap time.Duration, up func() error) (downBegin, downEnd, upBegin, upEnd time.Time) {
+	t.Helper()
+	downBegin = time.Now()
+	require.NoError(t, down())
+	downEnd = time.Now()
+	time.Sleep(gap)
+	upBegin = time.Now()
+	require.NoError(t, up())
+	return downBegin, downEnd, upBegin, time.Now()
+}
+
 // resumedAfter waits at most 30s for a delivery started after t to be
 // forwarded and returns the earliest end of one, or the zero time.
 func (l *providerLoad) resumedAfter(t time.Time) time.Time {

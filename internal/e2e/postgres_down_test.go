@@ -80,13 +80,8 @@ func TestPostgresRestartUnderLoad(t *testing.T) {
 	load := startLoad(ctx, b, gws, workers)
 
 	time.Sleep(2 * time.Second)
-	stopBegin := time.Now()
-	require.NoError(t, server.Stop(ctx, "fast"))
-	stopEnd := time.Now()
-	time.Sleep(downtime)
-	startBegin := time.Now()
-	require.NoError(t, server.Start(ctx))
-	startEnd := time.Now()
+	stopBegin, stopEnd, startBegin, startEnd := outage(t,
+		func() error { return server.Stop(ctx, "fast") }, downtime, func() error { return server.Start(ctx) })
 
 	// Service resumes by itself: wait (at most 30s) for a new event sent
 	// after the restart to be forwarded, then keep the load on for 2s.
