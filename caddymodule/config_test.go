@@ -22,7 +22,7 @@ func TestRefusedConfigOpensNoStore(t *testing.T) {
 	require.NoError(t, ln.Close())
 	st := Storage{Backend: "postgres", DSN: "postgres://postgres@" + addr + "/test?sslmode=disable&connect_timeout=5", Table: "refused_config"}
 
-	provision := func(extra string) (error, time.Duration) {
+	provision := func(extra string) (time.Duration, error) {
 		h := new(Handler)
 		require.NoError(t, h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(
 			"webhook_idempotency {\nprovider stripe\nsecret whsec_x\nmode async\ndeliver_to http://127.0.0.1:9\n"+extra+"}")))
@@ -34,7 +34,7 @@ func TestRefusedConfigOpensNoStore(t *testing.T) {
 		err := h.Provision(ctx)
 		took := time.Since(t0)
 		_ = h.Cleanup()
-		return err, took
+		return took, err
 	}
 
 	for _, c := range []struct{ extra, want string }{
@@ -44,7 +44,7 @@ func TestRefusedConfigOpensNoStore(t *testing.T) {
 		{"order_key form x\n", "order_key: want json <path> or header <name>"},
 		{"refuse_status 200\n", "refuse_status: want a 4xx status"},
 	} {
-		err, took := provision(c.extra)
+		took, err := provision(c.extra)
 		require.ErrorContains(t, err, c.want, c.extra)
 		require.NotContains(t, err.Error(), "storage", c.extra)
 		require.Less(t, took, time.Second, c.extra)
@@ -52,6 +52,6 @@ func TestRefusedConfigOpensNoStore(t *testing.T) {
 		require.False(t, used, "%s: a store is pooled (%d references)", c.extra, n)
 	}
 
-	err, _ = provision("")
+	_, err = provision("")
 	require.ErrorContains(t, err, "storage postgres", "a valid config dials the closed port")
 }
