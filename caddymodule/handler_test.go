@@ -637,25 +637,3 @@ func raceEnabled() bool {
 	}
 	return false
 }
-
-// provisionErr provisions a Handler from a Caddyfile snippet (on a fresh
-// SQLite store unless it names one) and returns what Provision, else
-// Validate, said.
-func provisionErr(t testing.TB, snippet string) error {
-	t.Helper()
-	h := new(Handler)
-	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(snippet)); err != nil {
-		return err
-	}
-	if h.Storage == nil {
-		h.Storage = &Storage{Backend: "sqlite", Path: filepath.Join(t.TempDir(), "events.db")}
-	}
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	err := h.Provision(ctx)
-	cancel()
-	_ = h.Cleanup()
-	if err != nil {
-		return err
-	}
-	return h.Validate()
-}

@@ -2,25 +2,30 @@ package caddymodule
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddytest"
 	"github.com/stretchr/testify/require"
 )
 
 // The module's shared test harness: one in-process Caddy (startCaddy), one
 // fake upstream for it (webhookUpstream) and one Stripe signer
-// (stripeHeader, stripeRequest). The in-process Handler without Caddy is
-// newGateway (handler_test.go) with its upstream next handler; async mode's
+// (stripeHeader, stripeRequest), and one config check (provisionHandler,
+// provisionErr). The in-process Handler without Caddy is newGateway
+// (handler_test.go) with its upstream next handler; async mode's
 // provisioned Handler is newAsyncGateway, its slow ordered upstream
 // legacyUpstream (async_test.go).
 
@@ -118,6 +123,35 @@ func (u *webhookUpstream) hold(id string) (release func()) {
 	u.mu.Unlock()
 	var once sync.Once
 	return func() { once.Do(func() { close(gate) }) }
+}
+
+// provisionHandler provisions h as Caddy does (on a fresh SQLite file
+// unless h names a storage), cleans it up, and returns Provision's error,
+// else Validate's.
+func provisionHandler(t testing.TB, h *Handler) error {
+	t.Helper()
+	if h.Storage == nil {
+		h.Storage = &Storage{Backend: "sqlite", Path: filepath.Join(t.TempDir(), "events.db")}
+	}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	err := h.Provision(ctx)
+	cancel()
+	_ = h.Cleanup()
+	if err != nil {
+		return err
+	}
+	return h.Validate()
+}
+
+// provisionErr is provisionHandler of a Handler parsed from a Caddyfile
+// snippet, or the parser's error.
+func provisionErr(t testing.TB, snippet string) error {
+	t.Helper()
+	h := new(Handler)
+	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(snippet)); err != nil {
+		return err
+	}
+	return provisionHandler(t, h)
 }
 
 // randomHex is n random bytes in hex: unique names, secrets and IDs.

@@ -148,22 +148,6 @@ func TestCaddyfileRefuseStatusReplayWindow(t *testing.T) {
 	}
 }
 
-// provisioned provisions h on a fresh SQLite file and returns Validate's
-// verdict (or Provision's error).
-func provisioned(t *testing.T, h *Handler) error {
-	t.Helper()
-	h.Storage = &Storage{Backend: "sqlite", Path: t.TempDir() + "/events.db"}
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	t.Cleanup(func() {
-		cancel()
-		_ = h.Cleanup()
-	})
-	if err := h.Provision(ctx); err != nil {
-		return err
-	}
-	return h.Validate()
-}
-
 func TestValidateRefuseStatusReplayWindow(t *testing.T) {
 	t.Parallel()
 	day := caddy.Duration(24 * time.Hour)
@@ -196,7 +180,7 @@ func TestValidateRefuseStatusReplayWindow(t *testing.T) {
 			if h.Secrets == nil {
 				h.Secrets = []string{"s"}
 			}
-			err := provisioned(t, &h)
+			err := provisionHandler(t, &h)
 			if tc.wantErr != "" {
 				require.ErrorContains(t, err, tc.wantErr)
 				return
