@@ -1,21 +1,16 @@
 package caddymodule
 
 import (
-	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"net/url"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
-	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store/postgres"
 )
 
 // The operations tests (admin API, metrics, logs, CLI) drive a real
@@ -23,85 +18,6 @@ import (
 // no t.Parallel, skipped under -short.
 
 const opsAdminBase = "http://localhost:2999"
-
-type opsConfig struct {
-	secrets []string
-	extra   string // more lines of the webhook_idempotency block
-	logFile string // when set, Caddy's default log is JSON in this file
-}
-
-// opsGateway is an in-process Caddy with one stripe route in front of an
-// webhookUpstream, storing claims in a fresh PostgreSQL table, and a /metrics
-// route.
-type opsGateway struct {
-	url   string // the webhook route
-	scope string
-	dsn   string
-	table string
-	up    *webhookUpstream
-}
-
-func startOpsGateway(t *testing.T, cfg opsConfig) *opsGateway {
-	t.Helper()
-	g := &opsGateway{
-		url:   gatewayBase + "/hook",
-		scope: "ops_" + randomHex(6),
-		dsn:   pgDSN(t),
-		table: "ops_" + randomHex(6),
-		up:    newWebhookUpstream(t),
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, g.dsn)
-		if err != nil {
-			return
-		}
-		defer conn.Close(ctx)
-		_, _ = conn.Exec(ctx, "DROP TABLE IF EXISTS "+g.table+", "+g.table+"_goose_version")
-	})
-	var secrets, global strings.Builder
-	for _, s := range cfg.secrets {
-		fmt.Fprintf(&secrets, "\t\t\tsecret %q\n", s)
-	}
-	if cfg.logFile != "" {
-		fmt.Fprintf(&global, "\tlog {\n\t\toutput file %q\n\t\tformat json\n\t\tlevel INFO\n\t}\n", cfg.logFile)
-	}
-	startCaddy(t, fmt.Sprintf(`{
-`+caddyTestGlobals+`%[1]s}
-http://localhost:9080 {
-	handle /metrics {
-		metrics
-	}
-	handle /hook {
-		webhook_idempotency {
-			provider stripe
-%[2]s			scope %[3]s
-			storage postgres %[4]q
-			table %[5]s
-			lease 2s
-			%[6]s
-		}
-		reverse_proxy %[7]s
-	}
-}`, global.String(), secrets.String(), g.scope, g.dsn, g.table, cfg.extra, g.up.Listener.Addr().String()))
-	return g
-}
-
-// store opens the gateway's table directly, as another gateway instance
-// would: the tests use it to leave claims behind as a gateway that died.
-func (g *opsGateway) store(t *testing.T) store.Store {
-	t.Helper()
-	s, err := postgres.New(t.Context(), postgres.Options{DSN: g.dsn, Table: g.table})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = s.Close() })
-	return s
-}
-
-// stripeBody is a Stripe-shaped event body carrying extra in a field.
-func stripeBody(id, extra string) []byte {
-	return []byte(fmt.Sprintf(`{"id":%q,"object":"event","type":"payment_intent.succeeded","data":{"object":{"description":%q}}}`, id, extra))
-}
 
 // adminAnswer is an answer of the admin API.
 type adminAnswer struct {

@@ -5,11 +5,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,11 +20,17 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddytest"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store/postgres"
 )
 
-// The module's shared test harness: one in-process Caddy (startCaddy), one
-// fake upstream for it (webhookUpstream) and one Stripe signer
+// The module's shared test harness: one in-process Caddy (startCaddy, with
+// its two gateways: startOpsGateway, one PostgreSQL route and /metrics, and
+// startGateway, one route per backend), one fake upstream for it
+// (webhookUpstream), one Stripe signer
 // (stripeHeader, stripeRequest), and one config check (provisionHandler,
 // provisionErr). The in-process Handler without Caddy is newGateway
 // (handler_test.go) with its upstream next handler; async mode's
@@ -182,4 +190,149 @@ func stripeRequest(t *testing.T, url, secret string, body []byte, ts time.Time, 
 	req.Header.Set("Stripe-Signature", stripeHeader(secret, body, ts.Unix()))
 	req.Header.Set("X-Test-Event", testID)
 	return req
+}
+
+// ---- The in-process Caddy gateways, on startCaddy. ----
+
+// opsConfig configures startOpsGateway.
+type opsConfig struct {
+	secrets []string
+	extra   string // more lines of the webhook_idempotency block
+	logFile string // when set, Caddy's default log is JSON in this file
+}
+
+// opsGateway is an in-process Caddy with one stripe route in front of an
+// webhookUpstream, storing claims in a fresh PostgreSQL table, and a /metrics
+// route.
+type opsGateway struct {
+	url   string // the webhook route
+	scope string
+	dsn   string
+	table string
+	up    *webhookUpstream
+}
+
+func startOpsGateway(t *testing.T, cfg opsConfig) *opsGateway {
+	t.Helper()
+	g := &opsGateway{
+		url:   gatewayBase + "/hook",
+		scope: "ops_" + randomHex(6),
+		dsn:   pgDSN(t),
+		table: "ops_" + randomHex(6),
+		up:    newWebhookUpstream(t),
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, g.dsn)
+		if err != nil {
+			return
+		}
+		defer conn.Close(ctx)
+		_, _ = conn.Exec(ctx, "DROP TABLE IF EXISTS "+g.table+", "+g.table+"_goose_version")
+	})
+	var secrets, global strings.Builder
+	for _, s := range cfg.secrets {
+		fmt.Fprintf(&secrets, "\t\t\tsecret %q\n", s)
+	}
+	if cfg.logFile != "" {
+		fmt.Fprintf(&global, "\tlog {\n\t\toutput file %q\n\t\tformat json\n\t\tlevel INFO\n\t}\n", cfg.logFile)
+	}
+	startCaddy(t, fmt.Sprintf(`{
+`+caddyTestGlobals+`%[1]s}
+http://localhost:9080 {
+	handle /metrics {
+		metrics
+	}
+	handle /hook {
+		webhook_idempotency {
+			provider stripe
+%[2]s			scope %[3]s
+			storage postgres %[4]q
+			table %[5]s
+			lease 2s
+			%[6]s
+		}
+		reverse_proxy %[7]s
+	}
+}`, global.String(), secrets.String(), g.scope, g.dsn, g.table, cfg.extra, g.up.Listener.Addr().String()))
+	return g
+}
+
+// store opens the gateway's table directly, as another gateway instance
+// would: the tests use it to leave claims behind as a gateway that died.
+func (g *opsGateway) store(t *testing.T) store.Store {
+	t.Helper()
+	s, err := postgres.New(t.Context(), postgres.Options{DSN: g.dsn, Table: g.table})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// stripeBody is a Stripe-shaped event body carrying extra in a field.
+func stripeBody(id, extra string) []byte {
+	return []byte(fmt.Sprintf(`{"id":%q,"object":"event","type":"payment_intent.succeeded","data":{"object":{"description":%q}}}`, id, extra))
+}
+
+// stripeDelivery builds a Stripe-signed delivery the way Stripe sends one.
+func stripeDelivery(t *testing.T, url, secret, id string, ts time.Time) *http.Request {
+	t.Helper()
+	body := []byte(fmt.Sprintf("{\n  \"id\": %q,\n  \"object\": \"event\",\n  \"type\": \"payment_intent.succeeded\"\n}\n", id))
+	return stripeRequest(t, url, secret, body, ts, id)
+}
+
+type result struct {
+	status   int
+	body     string
+	replayed bool
+	retry    string
+}
+
+func send(t *testing.T, req *http.Request) result {
+	t.Helper()
+	c := &http.Client{Timeout: 20 * time.Second}
+	resp, err := c.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return result{resp.StatusCode, string(b), resp.Header.Get("Idempotent-Replayed") == "true", resp.Header.Get("Retry-After")}
+}
+
+// startGateway loads a Caddy config with one route per backend, both in
+// front of a new webhookUpstream with a new secret, and returns the secret,
+// the upstream and the route URL of each backend. The routes have scopes of
+// their own: one scope on two storages is refused at load.
+func startGateway(t *testing.T, extra string) (secret string, up *webhookUpstream, routes map[string]string) {
+	secret = "whsec_" + randomHex(16)
+	up = newWebhookUpstream(t)
+	dsn := pgDSN(t)
+	table := "it_" + randomHex(6)
+	t.Cleanup(func() { dropTable(dsn, table) })
+	dbPath := filepath.Join(t.TempDir(), "events.db")
+	startCaddy(t, fmt.Sprintf(`{
+`+caddyTestGlobals+`}
+http://localhost:9080 {
+	handle /postgres/* {
+		webhook_idempotency {
+			provider stripe
+			secret %[1]q
+			storage postgres %[2]q
+			table %[3]s
+			scope stripe_pg
+			%[5]s
+		}
+		reverse_proxy %[6]s
+	}
+	handle /sqlite/* {
+		webhook_idempotency {
+			provider stripe
+			secret %[1]q
+			storage sqlite %[4]q
+			scope stripe_lite
+			%[5]s
+		}
+		reverse_proxy %[6]s
+	}
+}`, secret, dsn, table, dbPath, extra, up.Listener.Addr().String()))
+	return secret, up, map[string]string{"postgres": gatewayBase + "/postgres/hook", "sqlite": gatewayBase + "/sqlite/hook"}
 }

@@ -2,10 +2,7 @@ package caddymodule
 
 import (
 	"bytes"
-	"fmt"
 	"io"
-	"net/http"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -16,69 +13,6 @@ import (
 // These tests drive a real in-process Caddy (caddytest) with the module in
 // front of a counting upstream, on the real PostgreSQL and on SQLite. Caddy's
 // config and ports are global: no t.Parallel here. They skip under -short.
-
-// stripeDelivery builds a Stripe-signed delivery the way Stripe sends one.
-func stripeDelivery(t *testing.T, url, secret, id string, ts time.Time) *http.Request {
-	t.Helper()
-	body := []byte(fmt.Sprintf("{\n  \"id\": %q,\n  \"object\": \"event\",\n  \"type\": \"payment_intent.succeeded\"\n}\n", id))
-	return stripeRequest(t, url, secret, body, ts, id)
-}
-
-type result struct {
-	status   int
-	body     string
-	replayed bool
-	retry    string
-}
-
-func send(t *testing.T, req *http.Request) result {
-	t.Helper()
-	c := &http.Client{Timeout: 20 * time.Second}
-	resp, err := c.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return result{resp.StatusCode, string(b), resp.Header.Get("Idempotent-Replayed") == "true", resp.Header.Get("Retry-After")}
-}
-
-// startGateway loads a Caddy config with one route per backend, both in
-// front of a new webhookUpstream with a new secret, and returns the secret,
-// the upstream and the route URL of each backend. The routes have scopes of
-// their own: one scope on two storages is refused at load.
-func startGateway(t *testing.T, extra string) (secret string, up *webhookUpstream, routes map[string]string) {
-	secret = "whsec_" + randomHex(16)
-	up = newWebhookUpstream(t)
-	dsn := pgDSN(t)
-	table := "it_" + randomHex(6)
-	t.Cleanup(func() { dropTable(dsn, table) })
-	dbPath := filepath.Join(t.TempDir(), "events.db")
-	startCaddy(t, fmt.Sprintf(`{
-`+caddyTestGlobals+`}
-http://localhost:9080 {
-	handle /postgres/* {
-		webhook_idempotency {
-			provider stripe
-			secret %[1]q
-			storage postgres %[2]q
-			table %[3]s
-			scope stripe_pg
-			%[5]s
-		}
-		reverse_proxy %[6]s
-	}
-	handle /sqlite/* {
-		webhook_idempotency {
-			provider stripe
-			secret %[1]q
-			storage sqlite %[4]q
-			scope stripe_lite
-			%[5]s
-		}
-		reverse_proxy %[6]s
-	}
-}`, secret, dsn, table, dbPath, extra, up.Listener.Addr().String()))
-	return secret, up, map[string]string{"postgres": gatewayBase + "/postgres/hook", "sqlite": gatewayBase + "/sqlite/hook"}
-}
 
 func TestGatewayEndToEnd(t *testing.T) {
 	secret, up, routes := startGateway(t, "lease 3s")
