@@ -5,10 +5,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -18,6 +20,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddytest"
 	"github.com/jackc/pgx/v5"
@@ -30,12 +33,12 @@ import (
 // The module's shared test harness: one in-process Caddy (startCaddy, with
 // its two gateways: startOpsGateway, one PostgreSQL route and /metrics, and
 // startGateway, one route per backend), one fake upstream for it
-// (webhookUpstream), one Stripe signer
-// (stripeHeader, stripeRequest), and one config check (provisionHandler,
-// provisionErr). The in-process Handler without Caddy is newGateway
-// (handler_test.go) with its upstream next handler; async mode's
-// provisioned Handler is newAsyncGateway, its slow ordered upstream
-// legacyUpstream (async_test.go).
+// (webhookUpstream), one Stripe signer (stripeHeader, stripeRequest), and
+// the config checks (provisionHandler and provisionErr for one handler,
+// validateCaddyfile for a whole config). The in-process Handler without
+// Caddy is newGateway (handler_test.go) with its upstream next handler;
+// async mode's provisioned Handler is newAsyncGateway, its slow ordered
+// upstream legacyUpstream (async_test.go).
 
 // gatewayBase is the address of the in-process Caddy's HTTP server.
 const gatewayBase = "http://localhost:9080"
@@ -160,6 +163,25 @@ func provisionErr(t testing.TB, snippet string) error {
 		return err
 	}
 	return provisionHandler(t, h)
+}
+
+// validateCaddyfile adapts a whole Caddyfile and provisions it as
+// `caddy validate` does (no listener, no admin endpoint), then cleans it up.
+// The handler's log lines go to the returned logs (a named log: the default
+// logger, which is process-wide, is left alone).
+func validateCaddyfile(t *testing.T, body string) (logs string, err error) {
+	t.Helper()
+	dir := t.TempDir()
+	logFile := filepath.Join(dir, "caddy.log")
+	global := "{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\tstorage file_system " + filepath.Join(dir, "data") +
+		"\n\tlog gateway {\n\t\tinclude http.handlers.webhook_idempotency\n\t\toutput file " + logFile + "\n\t\tformat json\n\t\tlevel DEBUG\n\t}\n}\n"
+	cfgJSON, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(global+body), map[string]any{"filename": "Caddyfile"})
+	require.NoError(t, err, "adapting")
+	var cfg caddy.Config
+	require.NoError(t, json.Unmarshal(cfgJSON, &cfg))
+	err = caddy.Validate(&cfg)
+	b, _ := os.ReadFile(logFile)
+	return string(b), err
 }
 
 // randomHex is n random bytes in hex: unique names, secrets and IDs.
