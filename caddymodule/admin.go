@@ -113,15 +113,8 @@ type ResponseJSON struct {
 
 func toJSON(e store.Event) EventJSON {
 	out := EventJSON{Scope: e.Scope, EventID: e.EventID, State: string(e.State), Attempts: e.Attempts,
-		FirstSeen: e.FirstSeen.UTC(), UpdatedAt: e.UpdatedAt.UTC(), Status: e.Status}
-	if !e.LeaseUntil.IsZero() {
-		t := e.LeaseUntil.UTC()
-		out.LeaseUntil = &t
-	}
-	if !e.CompletedAt.IsZero() {
-		t := e.CompletedAt.UTC()
-		out.CompletedAt = &t
-	}
+		FirstSeen: e.FirstSeen.UTC(), UpdatedAt: e.UpdatedAt.UTC(), Status: e.Status,
+		LeaseUntil: timePtr(e.LeaseUntil), CompletedAt: timePtr(e.CompletedAt)}
 	if e.Response.Stored {
 		out.Response = &ResponseJSON{BodyStored: e.Response.BodyStored, Size: e.Response.Size, SHA256: e.Response.SHA256}
 	}

@@ -1,26 +1,16 @@
 package caddymodule
 
 import (
-	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/caddyserver/caddy/v2/caddytest"
-
-	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
-	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store/postgres"
 )
 
 // The operations tests (admin API, metrics, logs, CLI) drive a real
@@ -28,165 +18,6 @@ import (
 // no t.Parallel, skipped under -short.
 
 const opsAdminBase = "http://localhost:2999"
-
-// opsUpstream counts forwarded deliveries by their X-Test-Event header, can
-// answer a chosen status per event, and can hold an event's forward until
-// the test lets it go.
-type opsUpstream struct {
-	*httptest.Server
-	mu      sync.Mutex
-	calls   map[string]int
-	status  map[string]int
-	gates   map[string]chan struct{}
-	entered chan string
-}
-
-func newOpsUpstream(t *testing.T) *opsUpstream {
-	u := &opsUpstream{
-		calls:   map[string]int{},
-		status:  map[string]int{},
-		gates:   map[string]chan struct{}{},
-		entered: make(chan string, 16),
-	}
-	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		id := r.Header.Get("X-Test-Event")
-		u.mu.Lock()
-		u.calls[id]++
-		st, gate := u.status[id], u.gates[id]
-		u.mu.Unlock()
-		if gate != nil {
-			u.entered <- id
-			<-gate
-		}
-		if st == 0 {
-			st = http.StatusOK
-		}
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(st)
-		_, _ = io.WriteString(w, `{"upstream":true}`)
-	}))
-	t.Cleanup(u.Close)
-	return u
-}
-
-func (u *opsUpstream) count(id string) int {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return u.calls[id]
-}
-
-func (u *opsUpstream) answer(id string, status int) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	u.status[id] = status
-}
-
-// hold makes the forwards of id wait until the returned func is called.
-func (u *opsUpstream) hold(id string) (release func()) {
-	gate := make(chan struct{})
-	u.mu.Lock()
-	u.gates[id] = gate
-	u.mu.Unlock()
-	var once sync.Once
-	return func() { once.Do(func() { close(gate) }) }
-}
-
-type opsConfig struct {
-	secrets []string
-	extra   string // more lines of the webhook_idempotency block
-	logFile string // when set, Caddy's default log is JSON in this file
-}
-
-// opsGateway is an in-process Caddy with one stripe route in front of an
-// opsUpstream, storing claims in a fresh PostgreSQL table, and a /metrics
-// route.
-type opsGateway struct {
-	url   string // the webhook route
-	scope string
-	dsn   string
-	table string
-	up    *opsUpstream
-}
-
-func startOpsGateway(t *testing.T, cfg opsConfig) *opsGateway {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("in-process Caddy: skipped with -short")
-	}
-	g := &opsGateway{
-		url:   gatewayBase + "/hook",
-		scope: "ops_" + randomHex(6),
-		dsn:   pgDSN(t),
-		table: "ops_" + randomHex(6),
-		up:    newOpsUpstream(t),
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, g.dsn)
-		if err != nil {
-			return
-		}
-		defer conn.Close(ctx)
-		_, _ = conn.Exec(ctx, "DROP TABLE IF EXISTS "+g.table+", "+g.table+"_goose_version")
-	})
-	var secrets, global strings.Builder
-	for _, s := range cfg.secrets {
-		fmt.Fprintf(&secrets, "\t\t\tsecret %q\n", s)
-	}
-	if cfg.logFile != "" {
-		fmt.Fprintf(&global, "\tlog {\n\t\toutput file %q\n\t\tformat json\n\t\tlevel INFO\n\t}\n", cfg.logFile)
-	}
-	tester := caddytest.NewTester(t)
-	tester.InitServer(fmt.Sprintf(`{
-`+caddyTestGlobals+`%[1]s}
-http://localhost:9080 {
-	handle /metrics {
-		metrics
-	}
-	handle /hook {
-		webhook_idempotency {
-			provider stripe
-%[2]s			scope %[3]s
-			storage postgres %[4]q
-			table %[5]s
-			lease 2s
-			%[6]s
-		}
-		reverse_proxy %[7]s
-	}
-}`, global.String(), secrets.String(), g.scope, g.dsn, g.table, cfg.extra, g.up.Listener.Addr().String()), "caddyfile")
-	require.False(t, t.Failed(), "caddy config did not load")
-	return g
-}
-
-// store opens the gateway's table directly, as another gateway instance
-// would: the tests use it to leave claims behind as a gateway that died.
-func (g *opsGateway) store(t *testing.T) store.Store {
-	t.Helper()
-	s, err := postgres.New(t.Context(), postgres.Options{DSN: g.dsn, Table: g.table})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = s.Close() })
-	return s
-}
-
-// stripeBody is a Stripe-shaped event body carrying extra in a field.
-func stripeBody(id, extra string) []byte {
-	return []byte(fmt.Sprintf(`{"id":%q,"object":"event","type":"payment_intent.succeeded","data":{"object":{"description":%q}}}`, id, extra))
-}
-
-// signedRequest is a delivery of body to url, signed for Stripe with secret
-// by the signature package.
-func signedRequest(t *testing.T, url, secret, testEvent string, body []byte) *http.Request {
-	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(string(body)))
-	require.NoError(t, err)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-Test-Event", testEvent)
-	require.NoError(t, signature.Sign("stripe", signature.Options{Secrets: []string{secret}}, body, req.Header, time.Now()))
-	return req
-}
 
 // adminAnswer is an answer of the admin API.
 type adminAnswer struct {
@@ -233,7 +64,7 @@ func TestAdminAPI(t *testing.T) {
 	g := startOpsGateway(t, opsConfig{secrets: []string{secret}, extra: "on_ambiguous hold"})
 	deliver := func(id string) result {
 		t.Helper()
-		return send(t, signedRequest(t, g.url, secret, id, stripeBody(id, "")))
+		return send(t, stripeRequest(t, g.url, secret, stripeBody(id, ""), time.Now(), id))
 	}
 
 	id := "evt_" + randomHex(8)

@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -48,75 +47,25 @@ type asyncState struct {
 	orderKey *eventid.Extractor
 }
 
-// provisionAsync applies async mode's defaults, checks its config, and
-// registers the route with the process's dispatcher of the storage. It runs
-// after the store is open; in sync mode it only checks that no async field
-// is set.
+// provisionAsync registers an async route with the process's dispatcher of
+// the storage; in sync mode it does nothing. It runs after the store is
+// open, on a config checkConfig has accepted (defaults in applyDefaults).
 func (h *Handler) provisionAsync(ctx caddy.Context) error {
-	if h.Mode == "" {
-		h.Mode = "sync"
-	}
-	switch h.Mode {
-	case "sync":
-		for name, set := range map[string]bool{
-			"deliver_to": h.DeliverTo != "", "max_attempts": h.MaxAttempts != 0, "max_age": h.MaxAge != 0,
-			"retry_schedule": len(h.RetrySchedule) > 0, "max_concurrency": h.MaxConcurrency != 0,
-			"rate": h.Rate != nil, "order_key": h.OrderKey != nil, "keep_body": h.KeepBody != 0,
-		} {
-			if set {
-				return fmt.Errorf("%s: only with mode async", name)
-			}
-		}
+	if h.Mode != "async" {
 		return nil
-	case "async":
-	default:
-		return fmt.Errorf("mode: want sync or async, got %q", h.Mode)
-	}
-	if h.Storage == nil || h.Storage.Backend != "postgres" {
-		return errors.New("mode: async needs storage postgres (the queue is a PostgreSQL table, shared by every instance)")
 	}
 	target, err := parseDeliverTo(caddy.NewReplacer().ReplaceAll(h.DeliverTo, ""))
 	if err != nil {
 		return fmt.Errorf("deliver_to: %w", err)
 	}
-	if len(h.RetrySchedule) == 0 {
-		for _, d := range defaultRetrySchedule {
-			h.RetrySchedule = append(h.RetrySchedule, caddy.Duration(d))
-		}
-	}
 	schedule := make([]time.Duration, len(h.RetrySchedule))
 	for i, d := range h.RetrySchedule {
-		if d <= 0 {
-			return fmt.Errorf("retry_schedule: delays must be positive, got %s", time.Duration(d))
-		}
 		schedule[i] = time.Duration(d)
-	}
-	if h.MaxAttempts == 0 {
-		h.MaxAttempts = len(schedule) + 1
-	}
-	if h.MaxAge == 0 {
-		h.MaxAge = caddy.Duration(min(defaultMaxAge, time.Duration(h.Retention)))
-	}
-	switch {
-	case h.MaxAttempts < 1:
-		return fmt.Errorf("max_attempts: must be at least 1, got %d", h.MaxAttempts)
-	case h.MaxAge < 0 || h.MaxAge > h.Retention:
-		return fmt.Errorf("max_age: must be positive and at most retention (%s), got %s",
-			time.Duration(h.Retention), time.Duration(h.MaxAge))
-	case h.MaxConcurrency < 0:
-		return fmt.Errorf("max_concurrency: must be positive, got %d", h.MaxConcurrency)
-	case h.KeepBody < 0:
-		return fmt.Errorf("keep_body: must be positive, got %s", time.Duration(h.KeepBody))
-	case h.Rate != nil && (h.Rate.Events < 1 || h.Rate.Window <= 0):
-		return errors.New("rate: want a positive number of events per positive window")
 	}
 	st := &asyncState{}
 	if h.OrderKey != nil {
-		if h.OrderKey.Kind != eventid.JSON && h.OrderKey.Kind != eventid.Header {
-			return fmt.Errorf("order_key: want json <path> or header <name>, got %q", h.OrderKey.Kind)
-		}
-		if st.orderKey, err = eventid.New([][]eventid.Source{{*h.OrderKey}}); err != nil {
-			return fmt.Errorf("order_key: %w", err)
+		if st.orderKey, err = h.orderKeyExtractor(); err != nil {
+			return err
 		}
 	}
 	if err := initQueueMetrics(ctx.GetMetricsRegistry()); err != nil {

@@ -3,9 +3,7 @@ package caddymodule
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
 	crand "crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -13,7 +11,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -140,13 +137,9 @@ type asyncEvent struct {
 func signedDelivery(ev asyncEvent) *http.Request {
 	ev.Object = "event"
 	body, _ := json.Marshal(ev)
-	ts := strconv.FormatInt(time.Now().Unix(), 10)
-	mac := hmac.New(sha256.New, []byte(asyncSecret))
-	mac.Write([]byte(ts + "."))
-	mac.Write(body)
 	req := httptest.NewRequest(http.MethodPost, "/webhooks/stripe?src=test", bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Stripe-Signature", "t="+ts+",v1="+hex.EncodeToString(mac.Sum(nil)))
+	req.Header.Set("Stripe-Signature", stripeHeader(asyncSecret, body, time.Now().Unix()))
 	req.Header.Set("Connection", "keep-alive")
 	req.RemoteAddr = "192.0.2.7:4242"
 	repl := caddy.NewReplacer()
@@ -804,6 +797,9 @@ func TestAsyncConfig(t *testing.T) {
 	} {
 		h := new(Handler)
 		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("webhook_idempotency {\nprovider stripe\nsecret whsec_x\n" + c.block + "\n}"))
+		if err == nil {
+			err = h.prepareConfig() // a rule on values, not syntax
+		}
 		require.ErrorContains(t, err, c.want, c.block)
 	}
 

@@ -90,16 +90,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return err
 		}
 	}
-	if h.Provider == "" {
-		return d.Err("provider: required")
-	}
-	if h.Provider == "hmac" && (h.HMAC == nil || h.HMAC.Header == "") {
-		return d.Err("hmac: provider hmac needs an hmac { header <name> } block")
-	}
-	if len(h.Secrets) == 0 && h.Provider != providerIdempotencyKey {
-		return d.Err("secret: at least one secret is required")
-	}
-	return nil
+	return nil // the rules on values are checkConfig's (config.go)
 }
 
 func durationArg(d *caddyfile.Dispenser) (caddy.Duration, error) {
@@ -196,13 +187,10 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, seen map[string]
 			h.Storage = new(Storage)
 		}
 		h.Storage.Backend = kind
-		switch kind {
-		case "postgres":
+		if kind == "postgres" {
 			h.Storage.DSN = arg
-		case "sqlite":
-			h.Storage.Path = arg
-		default:
-			return d.Errf("storage: unknown backend %q (want postgres or sqlite)", kind)
+		} else {
+			h.Storage.Path = arg // checkConfig refuses a backend other than sqlite
 		}
 	case "table":
 		if h.Storage == nil {
@@ -265,15 +253,9 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, seen map[string]
 		if !d.AllArgs(&h.OnAmbiguous) {
 			return d.ArgErr()
 		}
-		if h.OnAmbiguous != "reforward" && h.OnAmbiguous != "hold" {
-			return d.Errf("on_ambiguous: want reforward or hold, got %q", h.OnAmbiguous)
-		}
 	case "on_missing_id":
 		if !d.AllArgs(&h.OnMissingID) {
 			return d.ArgErr()
-		}
-		if h.OnMissingID != "reject" && h.OnMissingID != "forward" {
-			return d.Errf("on_missing_id: want reject or forward, got %q", h.OnMissingID)
 		}
 	case "dedupe_body":
 		var v string
@@ -291,7 +273,7 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, seen map[string]
 			return d.ArgErr()
 		}
 		n, err := strconv.Atoi(v)
-		if err != nil || n < 400 || n > 499 {
+		if err != nil {
 			return d.Errf("refuse_status: want a 4xx status, got %q", v)
 		}
 		h.RefuseStatus = n
@@ -442,9 +424,6 @@ func (h *Handler) unmarshalAsync(d *caddyfile.Dispenser, name string) error {
 		if !d.AllArgs(&h.Mode) {
 			return d.ArgErr()
 		}
-		if h.Mode != "sync" && h.Mode != "async" {
-			return d.Errf("mode: want sync or async, got %q", h.Mode)
-		}
 	case "deliver_to":
 		if !d.AllArgs(&h.DeliverTo) {
 			return d.ArgErr()
@@ -499,9 +478,6 @@ func (h *Handler) unmarshalAsync(d *caddyfile.Dispenser, name string) error {
 		var kind, arg string
 		if !d.AllArgs(&kind, &arg) {
 			return d.Errf("order_key: want json <path> or header <name>")
-		}
-		if kind != string(eventid.JSON) && kind != string(eventid.Header) {
-			return d.Errf("order_key: want json <path> or header <name>, got %q", kind)
 		}
 		s, err := eventid.ParseSource(kind, arg)
 		if err != nil {

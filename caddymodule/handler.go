@@ -18,7 +18,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -186,6 +185,10 @@ type Handler struct {
 	// Idempotency-Key mode's fields (replay.go, idemkey.go).
 	ReplayConfig
 
+	// replayWindowSet: replay_window was configured, not defaulted
+	// (checkConfig: it applies only with dedupe_body on).
+	replayWindowSet bool
+
 	dedupeBody bool
 	verifier   signature.Verifier
 	preset     signature.Preset
@@ -262,68 +265,18 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.busy = new(tracker)
 	repl := caddy.NewReplacer()
 
-	// The preset (or the Idempotency-Key mode) first: defaults below
-	// depend on it.
-	verify := h.provisionVerifier
+	if err := h.prepareConfig(); err != nil {
+		return err // before any store, pool or queue is opened
+	}
+	build := h.provisionVerifier
 	if h.Provider == providerIdempotencyKey {
-		verify = h.provisionIdempotencyKey
+		build = h.provisionIdempotencyKey
 	}
-	if err := verify(repl); err != nil {
+	if err := build(repl); err != nil {
 		return err
 	}
 
-	if h.Scope == "" {
-		h.Scope = h.Provider
-	}
-	if strings.ContainsRune(h.Scope, '#') {
-		// "<scope>#body" is the namespace of dedupe_body's body hashes.
-		return fmt.Errorf("scope: %q must not contain '#'", h.Scope)
-	}
-	if h.Lease == 0 {
-		h.Lease = caddy.Duration(defaultLease)
-	}
-	if h.Retention == 0 && h.Provider == providerIdempotencyKey {
-		h.Retention = caddy.Duration(idemRetention)
-	}
-	if h.Retention == 0 {
-		h.Retention = caddy.Duration(defaultRetention)
-	}
-	if h.ReplayWindow != 0 && !h.dedupeBody {
-		return fmt.Errorf("replay_window: applies only with dedupe_body on (provider %s has it off by default)", h.Provider)
-	}
-	if h.ReplayWindow == 0 {
-		h.ReplayWindow = caddy.Duration(max(defaultReplayWindow, time.Duration(h.Retention)))
-	}
-	if h.MaxBody == 0 {
-		h.MaxBody = defaultMaxBody
-	}
-	if h.ForwardTimeout == 0 {
-		h.ForwardTimeout = caddy.Duration(defaultForwardTimeout)
-	}
-	if h.ReadTimeout == 0 {
-		h.ReadTimeout = caddy.Duration(defaultReadTimeout)
-	}
-	if h.OnAmbiguous == "" {
-		h.OnAmbiguous = "reforward"
-	}
-	if h.OnMissingID == "" {
-		h.OnMissingID = "reject"
-	}
-
-	if err := h.provisionReplay(); err != nil {
-		return err
-	}
-
-	st := Storage{Backend: "sqlite", Path: filepath.Join(caddy.AppDataDir(), "webhook_idempotency", "events.db")}
-	if h.Storage != nil {
-		table := h.Storage.Table
-		if h.Storage.Backend != "" {
-			st = *h.Storage
-			st.DSN = repl.ReplaceAll(st.DSN, "")
-			st.Path = repl.ReplaceAll(st.Path, "")
-		}
-		st.Table = table // `table` alone names the table of the default SQLite file
-	}
+	st := h.storage()
 	h.app = httpApp(ctx)
 	if err := useScopeStorage(h.app, h.Scope, st); err != nil {
 		h.app = nil // nothing recorded to release
@@ -361,32 +314,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 }
 
 // provisionVerifier builds the verifier and the event ID extractor of a
-// signature provider's preset.
+// signature provider's preset (checkConfig has judged the config).
 func (h *Handler) provisionVerifier(repl *caddy.Replacer) error {
-	preset, ok := signature.Lookup(h.Provider)
-	if !ok {
-		return fmt.Errorf("provider: unknown provider %q (known: %s)", h.Provider, strings.Join(signature.Providers(), ", "))
-	}
-	h.preset = preset
-	if h.RefuseStatus == 0 {
-		h.RefuseStatus = preset.RefuseStatus
-	}
-	h.dedupeBody = preset.DedupeBody
-	if h.DedupeBody != nil {
-		h.dedupeBody = *h.DedupeBody
-	}
-
-	secrets := make([]string, 0, len(h.Secrets))
-	for _, s := range h.Secrets {
-		s = repl.ReplaceAll(s, "")
-		if s == "" {
-			// An {env.X} that is unset would otherwise verify with an empty key.
-			return errors.New("secret: a secret is empty (is its environment variable set?)")
-		}
-		secrets = append(secrets, s)
-	}
-	if len(secrets) == 0 {
-		return errors.New("secret: at least one secret is required")
+	secrets, err := h.expandedSecrets()
+	if err != nil {
+		return err
 	}
 	opts := signature.Options{
 		Secrets:   secrets,
@@ -419,16 +351,13 @@ func (h *Handler) provisionVerifier(repl *caddy.Replacer) error {
 		}
 	} else {
 		var alts []eventid.Source
-		for _, spec := range preset.EventID {
+		for _, spec := range h.preset.EventID {
 			kind, name, _ := strings.Cut(spec, " ")
 			s, err := eventid.ParseSource(kind, name)
 			if err != nil {
 				return fmt.Errorf("provider %s: default event_id: %w", h.Provider, err)
 			}
 			alts = append(alts, s)
-		}
-		if len(alts) == 0 {
-			return fmt.Errorf("event_id: provider %s has no event ID of its own; configure event_id header|json|form", h.Provider)
 		}
 		parts = [][]eventid.Source{alts}
 	}
@@ -444,45 +373,10 @@ func (h *Handler) provisionVerifier(repl *caddy.Replacer) error {
 	return nil
 }
 
-// Validate checks the configuration; Provision has applied defaults.
+// Validate checks the configuration (checkConfig, which Provision has
+// already run before opening anything).
 func (h *Handler) Validate() error {
-	switch h.OnAmbiguous {
-	case "reforward", "hold":
-	default:
-		return fmt.Errorf("on_ambiguous: want reforward or hold, got %q", h.OnAmbiguous)
-	}
-	switch h.OnMissingID {
-	case "reject", "forward":
-	default:
-		return fmt.Errorf("on_missing_id: want reject or forward, got %q", h.OnMissingID)
-	}
-	if h.RefuseStatus < 400 || h.RefuseStatus > 499 {
-		return fmt.Errorf("refuse_status: want a 4xx status, got %d", h.RefuseStatus)
-	}
-	if h.Lease < caddy.Duration(time.Second) {
-		return fmt.Errorf("lease: must be at least 1s, got %s", time.Duration(h.Lease))
-	}
-	if err := h.validateReplay(); err != nil {
-		return err
-	}
-	if h.idem != nil {
-		if err := h.validateIdempotencyKey(); err != nil {
-			return err
-		}
-	} else if h.Retention < caddy.Duration(minRetention) {
-		return fmt.Errorf("retention: must be at least %s (providers retry for days), got %s", minRetention, time.Duration(h.Retention))
-	}
-	if h.ReplayWindow < h.Retention {
-		return fmt.Errorf("replay_window: must be at least retention (%s), got %s: a body hash must outlive its event",
-			time.Duration(h.Retention), time.Duration(h.ReplayWindow))
-	}
-	if h.MaxBody < 0 {
-		return errors.New("max_body: must be positive")
-	}
-	if h.Cache != nil && *h.Cache < 0 {
-		return errors.New("cache: must be 0 or more")
-	}
-	return nil
+	return h.checkConfig()
 }
 
 // Cleanup releases this handler's use of the shared store.

@@ -560,17 +560,6 @@ func mac1(key []byte, parts ...[]byte) []byte {
 func hexOf(b []byte) string { return hex.EncodeToString(b) }
 func b64Of(b []byte) string { return base64.StdEncoding.EncodeToString(b) }
 
-// stripeSig is SIG-STRIPE's v1 value for body at ts (Unix seconds, as text).
-func stripeSig(secret string, body []byte, ts string) string {
-	return hexOf(mac256([]byte(secret), []byte(ts+"."), body))
-}
-
-// stripeHeader is a Stripe-Signature header with one v1 signature.
-func stripeHeader(secret string, body []byte, ts int64) string {
-	tsText := strconv.FormatInt(ts, 10)
-	return "t=" + tsText + ",v1=" + stripeSig(secret, body, tsText)
-}
-
 // stripe builds a SIG-STRIPE delivery of body signed at ts.
 func (g *gateway) stripe(secret string, body []byte, ts int64, headers ...string) *http.Request {
 	h := append([]string{"Content-Type", "application/json", "Stripe-Signature", stripeHeader(secret, body, ts)}, headers...)
@@ -647,26 +636,4 @@ func raceEnabled() bool {
 		}
 	}
 	return false
-}
-
-// provisionErr provisions a Handler from a Caddyfile snippet (on a fresh
-// SQLite store unless it names one) and returns what Provision, else
-// Validate, said.
-func provisionErr(t testing.TB, snippet string) error {
-	t.Helper()
-	h := new(Handler)
-	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(snippet)); err != nil {
-		return err
-	}
-	if h.Storage == nil {
-		h.Storage = &Storage{Backend: "sqlite", Path: filepath.Join(t.TempDir(), "events.db")}
-	}
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	err := h.Provision(ctx)
-	cancel()
-	_ = h.Cleanup()
-	if err != nil {
-		return err
-	}
-	return h.Validate()
 }

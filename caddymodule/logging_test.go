@@ -54,7 +54,7 @@ func TestDeliveryLogs(t *testing.T) {
 	var sigHeaders []string
 	deliver := func(id, secret string) result {
 		t.Helper()
-		req := signedRequest(t, g.url, secret, id, stripeBody(id, marker))
+		req := stripeRequest(t, g.url, secret, stripeBody(id, marker), time.Now(), id)
 		sigHeaders = append(sigHeaders, req.Header.Get("Stripe-Signature"))
 		return send(t, req)
 	}

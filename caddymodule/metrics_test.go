@@ -74,7 +74,7 @@ func TestMetricsCountOutcomes(t *testing.T) {
 	g := startOpsGateway(t, opsConfig{secrets: []string{secret}, extra: "max_body 1KB"})
 	deliver := func(id string, body []byte, signWith string) result {
 		t.Helper()
-		return send(t, signedRequest(t, g.url, signWith, id, body))
+		return send(t, stripeRequest(t, g.url, signWith, body, time.Now(), id))
 	}
 
 	// Before any delivery every outcome of the scope is exposed, at 0.
@@ -100,7 +100,7 @@ func TestMetricsCountOutcomes(t *testing.T) {
 	release := g.up.hold(c)
 	defer release()
 	first := make(chan result, 1)
-	go func() { first <- send(t, signedRequest(t, g.url, secret, c, stripeBody(c, ""))) }()
+	go func() { first <- send(t, stripeRequest(t, g.url, secret, stripeBody(c, ""), time.Now(), c)) }()
 	select {
 	case <-g.up.entered:
 	case <-time.After(10 * time.Second):
@@ -114,7 +114,7 @@ func TestMetricsCountOutcomes(t *testing.T) {
 	require.Equal(t, 200, (<-first).status) // completed
 
 	require.Equal(t, 400, deliver("bad_sig", stripeBody("evt_x", ""), "whsec_wrong").status) // invalid_signature
-	req := signedRequest(t, g.url, secret, "no_header", stripeBody("evt_y", ""))
+	req := stripeRequest(t, g.url, secret, stripeBody("evt_y", ""), time.Now(), "no_header")
 	req.Header.Del("Stripe-Signature")
 	require.Equal(t, 400, send(t, req).status) // invalid_signature
 

@@ -89,6 +89,8 @@ type AttemptJSON struct {
 	Outcome    string     `json:"outcome"`
 }
 
+// timePtr is t in UTC, or nil when t is zero (the field is then left out of
+// the admin API's JSON).
 func timePtr(t time.Time) *time.Time {
 	if t.IsZero() {
 		return nil

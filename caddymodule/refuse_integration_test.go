@@ -1,50 +1,27 @@
 package caddymodule
 
 import (
-	"bytes"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"net/http"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 )
 
-// signedStripe builds a Stripe-signed delivery of body; the upstream counts
-// it under testID.
-func signedStripe(t *testing.T, url, secret string, body []byte, ts time.Time, testID string) *http.Request {
-	t.Helper()
-	tsText := strconv.FormatInt(ts.Unix(), 10)
-	mac := hmac.New(sha256.New, []byte(secret))
-	mac.Write([]byte(tsText + "."))
-	mac.Write(body)
-	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
-	require.NoError(t, err)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Stripe-Signature", "t="+tsText+",v1="+hex.EncodeToString(mac.Sum(nil)))
-	req.Header.Set("X-Test-Event", testID)
-	return req
-}
-
 // In a real Caddy: refuse_status answers a bad signature, an event ID given
 // twice is 400, and neither is recorded or forwarded (issue 10, items 5, 6).
 func TestGatewayRefusals(t *testing.T) {
-	secret := "whsec_" + randomHex(16)
-	up := newCountingUpstream(t)
-	routes := startGateway(t, up, secret, "refuse_status 401")
+	secret, up, routes := startGateway(t, "refuse_status 401")
 	for _, backend := range []string{"postgres", "sqlite"} {
 		url := routes[backend]
 		t.Run(backend, func(t *testing.T) {
 			idA, idB := "evt_"+randomHex(8), "evt_"+randomHex(8)
 			valid := []byte(`{"id":"` + idB + `","type":"x"}`)
 
-			r := send(t, signedStripe(t, url, "whsec_other", valid, time.Now(), idB))
+			r := send(t, stripeRequest(t, url, "whsec_other", valid, time.Now(), idB))
 			require.Equal(t, http.StatusUnauthorized, r.status)
 			require.JSONEq(t, `{"error":"no matching signature"}`, r.body)
-			r = send(t, signedStripe(t, url, secret, valid, time.Now().Add(-10*time.Minute), idB))
+			r = send(t, stripeRequest(t, url, secret, valid, time.Now().Add(-10*time.Minute), idB))
 			require.Equal(t, http.StatusUnauthorized, r.status)
 			require.JSONEq(t, `{"error":"timestamp outside tolerance"}`, r.body)
 
@@ -52,7 +29,7 @@ func TestGatewayRefusals(t *testing.T) {
 				`{"id":"` + idA + `","type":"x","id":"` + idB + `"}`,
 				`{"i\u0064":"` + idA + `","type":"x","id":"` + idB + `"}`,
 			} {
-				r = send(t, signedStripe(t, url, secret, []byte(body), time.Now(), idB))
+				r = send(t, stripeRequest(t, url, secret, []byte(body), time.Now(), idB))
 				require.Equal(t, http.StatusBadRequest, r.status, r.body)
 				require.Contains(t, r.body, "event id given more than once")
 			}
@@ -60,11 +37,11 @@ func TestGatewayRefusals(t *testing.T) {
 
 			// Nothing was recorded: evt_B is forwarded once, then a duplicate;
 			// evt_A was never claimed either.
-			require.Equal(t, http.StatusOK, send(t, signedStripe(t, url, secret, valid, time.Now(), idB)).status)
-			require.True(t, send(t, signedStripe(t, url, secret, valid, time.Now(), idB)).replayed)
+			require.Equal(t, http.StatusOK, send(t, stripeRequest(t, url, secret, valid, time.Now(), idB)).status)
+			require.True(t, send(t, stripeRequest(t, url, secret, valid, time.Now(), idB)).replayed)
 			require.Equal(t, 1, up.count(idB))
 			validA := []byte(`{"id":"` + idA + `","type":"x"}`)
-			r = send(t, signedStripe(t, url, secret, validA, time.Now(), idA))
+			r = send(t, stripeRequest(t, url, secret, validA, time.Now(), idA))
 			require.Equal(t, http.StatusOK, r.status)
 			require.False(t, r.replayed)
 			require.Equal(t, 1, up.count(idA))

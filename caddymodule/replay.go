@@ -72,13 +72,13 @@ type ReplayConfig struct {
 	idem          *idemKey // nil unless provider idempotency_key
 }
 
-// provisionReplay applies the replay defaults. explicit async + replay
+// replayDefaults applies the replay defaults (part of applyDefaults). Explicit async + replay
 // response is refused; a preset's default is dropped in async mode, where
 // the answer is given before any upstream has answered.
-func (h *Handler) provisionReplay() error {
+func (h *Handler) replayDefaults() {
 	if h.Replay == "" {
 		h.Replay = "short"
-		if h.preset.ReplayResponse || h.idem != nil {
+		if h.preset.ReplayResponse || h.Provider == providerIdempotencyKey {
 			h.Replay = "response"
 		}
 		if h.Mode == "async" {
@@ -100,7 +100,6 @@ func (h *Handler) provisionReplay() error {
 		}
 	}
 	h.replayOn = h.Replay == "response"
-	return nil
 }
 
 // unreplayable are headers a stored answer never carries: hop-by-hop ones,

@@ -3,7 +3,6 @@ package caddymodule
 import (
 	"bufio"
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -15,8 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/stretchr/testify/require"
 )
 
@@ -50,25 +47,6 @@ func TestTwilioBodyNotFormNamesTheReason(t *testing.T) {
 		"I-Twilio-Idempotency-Token", "idem-1", "X-Twilio-Signature", b64Of(make([]byte, 20)))
 	requireRefused(t, g.serve(req), http.StatusBadRequest, `"body is not a form"`)
 	require.Equal(t, 0, g.up.count())
-}
-
-// validateCaddyfile adapts a whole Caddyfile and provisions it as
-// `caddy validate` does (no listener, no admin endpoint), then cleans it up.
-// The handler's log lines go to the returned logs (a named log: the default
-// logger, which is process-wide, is left alone).
-func validateCaddyfile(t *testing.T, body string) (logs string, err error) {
-	t.Helper()
-	dir := t.TempDir()
-	logFile := filepath.Join(dir, "caddy.log")
-	global := "{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\tstorage file_system " + filepath.Join(dir, "data") +
-		"\n\tlog gateway {\n\t\tinclude http.handlers.webhook_idempotency\n\t\toutput file " + logFile + "\n\t\tformat json\n\t\tlevel DEBUG\n\t}\n}\n"
-	cfgJSON, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(global+body), map[string]any{"filename": "Caddyfile"})
-	require.NoError(t, err, "adapting")
-	var cfg caddy.Config
-	require.NoError(t, json.Unmarshal(cfgJSON, &cfg))
-	err = caddy.Validate(&cfg)
-	b, _ := os.ReadFile(logFile)
-	return string(b), err
 }
 
 // Two routes of one config that share a scope on different storages are

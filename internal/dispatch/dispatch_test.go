@@ -7,12 +7,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"os"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
@@ -20,7 +18,7 @@ import (
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/dispatch"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue"
 	pgqueue "github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue/postgres"
-	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue/queuetest"
 	pgstore "github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store/postgres"
 )
 
@@ -28,35 +26,9 @@ import (
 // (TEST_DATABASE_URL), on fresh tables dropped at the end, and an httptest
 // upstream; no Caddy.
 
-const defaultTestDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-
 func newQueue(t *testing.T) *pgqueue.Queue {
 	t.Helper()
-	dsn := os.Getenv("TEST_DATABASE_URL")
-	if dsn == "" {
-		dsn = defaultTestDSN
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	table := "dt_" + store.NewToken()[:12]
-	s, err := pgstore.New(ctx, pgstore.Options{DSN: dsn, Table: table})
-	if err != nil {
-		if testing.Short() {
-			t.Skipf("PostgreSQL unreachable, skipped under -short: %v", err)
-		}
-		t.Fatalf("PostgreSQL unreachable (set TEST_DATABASE_URL): %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		for _, n := range []string{table + "_attempts", table + "_queue", table + "_queue_goose_version", table, table + "_goose_version"} {
-			_, _ = s.Pool().Exec(ctx, "DROP TABLE IF EXISTS "+pgx.Identifier{n}.Sanitize())
-		}
-		_ = s.Close()
-	})
-	q, err := pgqueue.New(ctx, s, pgqueue.Options{})
-	require.NoError(t, err)
-	return q
+	return queuetest.New(t, "dt_", pgstore.Options{}).Queue
 }
 
 // upstream answers each event (by the "id" of its JSON body) with the

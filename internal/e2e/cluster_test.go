@@ -7,8 +7,6 @@ import (
 	"os/exec"
 	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // Cluster is the local PostgreSQL cluster serving a DSN, controlled with
@@ -62,21 +60,7 @@ func (c Cluster) Start(ctx context.Context, dsn string) error {
 	if err := c.ctl(ctx, "start"); err != nil && !strings.Contains(err.Error(), "already running") {
 		return err
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		conn, err := pgx.Connect(cctx, dsn)
-		if err == nil {
-			_ = conn.Close(cctx)
-			cancel()
-			return nil
-		}
-		cancel()
-		if time.Now().After(deadline) {
-			return fmt.Errorf("e2e: postgres did not accept logins within 60s after start: %w", err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	return WaitReady(ctx, dsn, 60*time.Second)
 }
 
 // String names the cluster the way pg_lsclusters does.

@@ -3,10 +3,8 @@ package e2e_test
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -107,47 +105,9 @@ func runFailover(t *testing.T, ha haServer, mode string, lease time.Duration) fa
 	leaseLine := fmt.Sprintf("lease %s", lease)
 	gws := []*e2e.Gateway{b.gateway("a", "", leaseLine), b.gateway("b", "", leaseLine), b.gateway("c", "", leaseLine)}
 
-	var (
-		mu    sync.Mutex
-		sent  []sentDelivery
-		known []string
-		stop  = make(chan struct{})
-		wg    sync.WaitGroup
-	)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(w), uint64(time.Now().UnixNano())))
-			for range 20_000 {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				mu.Lock()
-				id := e2e.NewEventID()
-				if len(known) > 0 && rng.IntN(10) < 3 {
-					id = known[rng.IntN(len(known))] // a redelivery
-				} else {
-					known = append(known, id)
-				}
-				mu.Unlock()
-				gi := rng.IntN(len(gws))
-				dctx, dcancel := context.WithTimeout(ctx, 15*time.Second)
-				r, err := e2e.Deliver(dctx, b.client, gws[gi].URL(), b.secret, id)
-				dcancel()
-				mu.Lock()
-				sent = append(sent, sentDelivery{id: id, gw: gi, r: r, err: err})
-				mu.Unlock()
-				if err != nil || !r.OK() {
-					time.Sleep(50 * time.Millisecond) // a provider backs off
-				}
-			}
-		}()
-	}
+	load := startLoad(ctx, b, gws, workers)
 
 	time.Sleep(2 * time.Second)
 	slowID := slowPrefix + "_" + e2e.RandomHex(8)
@@ -161,48 +121,19 @@ func runFailover(t *testing.T, ha haServer, mode string, lease time.Duration) fa
 	}()
 	require.NoError(t, b.up.WaitFor(ctx, slowID, func(cs []e2e.Call) bool { return len(cs) == 1 }))
 
-	stopBegin := time.Now()
-	require.NoError(t, ha.fail(ctx, mode))
-	stopEnd := time.Now()
-	time.Sleep(ha.gap)
-	promoteBegin := time.Now()
-	require.NoError(t, ha.promote(ctx))
-	promoteEnd := time.Now()
+	stopBegin, stopEnd, promoteBegin, promoteEnd := outage(t,
+		func() error { return ha.fail(ctx, mode) }, ha.gap, func() error { return ha.promote(ctx) })
 
 	// Service resumes by itself: wait (at most 30s) for a new event sent
 	// after the promotion to be forwarded, then keep the load on for 2s.
-	resumed := time.Time{}
-	for deadline := time.Now().Add(30 * time.Second); resumed.IsZero() && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		mu.Lock()
-		for _, s := range sent {
-			if s.r.Start.After(promoteEnd) && s.r.Forwarded() && (resumed.IsZero() || s.r.End.Before(resumed)) {
-				resumed = s.r.End
-			}
-		}
-		mu.Unlock()
-	}
-	time.Sleep(2 * time.Second)
-	close(stop)
-	wg.Wait()
+	resumed := load.haltAfterResume(promoteEnd)
+	sent, known := load.sent, load.known
 	require.False(t, resumed.IsZero(), "a delivery after the promotion was forwarded")
 	slow := <-slowDone
 	require.Equal(t, 200, slow.Status, "the slow forward's 2xx reached the provider: %s", slow.Body)
 
 	// Like a provider, redeliver every event without a 2xx until it has one.
-	ok := map[string]bool{}
-	for _, s := range sent {
-		require.NoError(t, s.err, "transport error: the gateways stay up throughout")
-		if s.r.OK() {
-			ok[s.id] = true
-		}
-	}
-	ok[slowID] = true
-	var pending []string
-	for _, id := range known {
-		if !ok[id] {
-			pending = append(pending, id)
-		}
-	}
+	ok, pending := load.unanswered(t, slowID)
 	final := redeliverUntilOK(t, ctx, b, gws, pending, lease)
 	for _, s := range final {
 		require.NoError(t, s.err)
@@ -282,44 +213,6 @@ func runFailover(t *testing.T, ha haServer, mode string, lease time.Duration) fa
 	t.Logf("slow forward: %s (stop at +0, promote at +%.2fs)", describeCalls(slowCalls, stopBegin), promoteBegin.Sub(stopBegin).Seconds())
 	f.took = time.Since(t0)
 	return f
-}
-
-// redeliverUntilOK redelivers each event to the gateways in turn until one
-// answers 2xx, for at most about lease + 20s an event.
-func redeliverUntilOK(t *testing.T, ctx context.Context, b *bundle, gws []*e2e.Gateway, ids []string, lease time.Duration) []sentDelivery {
-	t.Helper()
-	var (
-		mu    sync.Mutex
-		out   []sentDelivery
-		next  = make(chan string)
-		wg    sync.WaitGroup
-		tries = int((lease+20*time.Second)/(200*time.Millisecond)) + 1
-	)
-	for w := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for id := range next {
-				for i := range tries {
-					g := (w + i) % len(gws)
-					r, err := e2e.Deliver(ctx, b.client, gws[g].URL(), b.secret, id)
-					mu.Lock()
-					out = append(out, sentDelivery{id: id, gw: g, r: r, err: err})
-					mu.Unlock()
-					if err == nil && r.OK() {
-						break
-					}
-					time.Sleep(200 * time.Millisecond)
-				}
-			}
-		}()
-	}
-	for _, id := range ids {
-		next <- id
-	}
-	close(next)
-	wg.Wait()
-	return out
 }
 
 // logLines counts the lines of g's log that contain every one of texts.

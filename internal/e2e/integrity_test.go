@@ -260,21 +260,12 @@ func TestHoldRetriedAfterStoreCut(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	up := b.rawUpstream(func(string, int) e2e.RawAction { return e2e.RawAction{Delay: 500 * time.Millisecond, Close: true} })
-	link, err := e2e.NewLink(b.db.Host())
-	require.NoError(t, err)
-	t.Cleanup(link.Close)
+	link := b.storeLink()
 	ga := b.gatewayOn("a", up.Addr(), b.db.DSNVia(link.Addr()), "lease 2s", "on_ambiguous hold")
 	gb := b.gateway("b", up.Addr(), "lease 2s", "on_ambiguous hold")
 	id := e2e.NewEventID()
 
-	first := make(chan e2e.Result, 1)
-	go func() {
-		r, err := e2e.Deliver(context.Background(), b.client, ga.URL(), b.secret, id)
-		if err != nil {
-			r.Body = err.Error()
-		}
-		first <- r
-	}()
+	first := b.deliverLater(ga, id)
 	for deadline := time.Now().Add(10 * time.Second); up.Calls(id) == 0 && time.Now().Before(deadline); {
 		time.Sleep(10 * time.Millisecond)
 	}

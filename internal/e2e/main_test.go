@@ -162,6 +162,42 @@ func (b *bundle) deliver(g *e2e.Gateway, id string) e2e.Result {
 	return r
 }
 
+// deliverLater sends one signed delivery of id to g in the background;
+// the result comes on the channel, a transport error in its Body.
+func (b *bundle) deliverLater(g *e2e.Gateway, id string) <-chan e2e.Result {
+	first := make(chan e2e.Result, 1)
+	go func() {
+		r, err := e2e.Deliver(context.Background(), b.client, g.URL(), b.secret, id)
+		if err != nil {
+			r.Body = err.Error()
+		}
+		first <- r
+	}()
+	return first
+}
+
+// deliverForwarded is deliverLater, returning once the upstream has the
+// delivery's first call (at most 15s).
+func (b *bundle) deliverForwarded(g *e2e.Gateway, id string) <-chan e2e.Result {
+	b.t.Helper()
+	first := b.deliverLater(g, id)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	require.NoError(b.t, b.up.WaitFor(ctx, id, func(cs []e2e.Call) bool { return len(cs) == 1 }))
+	return first
+}
+
+// storeLink is a cuttable TCP link to the test database, closed at the end
+// of the test: a gateway given b.db.DSNVia(link.Addr()) loses its store when
+// the link is cut.
+func (b *bundle) storeLink() *e2e.Link {
+	b.t.Helper()
+	link, err := e2e.NewLink(b.db.Host())
+	require.NoError(b.t, err)
+	b.t.Cleanup(link.Close)
+	return link
+}
+
 // deliverUntil redelivers id to g every interval until done accepts a
 // result, at most n times; it returns every result.
 func (b *bundle) deliverUntil(g *e2e.Gateway, id string, interval time.Duration, n int, done func(e2e.Result) bool) []e2e.Result {

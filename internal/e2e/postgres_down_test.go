@@ -3,10 +3,8 @@ package e2e_test
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"sort"
-	"sync"
 	"testing"
 	"time"
 
@@ -44,14 +42,6 @@ func tempCluster(t *testing.T, repl e2e.Replication) *e2e.TempCluster {
 	return c
 }
 
-// sentDelivery is one delivery of the load generator.
-type sentDelivery struct {
-	id  string
-	gw  int
-	r   e2e.Result
-	err error
-}
-
 // PostgreSQL is stopped and started again while deliveries keep coming to
 // two gateways: while it is down every delivery is refused with 503 and
 // Retry-After (or answered as a duplicate from memory), nothing reaches the
@@ -85,120 +75,24 @@ func TestPostgresRestartUnderLoad(t *testing.T) {
 		}
 	})
 
-	var (
-		mu    sync.Mutex
-		sent  []sentDelivery
-		known []string
-		stop  = make(chan struct{})
-		wg    sync.WaitGroup
-	)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(w), uint64(time.Now().UnixNano())))
-			for range 20_000 {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				mu.Lock()
-				id := e2e.NewEventID()
-				if len(known) > 0 && rng.IntN(10) < 3 {
-					id = known[rng.IntN(len(known))] // a redelivery
-				} else {
-					known = append(known, id)
-				}
-				mu.Unlock()
-				gi := rng.IntN(len(gws))
-				dctx, dcancel := context.WithTimeout(ctx, 15*time.Second)
-				r, err := e2e.Deliver(dctx, b.client, gws[gi].URL(), b.secret, id)
-				dcancel()
-				mu.Lock()
-				sent = append(sent, sentDelivery{id: id, gw: gi, r: r, err: err})
-				mu.Unlock()
-				if err != nil || !r.OK() {
-					time.Sleep(50 * time.Millisecond) // a provider backs off
-				}
-			}
-		}()
-	}
+	load := startLoad(ctx, b, gws, workers)
 
 	time.Sleep(2 * time.Second)
-	stopBegin := time.Now()
-	require.NoError(t, server.Stop(ctx, "fast"))
-	stopEnd := time.Now()
-	time.Sleep(downtime)
-	startBegin := time.Now()
-	require.NoError(t, server.Start(ctx))
-	startEnd := time.Now()
+	stopBegin, stopEnd, startBegin, startEnd := outage(t,
+		func() error { return server.Stop(ctx, "fast") }, downtime, func() error { return server.Start(ctx) })
 
 	// Service resumes by itself: wait (at most 30s) for a new event sent
 	// after the restart to be forwarded, then keep the load on for 2s.
-	resumed := time.Time{}
-	for deadline := time.Now().Add(30 * time.Second); resumed.IsZero() && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		mu.Lock()
-		for _, s := range sent {
-			if s.r.Start.After(startEnd) && s.r.Forwarded() {
-				resumed = s.r.End
-				break
-			}
-		}
-		mu.Unlock()
-	}
-	time.Sleep(2 * time.Second)
-	close(stop)
-	wg.Wait()
+	resumed := load.haltAfterResume(startEnd)
+	sent, known := load.sent, load.known
 	require.False(t, resumed.IsZero(), "a delivery after the restart was forwarded")
 
 	// Like a provider, redeliver every event that has not had a 2xx yet
 	// until it has one.
-	ok := map[string]bool{}
-	for _, s := range sent {
-		require.NoError(t, s.err, "transport error: the gateways stay up throughout")
-		if s.r.OK() {
-			ok[s.id] = true
-		}
-	}
-	var pending []string
-	for _, id := range known {
-		if !ok[id] {
-			pending = append(pending, id)
-		}
-	}
-	var (
-		finalMu sync.Mutex
-		final   []sentDelivery
-		next    = make(chan string)
-	)
-	var fwg sync.WaitGroup
-	for w := range 8 {
-		fwg.Add(1)
-		go func() {
-			defer fwg.Done()
-			for id := range next {
-				for i := range 100 { // at most ~20s an event
-					g := (w + i) % len(gws)
-					r, err := e2e.Deliver(ctx, b.client, gws[g].URL(), b.secret, id)
-					finalMu.Lock()
-					final = append(final, sentDelivery{id: id, gw: g, r: r, err: err})
-					finalMu.Unlock()
-					if err == nil && r.OK() {
-						break
-					}
-					time.Sleep(200 * time.Millisecond)
-				}
-			}
-		}()
-	}
-	for _, id := range pending {
-		next <- id
-	}
-	close(next)
-	fwg.Wait()
+	ok, pending := load.unanswered(t)
+	final := redeliverUntilOK(t, ctx, b, gws, pending, lease)
 	for _, s := range final {
 		require.NoError(t, s.err)
 		if s.r.OK() {

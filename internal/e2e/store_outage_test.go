@@ -1,7 +1,6 @@
 package e2e_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -20,24 +19,12 @@ func TestStoreCutDuringForwardCompletesLater(t *testing.T) {
 	t.Parallel()
 	const lease = 2 * time.Second
 	b := setup(t, func(string, int) e2e.Answer { return e2e.Answer{Delay: 1500 * time.Millisecond} })
-	link, err := e2e.NewLink(b.db.Host())
-	require.NoError(t, err)
-	t.Cleanup(link.Close)
+	link := b.storeLink()
 	ga := b.gatewayOn("a", "", b.db.DSNVia(link.Addr()), "lease 2s")
 	gb := b.gateway("b", "", "lease 2s")
 	id := e2e.NewEventID()
 
-	first := make(chan e2e.Result, 1)
-	go func() {
-		r, err := e2e.Deliver(context.Background(), b.client, ga.URL(), b.secret, id)
-		if err != nil {
-			r.Body = err.Error()
-		}
-		first <- r
-	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	require.NoError(t, b.up.WaitFor(ctx, id, func(cs []e2e.Call) bool { return len(cs) == 1 }))
+	first := b.deliverForwarded(ga, id)
 	link.Cut()
 	cutAt := time.Now()
 

@@ -25,12 +25,6 @@ var serverGoneCodes = map[string]bool{
 	"57P03": true,
 }
 
-// ServerGone reports whether err is one of the failover SQLSTATEs above.
-func ServerGone(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && serverGoneCodes[pgErr.Code]
-}
-
 // resetEvery bounds how often a pool is reset while a server keeps failing.
 const resetEvery = time.Second
 

@@ -1,6 +1,7 @@
 package pgschema
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 
@@ -8,6 +9,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
+
+// ServerGone reports whether err is one of the failover SQLSTATEs
+// (serverGoneCodes).
+func ServerGone(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && serverGoneCodes[pgErr.Code]
+}
 
 func TestPrepareFailoverTargetSessionAttrs(t *testing.T) {
 	t.Parallel()

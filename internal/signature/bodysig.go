@@ -28,21 +28,6 @@ type bodySigner interface {
 	signBody(body []byte, ts time.Time) ([]byte, error)
 }
 
-// SignBody returns body as provider would send it at ts, signed with
-// o.Secrets[0], for schemes whose signature lives in the body (mailgun,
-// msgraph). It is meant for tests and the CLI.
-func SignBody(provider string, o Options, body []byte, ts time.Time) ([]byte, error) {
-	s, err := build(provider, o)
-	if err != nil {
-		return nil, err
-	}
-	bs, ok := s.(bodySigner)
-	if !ok {
-		return nil, fmt.Errorf("provider %s signs in headers: use Sign", provider)
-	}
-	return bs.signBody(body, ts)
-}
-
 // SignDelivery is Sign for every scheme: it returns the body to send, which
 // differs from body where the provider writes into it (Mailgun's signature,
 // Graph's clientState, Linear's webhookTimestamp), and sets h as Sign does.
@@ -80,13 +65,8 @@ type mailgun struct {
 }
 
 func buildMailgun(p Preset, o Options) (signer, error) {
-	m := &mailgun{tolerance: p.DefaultTolerance, now: o.Now}
-	if o.Tolerance > 0 {
-		m.tolerance = o.Tolerance
-	}
-	if m.now == nil {
-		m.now = time.Now
-	}
+	m := &mailgun{}
+	m.tolerance, m.now = clock(p, o)
 	for _, s := range o.Secrets {
 		m.keys = append(m.keys, []byte(s))
 	}
@@ -277,13 +257,8 @@ func withBodyTimestamp(path string) func(p Preset, o Options) (signer, error) {
 		if err != nil {
 			return nil, err
 		}
-		b := &bodyTimestamp{signer: e, path: path, unit: p.TimestampUnit, tolerance: p.DefaultTolerance, now: o.Now}
-		if o.Tolerance > 0 {
-			b.tolerance = o.Tolerance
-		}
-		if b.now == nil {
-			b.now = time.Now
-		}
+		b := &bodyTimestamp{signer: e, path: path, unit: p.TimestampUnit}
+		b.tolerance, b.now = clock(p, o)
 		return b, nil
 	}
 }

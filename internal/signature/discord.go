@@ -68,15 +68,8 @@ func buildDiscord(p Preset, o Options) (signer, error) {
 	d := &discord{
 		sigHeader: p.Headers[0].Signature,
 		tsHeader:  p.Headers[0].Timestamp,
-		tolerance: p.DefaultTolerance,
-		now:       o.Now,
 	}
-	if o.Tolerance > 0 {
-		d.tolerance = o.Tolerance
-	}
-	if d.now == nil {
-		d.now = time.Now
-	}
+	d.tolerance, d.now = clock(p, o)
 	for i, s := range o.Secrets {
 		k, err := hex.DecodeString(s)
 		if err != nil || len(k) != ed25519.PublicKeySize {
@@ -89,11 +82,7 @@ func buildDiscord(p Preset, o Options) (signer, error) {
 }
 
 func (d *discord) Verify(body []byte, h http.Header) error {
-	sigText, err := oneValue(h, d.sigHeader)
-	if err != nil {
-		return err
-	}
-	ts, err := oneValue(h, d.tsHeader)
+	sigText, ts, err := signedAt(h, d.sigHeader, d.tsHeader)
 	if err != nil {
 		return err
 	}

@@ -48,14 +48,8 @@ func buildPubkey(alg sigKeyAlg, sep string) func(p Preset, o Options) (signer, e
 		v := &pubkeyVerifier{
 			alg: alg, sep: sep,
 			sigHeader: p.Headers[0].Signature, tsHeader: p.Headers[0].Timestamp,
-			tolerance: p.DefaultTolerance, now: o.Now,
 		}
-		if o.Tolerance > 0 {
-			v.tolerance = o.Tolerance
-		}
-		if v.now == nil {
-			v.now = time.Now
-		}
+		v.tolerance, v.now = clock(p, o)
 		for i, s := range o.Secrets {
 			if err := v.addKey(s); err != nil {
 				return nil, fmt.Errorf("secret %d: %w", i+1, err)
@@ -133,11 +127,7 @@ func stripPEM(s string) string {
 }
 
 func (v *pubkeyVerifier) Verify(body []byte, h http.Header) error {
-	sigText, err := oneValue(h, v.sigHeader)
-	if err != nil {
-		return err
-	}
-	ts, err := oneValue(h, v.tsHeader)
+	sigText, ts, err := signedAt(h, v.sigHeader, v.tsHeader)
 	if err != nil {
 		return err
 	}

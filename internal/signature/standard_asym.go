@@ -40,13 +40,8 @@ type standardAsym struct {
 }
 
 func buildStandardAsymmetric(p Preset, o Options) (signer, error) {
-	a := &standardAsym{headers: p.Headers, tolerance: p.DefaultTolerance, now: o.Now}
-	if o.Tolerance > 0 {
-		a.tolerance = o.Tolerance
-	}
-	if a.now == nil {
-		a.now = time.Now
-	}
+	a := &standardAsym{headers: p.Headers}
+	a.tolerance, a.now = clock(p, o)
 	var sym []string
 	for i, s := range o.Secrets {
 		switch {
@@ -108,11 +103,7 @@ func (a *standardAsym) Verify(body []byte, h http.Header) error {
 	if err != nil {
 		return err
 	}
-	raw, err := oneValue(h, hs.Signature)
-	if err != nil {
-		return err
-	}
-	ts, err := oneValue(h, hs.Timestamp)
+	raw, ts, err := signedAt(h, hs.Signature, hs.Timestamp)
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package signature
 
 import (
 	"fmt"
+	"net/http"
 	"time"
 )
 
@@ -38,4 +39,30 @@ func checkInstant(t time.Time, tolerance time.Duration, now time.Time) error {
 		return fmt.Errorf("timestamp is %s in the future, tolerance %s: %w", t.Sub(now).Round(time.Second), tolerance, ErrTimestampOutOfTolerance)
 	}
 	return nil
+}
+
+// clock returns a timestamped scheme's tolerance (o.Tolerance, else the
+// preset's default) and clock (o.Now, else time.Now).
+func clock(p Preset, o Options) (time.Duration, func() time.Time) {
+	tolerance := p.DefaultTolerance
+	if o.Tolerance > 0 {
+		tolerance = o.Tolerance
+	}
+	now := o.Now
+	if now == nil {
+		now = time.Now
+	}
+	return tolerance, now
+}
+
+// signedAt reads the one value (oneValue) of a scheme's signature header and
+// of its timestamp header, in that order.
+func signedAt(h http.Header, sigHeader, tsHeader string) (sig, ts string, err error) {
+	if sig, err = oneValue(h, sigHeader); err != nil {
+		return "", "", err
+	}
+	if ts, err = oneValue(h, tsHeader); err != nil {
+		return "", "", err
+	}
+	return sig, ts, nil
 }

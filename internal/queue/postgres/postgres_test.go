@@ -4,17 +4,16 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue"
 	pgqueue "github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue/postgres"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue/queuetest"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 	pgstore "github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store/postgres"
 )
@@ -22,8 +21,6 @@ import (
 // These tests run on the real PostgreSQL (TEST_DATABASE_URL), each on fresh
 // tables that are dropped at the end; they skip under -short when the
 // server is unreachable.
-
-const defaultTestDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 
 type fixture struct {
 	t     *testing.T
@@ -34,31 +31,8 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	dsn := os.Getenv("TEST_DATABASE_URL")
-	if dsn == "" {
-		dsn = defaultTestDSN
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	table := "qt_" + store.NewToken()[:12]
-	s, err := pgstore.New(ctx, pgstore.Options{DSN: dsn, Table: table, MaxConns: 20})
-	if err != nil {
-		if testing.Short() {
-			t.Skipf("PostgreSQL unreachable, skipped under -short: %v", err)
-		}
-		t.Fatalf("PostgreSQL unreachable (set TEST_DATABASE_URL): %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		for _, n := range []string{table + "_attempts", table + "_queue", table + "_queue_goose_version", table, table + "_goose_version"} {
-			_, _ = s.Pool().Exec(ctx, "DROP TABLE IF EXISTS "+pgx.Identifier{n}.Sanitize())
-		}
-		_ = s.Close()
-	})
-	q, err := pgqueue.New(ctx, s, pgqueue.Options{})
-	require.NoError(t, err)
-	return &fixture{t: t, store: s, q: q, table: table}
+	tt := queuetest.New(t, "qt_", pgstore.Options{MaxConns: 20})
+	return &fixture{t: t, store: tt.Store, q: tt.Queue, table: tt.Name}
 }
 
 func ctxT(t *testing.T) context.Context {

@@ -1,0 +1,281 @@
+package caddymodule
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/eventid"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
+)
+
+// The handler's config is checked in one place. Provision looks up the
+// provider's preset, applies the defaults (applyDefaults) and calls
+// checkConfig before it opens any store, pool or queue, so a refused config
+// never dials a database nor runs a migration; Validate calls checkConfig
+// again. The Caddyfile parser reports only syntax: a subdirective unknown,
+// repeated or with the wrong number of arguments, an argument that does not
+// parse as its type (a duration, a size, a number, a URL's rate). Every rule
+// on values and between fields is here, for the JSON and the Caddyfile alike.
+
+// prepareConfig is Provision's first step: the preset, the defaults, then
+// checkConfig. It does no I/O.
+func (h *Handler) prepareConfig() error {
+	h.preset, _ = signature.Lookup(h.Provider) // checkConfig refuses an unknown provider; idempotency_key has none
+	h.applyDefaults()
+	return h.checkConfig()
+}
+
+// applyDefaults fills the fields left zero with their defaults, some of
+// which come from the provider's preset (h.preset). It does no I/O and
+// reads no placeholder; checkConfig then judges the result.
+func (h *Handler) applyDefaults() {
+	h.dedupeBody = h.preset.DedupeBody
+	if h.DedupeBody != nil {
+		h.dedupeBody = *h.DedupeBody
+	}
+	if h.Scope == "" {
+		h.Scope = h.Provider
+	}
+	if h.Lease == 0 {
+		h.Lease = caddy.Duration(defaultLease)
+	}
+	if h.Retention == 0 && h.Provider == providerIdempotencyKey {
+		h.Retention = caddy.Duration(idemRetention)
+	}
+	if h.Retention == 0 {
+		h.Retention = caddy.Duration(defaultRetention)
+	}
+	h.replayWindowSet = h.replayWindowSet || h.ReplayWindow != 0
+	if h.ReplayWindow == 0 {
+		h.ReplayWindow = caddy.Duration(max(defaultReplayWindow, time.Duration(h.Retention)))
+	}
+	if h.MaxBody == 0 {
+		h.MaxBody = defaultMaxBody
+	}
+	if h.ForwardTimeout == 0 {
+		h.ForwardTimeout = caddy.Duration(defaultForwardTimeout)
+	}
+	if h.ReadTimeout == 0 {
+		h.ReadTimeout = caddy.Duration(defaultReadTimeout)
+	}
+	if h.OnAmbiguous == "" {
+		h.OnAmbiguous = "reforward"
+	}
+	if h.OnMissingID == "" {
+		h.OnMissingID = "reject"
+	}
+	if h.RefuseStatus == 0 {
+		h.RefuseStatus = h.preset.RefuseStatus
+	}
+	if h.RefuseStatus == 0 {
+		h.RefuseStatus = http.StatusBadRequest // idempotency_key: nothing is verified
+	}
+	if h.Mode == "" {
+		h.Mode = "sync"
+	}
+	h.replayDefaults()
+	if h.Mode != "async" {
+		return
+	}
+	if len(h.RetrySchedule) == 0 {
+		for _, d := range defaultRetrySchedule {
+			h.RetrySchedule = append(h.RetrySchedule, caddy.Duration(d))
+		}
+	}
+	if h.MaxAttempts == 0 {
+		h.MaxAttempts = len(h.RetrySchedule) + 1
+	}
+	if h.MaxAge == 0 {
+		h.MaxAge = caddy.Duration(min(defaultMaxAge, time.Duration(h.Retention)))
+	}
+}
+
+// checkConfig reports the first rule the config breaks, naming the field
+// as the Caddyfile spells it. It is pure: no I/O, no state changed; it runs
+// on the config with its defaults applied and expands placeholders ({env.X})
+// itself where a rule needs the value.
+func (h *Handler) checkConfig() error {
+	if h.Provider == "" {
+		return errors.New("provider: required")
+	}
+	if err := h.validateReplay(); err != nil {
+		return err
+	}
+	if h.Provider == providerIdempotencyKey {
+		if err := h.validateIdempotencyKey(); err != nil {
+			return err
+		}
+		return h.checkCommon()
+	}
+	preset, ok := signature.Lookup(h.Provider)
+	if !ok {
+		return fmt.Errorf("provider: unknown provider %q (known: %s)", h.Provider, strings.Join(signature.Providers(), ", "))
+	}
+	if h.Provider == "hmac" && (h.HMAC == nil || h.HMAC.Header == "") {
+		return errors.New("hmac: provider hmac needs an hmac { header <name> } block")
+	}
+	if strings.ContainsRune(h.Scope, '#') {
+		// "<scope>#body" is the namespace of dedupe_body's body hashes.
+		return fmt.Errorf("scope: %q must not contain '#'", h.Scope)
+	}
+	if h.Retention < caddy.Duration(minRetention) {
+		return fmt.Errorf("retention: must be at least %s (providers retry for days), got %s", minRetention, time.Duration(h.Retention))
+	}
+	if h.replayWindowSet && !h.dedupeBody {
+		return fmt.Errorf("replay_window: applies only with dedupe_body on (provider %s has it off by default)", h.Provider)
+	}
+	if _, err := h.expandedSecrets(); err != nil {
+		return err
+	}
+	if len(h.EventID) == 0 && len(preset.EventID) == 0 {
+		return fmt.Errorf("event_id: provider %s has no event ID of its own; configure event_id header|json|form", h.Provider)
+	}
+	return h.checkCommon()
+}
+
+// checkCommon checks the fields every provider has, idempotency_key's too.
+func (h *Handler) checkCommon() error {
+	if h.Storage != nil {
+		switch h.Storage.Backend {
+		case "", "postgres", "sqlite":
+		default:
+			return fmt.Errorf("storage: unknown backend %q (want postgres or sqlite)", h.Storage.Backend)
+		}
+	}
+	switch h.OnAmbiguous {
+	case "reforward", "hold":
+	default:
+		return fmt.Errorf("on_ambiguous: want reforward or hold, got %q", h.OnAmbiguous)
+	}
+	switch h.OnMissingID {
+	case "reject", "forward":
+	default:
+		return fmt.Errorf("on_missing_id: want reject or forward, got %q", h.OnMissingID)
+	}
+	if h.RefuseStatus < 400 || h.RefuseStatus > 499 {
+		return fmt.Errorf("refuse_status: want a 4xx status, got %d", h.RefuseStatus)
+	}
+	if h.Lease < caddy.Duration(time.Second) {
+		return fmt.Errorf("lease: must be at least 1s, got %s", time.Duration(h.Lease))
+	}
+	if h.ReplayWindow < h.Retention {
+		return fmt.Errorf("replay_window: must be at least retention (%s), got %s: a body hash must outlive its event",
+			time.Duration(h.Retention), time.Duration(h.ReplayWindow))
+	}
+	if h.MaxBody < 0 {
+		return errors.New("max_body: must be positive")
+	}
+	if h.Cache != nil && *h.Cache < 0 {
+		return errors.New("cache: must be 0 or more")
+	}
+	return h.checkAsync()
+}
+
+// checkAsync checks mode and the fields of async mode: in sync mode none
+// may be set.
+func (h *Handler) checkAsync() error {
+	if h.OrderKey != nil {
+		if _, err := h.orderKeyExtractor(); err != nil {
+			return err
+		}
+	}
+	switch h.Mode {
+	case "sync":
+		for _, f := range []struct {
+			name string
+			set  bool
+		}{
+			{"deliver_to", h.DeliverTo != ""}, {"max_attempts", h.MaxAttempts != 0}, {"max_age", h.MaxAge != 0},
+			{"retry_schedule", len(h.RetrySchedule) > 0}, {"max_concurrency", h.MaxConcurrency != 0},
+			{"rate", h.Rate != nil}, {"order_key", h.OrderKey != nil}, {"keep_body", h.KeepBody != 0},
+		} {
+			if f.set {
+				return fmt.Errorf("%s: only with mode async", f.name)
+			}
+		}
+		return nil
+	case "async":
+	default:
+		return fmt.Errorf("mode: want sync or async, got %q", h.Mode)
+	}
+	if h.Storage == nil || h.Storage.Backend != "postgres" {
+		return errors.New("mode: async needs storage postgres (the queue is a PostgreSQL table, shared by every instance)")
+	}
+	if _, err := parseDeliverTo(caddy.NewReplacer().ReplaceAll(h.DeliverTo, "")); err != nil {
+		return fmt.Errorf("deliver_to: %w", err)
+	}
+	for _, d := range h.RetrySchedule {
+		if d <= 0 {
+			return fmt.Errorf("retry_schedule: delays must be positive, got %s", time.Duration(d))
+		}
+	}
+	switch {
+	case h.MaxAttempts < 1:
+		return fmt.Errorf("max_attempts: must be at least 1, got %d", h.MaxAttempts)
+	case h.MaxAge < 0 || h.MaxAge > h.Retention:
+		return fmt.Errorf("max_age: must be positive and at most retention (%s), got %s",
+			time.Duration(h.Retention), time.Duration(h.MaxAge))
+	case h.MaxConcurrency < 0:
+		return fmt.Errorf("max_concurrency: must be positive, got %d", h.MaxConcurrency)
+	case h.KeepBody < 0:
+		return fmt.Errorf("keep_body: must be positive, got %s", time.Duration(h.KeepBody))
+	case h.Rate != nil && (h.Rate.Events < 1 || h.Rate.Window <= 0):
+		return errors.New("rate: want a positive number of events per positive window")
+	}
+	return nil
+}
+
+// orderKeyExtractor builds the extractor of order_key.
+func (h *Handler) orderKeyExtractor() (*eventid.Extractor, error) {
+	if h.OrderKey.Kind != eventid.JSON && h.OrderKey.Kind != eventid.Header {
+		return nil, fmt.Errorf("order_key: want json <path> or header <name>, got %q", h.OrderKey.Kind)
+	}
+	x, err := eventid.New([][]eventid.Source{{*h.OrderKey}})
+	if err != nil {
+		return nil, fmt.Errorf("order_key: %w", err)
+	}
+	return x, nil
+}
+
+// expandedSecrets returns the secrets with their placeholders expanded,
+// refusing none at all and any that expands to nothing.
+func (h *Handler) expandedSecrets() ([]string, error) {
+	repl := caddy.NewReplacer()
+	secrets := make([]string, 0, len(h.Secrets))
+	for _, s := range h.Secrets {
+		s = repl.ReplaceAll(s, "")
+		if s == "" {
+			// An {env.X} that is unset would otherwise verify with an empty key.
+			return nil, errors.New("secret: a secret is empty (is its environment variable set?)")
+		}
+		secrets = append(secrets, s)
+	}
+	if len(secrets) == 0 {
+		return nil, errors.New("secret: at least one secret is required")
+	}
+	return secrets, nil
+}
+
+// storage returns where the handler's events are kept, placeholders
+// expanded: the configured backend, or the default SQLite file in Caddy's
+// data directory (whose table `table` alone may name).
+func (h *Handler) storage() Storage {
+	repl := caddy.NewReplacer()
+	st := Storage{Backend: "sqlite", Path: filepath.Join(caddy.AppDataDir(), "webhook_idempotency", "events.db")}
+	if h.Storage != nil {
+		table := h.Storage.Table
+		if h.Storage.Backend != "" {
+			st = *h.Storage
+			st.DSN = repl.ReplaceAll(st.DSN, "")
+			st.Path = repl.ReplaceAll(st.Path, "")
+		}
+		st.Table = table
+	}
+	return st
+}

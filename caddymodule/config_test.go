@@ -1,0 +1,57 @@
+package caddymodule
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/stretchr/testify/require"
+)
+
+// A refused config is refused before any I/O: an async route whose DSN
+// points at a closed port gets its config error at once, not a connection
+// error, and no store is left in the pool. The same route with a valid
+// config does dial (and fails), so the port is really closed.
+func TestRefusedConfigOpensNoStore(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	st := Storage{Backend: "postgres", DSN: "postgres://postgres@" + addr + "/test?sslmode=disable&connect_timeout=5", Table: "refused_config"}
+
+	provision := func(extra string) (time.Duration, error) {
+		h := new(Handler)
+		require.NoError(t, h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(
+			"webhook_idempotency {\nprovider stripe\nsecret whsec_x\nmode async\ndeliver_to http://127.0.0.1:9\n"+extra+"}")))
+		s := st
+		h.Storage = &s
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		defer cancel()
+		t0 := time.Now()
+		err := h.Provision(ctx)
+		took := time.Since(t0)
+		_ = h.Cleanup()
+		return took, err
+	}
+
+	for _, c := range []struct{ extra, want string }{
+		{"max_age 100d\n", "max_age: must be positive and at most retention"},
+		{"retention 1h\n", "retention: must be at least"},
+		{"on_ambiguous maybe\n", "on_ambiguous: want reforward or hold"},
+		{"order_key form x\n", "order_key: want json <path> or header <name>"},
+		{"refuse_status 200\n", "refuse_status: want a 4xx status"},
+	} {
+		took, err := provision(c.extra)
+		require.ErrorContains(t, err, c.want, c.extra)
+		require.NotContains(t, err.Error(), "storage", c.extra)
+		require.Less(t, took, time.Second, c.extra)
+		n, used := backends.References(st.poolKey())
+		require.False(t, used, "%s: a store is pooled (%d references)", c.extra, n)
+	}
+
+	_, err = provision("")
+	require.ErrorContains(t, err, "storage postgres", "a valid config dials the closed port")
+}
