@@ -61,6 +61,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		rate      <n>/<duration>         # async: attempts per window across all instances; default no cap
 //		order_key json <path> | header <name>  # async: one at a time, in order, per key
 //		keep_body <duration>             # async: drop delivered bodies this long after delivery
+//		handshake edge | forward         # who answers the provider's endpoint handshakes; default edge
+//		verify_token <token>             # repeatable; the verify token of a handshake (meta, strava)
+//		learned_secret keep | replace    # a handshake bringing a different secret (asana, notion); default keep
+//		batch     set | split            # batching providers (sendgrid, gocardless, okta, hubspot); default per provider
 //		hmac {                           # provider hmac (same as a provider hmac { } block)
 //			header    <name>
 //			algorithm sha1 | sha256 | sha512
@@ -85,7 +89,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if h.Provider == "hmac" && (h.HMAC == nil || h.HMAC.Header == "") {
 		return d.Err("hmac: provider hmac needs an hmac { header <name> } block")
 	}
-	if len(h.Secrets) == 0 {
+	if len(h.Secrets) == 0 && !learnsSecret(h.Provider) {
 		return d.Err("secret: at least one secret is required")
 	}
 	return nil
@@ -109,7 +113,7 @@ func durationArg(d *caddyfile.Dispenser) (caddy.Duration, error) {
 func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, seen map[string]bool) error {
 	name := d.Val()
 	switch name {
-	case "secret", "event_id":
+	case "secret", "event_id", "verify_token":
 	default:
 		if seen[name] {
 			return d.Errf("%s already specified", name)
@@ -300,6 +304,8 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, seen map[string]
 		}
 	case "mode", "deliver_to", "max_attempts", "max_age", "retry_schedule", "max_concurrency", "rate", "order_key", "keep_body":
 		return h.unmarshalAsync(d, name)
+	case "handshake", "verify_token", "learned_secret", "batch":
+		return h.unmarshalProtocol(d, name)
 	default:
 		return d.Errf("unknown subdirective %q", name)
 	}

@@ -171,6 +171,10 @@ type Handler struct {
 	// fields of async mode (async.go).
 	AsyncConfig
 
+	// ProtocolConfig holds handshake, verify_token, learned_secret and
+	// batch (handshake.go, batch.go).
+	ProtocolConfig
+
 	dedupeBody bool
 	verifier   signature.Verifier
 	preset     signature.Preset
@@ -295,8 +299,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		secrets = append(secrets, s)
 	}
-	if len(secrets) == 0 {
+	if len(secrets) == 0 && !learnsSecret(h.Provider) {
 		return errors.New("secret: at least one secret is required")
+	}
+	if err := h.provisionProtocol(repl); err != nil {
+		return err
 	}
 	opts := signature.Options{
 		Secrets:   secrets,
@@ -313,7 +320,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			Prefix:    h.HMAC.Prefix,
 		}
 	}
-	v, err := signature.New(h.Provider, opts)
+	v, err := h.newVerifier(opts)
 	if err != nil {
 		return err // the signature package's errors name the provider
 	}
@@ -494,14 +501,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		respondError(w, status, reason, 0)
 		return nil
 	}
-	if err := h.verifier.Verify(signed, r.Header); err != nil {
-		d.outcome, d.reason = outcomeInvalidSignature, err.Error()
-		if h.preset.NeedsURL {
-			d.signedURL = h.signedURL // a wrong configured url is the usual cause
-		}
-		respondError(w, h.RefuseStatus, signatureReason(err), 0)
-		return nil
-	}
 	// The upstream gets the bytes exactly as they arrived.
 	forwardable := func() *http.Request {
 		forwarded = true
@@ -509,13 +508,36 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		r.ContentLength = int64(len(raw))
 		return r
 	}
-
+	hs, handshake := h.matchHandshake(r, signed)
+	if handshake && hs.Challenge.Auth != signature.AuthSignature {
+		return h.serveHandshake(w, r, hs, forwardable, next, &d)
+	}
+	if err := h.verify(r.Context(), signed, r.Header); err != nil {
+		if errors.Is(err, errSecretStore) {
+			d.outcome = outcomeStoreError
+			h.logger.Warn("reading the learned secret failed; answered 503, nothing forwarded", zap.String("scope", h.Scope), zap.Error(err))
+			respondError(w, http.StatusServiceUnavailable, "event store unavailable", unavailableRetryAfter)
+			return nil
+		}
+		d.outcome, d.reason = outcomeInvalidSignature, err.Error()
+		if h.preset.NeedsURL {
+			d.signedURL = h.signedURL // a wrong configured url is the usual cause
+		}
+		respondError(w, h.RefuseStatus, signatureReason(err), 0)
+		return nil
+	}
+	if handshake {
+		return h.serveHandshake(w, r, hs, forwardable, next, &d)
+	}
 	if h.preset.Handshake != nil && h.preset.Handshake(signed, r.Header) {
 		d.outcome = outcomeHandshake
 		return h.passOn(w, forwardable(), next, &d)
 	}
 
-	id, err := h.extractor.Extract(signed, r.Header)
+	if h.splitting() {
+		return h.serveSplit(w, r, signed, next, &d)
+	}
+	id, err := h.eventID(signed, r.Header)
 	if err != nil {
 		// An ambiguous ID is not a missing one: the delivery names two
 		// events, and the upstream may act on the other. Always refused.
