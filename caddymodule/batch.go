@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -63,7 +64,7 @@ func (h *Handler) provisionBatch() error {
 // source's, or under batch set the key of the set of its item IDs. A body
 // without a usable items array wraps eventid.ErrMissing.
 func (h *Handler) eventID(body []byte, hdr http.Header) (string, error) {
-	if h.batch == nil {
+	if !h.batched(body) {
 		return h.extractor.Extract(body, hdr)
 	}
 	items, err := h.batchItems(body)
@@ -88,9 +89,20 @@ func (h *Handler) batchItems(body []byte) ([]signature.BatchItem, error) {
 	return items, nil
 }
 
-// splitting reports whether the route splits batches.
-func (h *Handler) splitting() bool {
-	return h.batch != nil && h.batch.Policy == signature.BatchSplit
+// batched reports whether a delivery is keyed as a batch: the route has a
+// batch policy and the body has the items array, or the preset has no
+// event ID of its own to fall back on (Okta's eventId names the whole
+// delivery; a body without data.events is keyed on it).
+func (h *Handler) batched(body []byte) bool {
+	if h.batch == nil {
+		return false
+	}
+	return len(h.preset.EventID) == 0 || gjson.GetBytes(body, h.batch.Items).IsArray()
+}
+
+// splitting reports whether the delivery is split into its items.
+func (h *Handler) splitting(body []byte) bool {
+	return h.batch != nil && h.batch.Policy == signature.BatchSplit && h.batched(body)
 }
 
 // serveSplit forwards each item of a verified batch that is not yet

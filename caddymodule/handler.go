@@ -344,15 +344,17 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			}
 			alts = append(alts, s)
 		}
-		if len(alts) == 0 {
+		if len(alts) == 0 && h.batch == nil {
 			return fmt.Errorf("event_id: provider %s has no event ID of its own; configure event_id header|json|form", h.Provider)
 		}
 		parts = [][]eventid.Source{alts}
 	}
-	if h.extractor, err = eventid.New(parts); err != nil {
-		return fmt.Errorf("event_id: %w", err)
+	if len(parts[0]) > 0 { // else a batch without a delivery ID, keyed on its items (batch.go)
+		if h.extractor, err = eventid.New(parts); err != nil {
+			return fmt.Errorf("event_id: %w", err)
+		}
 	}
-	if h.preset.JSONBody {
+	if h.preset.JSONBody && h.extractor != nil {
 		// The verifier refuses every body that is not a valid JSON object
 		// before the ID is read (the same bytes, the same validator), so
 		// the extractor need not validate it a second time.
@@ -534,7 +536,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.passOn(w, forwardable(), next, &d)
 	}
 
-	if h.splitting() {
+	if h.splitting(signed) {
 		return h.serveSplit(w, r, signed, next, &d)
 	}
 	id, err := h.eventID(signed, r.Header)

@@ -125,11 +125,13 @@ func (h *Handler) provisionProtocol(repl *caddy.Replacer) error {
 		}
 		h.verifyTokens = append(h.verifyTokens, t)
 	}
-	switch {
-	case len(h.verifyTokens) > 0 && !tokenAuth:
+	if len(h.verifyTokens) > 0 && !tokenAuth {
 		return fmt.Errorf("verify_token: provider %s has no handshake with a verify token", h.Provider)
-	case len(h.verifyTokens) == 0 && tokenAuth && h.Handshake == "edge":
-		return fmt.Errorf("verify_token: provider %s answers its handshake at the edge only with the verify token you registered (or set handshake forward)", h.Provider)
+	}
+	if len(h.verifyTokens) == 0 && tokenAuth && h.Handshake == "edge" {
+		// Deliveries still pass; only the handshake is refused.
+		h.logger.Warn("no verify_token configured: the provider's handshake will be refused until one is (or set handshake forward)",
+			zap.String("scope", h.Scope), zap.String("provider", h.Provider))
 	}
 	if h.LearnedSecret == "" {
 		h.LearnedSecret = "keep"
