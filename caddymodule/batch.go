@@ -159,7 +159,8 @@ func (h *Handler) serveSplit(w http.ResponseWriter, r *http.Request, body []byte
 			retry = max(retry, after)
 		}
 	}
-	d.eventID = "batch of " + strconv.Itoa(len(items))
+	// The delivery's log line has no event ID: each item's debug line has
+	// its own.
 	switch {
 	case failed > 0:
 		d.outcome, d.status = outcomeReleased, worst

@@ -332,9 +332,13 @@ func (h *Handler) learnSecret(parent context.Context, secret string) error {
 // logHandshake writes a debug line naming the handshake, never its values.
 func (h *Handler) logHandshake(a signature.HandshakeAnswer) {
 	if c := h.logger.Check(zap.DebugLevel, "handshake"); c != nil {
+		by := "edge"
+		if a.Forward || h.Handshake == "forward" {
+			by = "upstream"
+		}
 		c.Write(zap.String("scope", h.Scope), zap.String("provider", h.Provider),
 			zap.String("handshake", a.Challenge.Name), zap.String("auth", string(a.Challenge.Auth)),
-			zap.String("answered_by", map[bool]string{true: "upstream", false: "edge"}[a.Forward || h.Handshake == "forward"]))
+			zap.String("answered_by", by))
 	}
 }
 

@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"net/http"
-	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -153,6 +152,6 @@ func TestVerifyTokenMissingRefusesHandshakeOnly(t *testing.T) {
 	a = f.serve(req)
 	require.Equal(t, http.StatusOK, a.status)
 	require.Equal(t, 1, f.up.count())
-	require.True(t, strings.Contains(f.up.call(t, 0).URL, "hub.challenge=42"))
+	require.Contains(t, f.up.call(t, 0).URL, "hub.challenge=42")
 	require.Empty(t, f.rows())
 }

@@ -214,13 +214,13 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 	t.Run("meta hub.challenge with the verify token", func(t *testing.T) {
 		r := byPath["/p/meta"]
 		q := "?hub.mode=subscribe&hub.challenge=1158201444&hub.verify_token="
-		st, h, body := do(t, http.MethodGet, r.path+q+"meta-verify-wrong", nil, nil)
+		st, _, body := do(t, http.MethodGet, r.path+q+"meta-verify-wrong", nil, nil)
 		require.Equal(t, http.StatusBadRequest, st)
 		require.JSONEq(t, `{"error":"verify token does not match"}`, body)
 		st, _, _ = do(t, http.MethodGet, r.path+"?hub.mode=subscribe&hub.challenge=1158201444", nil, nil)
 		require.Equal(t, http.StatusBadRequest, st, "no token")
 		for _, token := range []string{os.Getenv("WI_TEST_META_VERIFY"), "old-verify-token"} {
-			st, h, body = do(t, http.MethodGet, r.path+q+token, nil, nil)
+			st, h, body := do(t, http.MethodGet, r.path+q+token, nil, nil)
 			requireAnswered(t, r.path, st, h, body, "text/plain; charset=utf-8", "1158201444")
 		}
 		requireDelivers(t, r, r.signing)
