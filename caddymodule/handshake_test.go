@@ -2,10 +2,14 @@ package caddymodule
 
 import (
 	"net/http"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/stretchr/testify/require"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
 
 // Handshakes, learned secrets and batches on a provisioned handler (the
@@ -154,4 +158,72 @@ func TestVerifyTokenMissingRefusesHandshakeOnly(t *testing.T) {
 	require.Equal(t, 1, f.up.count())
 	require.Contains(t, f.up.call(t, 0).URL, "hub.challenge=42")
 	require.Empty(t, f.rows())
+}
+
+// gocardlessBatch is a GoCardless delivery of events ids, signed.
+func gocardlessBatch(t *testing.T, secret string, ids ...string) *http.Request {
+	t.Helper()
+	items := make([]string, len(ids))
+	for i, id := range ids {
+		items[i] = `{"id":"` + id + `","action":"confirmed"}`
+	}
+	d, err := buildDelivery(signParams{Provider: "gocardless", Secret: secret, Body: []byte(`{"events":[` + strings.Join(items, ",") + `]}`)})
+	require.NoError(t, err)
+	req := newDelivery("http://gateway.test/gc", d.Body)
+	req.Header = d.Header
+	return req
+}
+
+func TestBatchSplitItemInFlight(t *testing.T) {
+	t.Parallel()
+	scope := uniqueScope("gc")
+	g := newGateway(t, "webhook_idempotency {\n provider gocardless\n secret gc_secret\n batch split\n scope "+scope+"\n}")
+	// Another delivery holds EV2's claim.
+	c, err := g.h.backend.Claim(t.Context(), store.ClaimParams{Scope: scope, EventID: "EV2", Lease: time.Minute})
+	require.NoError(t, err)
+	require.Equal(t, store.Claimed, c.Outcome)
+
+	a := g.serve(gocardlessBatch(t, "gc_secret", "EV1", "EV2", "EV3"))
+	require.Equal(t, http.StatusConflict, a.status, "not 2xx: the provider must retry")
+	require.NotEmpty(t, a.header.Get("Retry-After"))
+	require.Contains(t, string(a.body), "1 of 3 items not completed")
+	require.Equal(t, 2, g.up.count(), "EV1 and EV3 forwarded alone")
+	g.requireRow(scope, "EV1", store.StateCompleted)
+	g.requireRow(scope, "EV3", store.StateCompleted)
+
+	require.NoError(t, g.h.backend.Release(t.Context(), scope, "EV2", c.Token))
+	a = g.serve(gocardlessBatch(t, "gc_secret", "EV1", "EV2", "EV3"))
+	require.Equal(t, http.StatusOK, a.status, string(a.body))
+	require.JSONEq(t, `{"received":true,"items":3,"forwarded":1,"duplicates":2}`, string(a.body))
+	require.Equal(t, 3, g.up.count())
+	require.Contains(t, string(g.up.call(t, 2).Body), `"EV2"`)
+	require.NotContains(t, string(g.up.call(t, 2).Body), `"EV1"`)
+	g.requireRow(scope, "EV2", store.StateCompleted)
+
+	// A batch without items, or an item without an ID: 400, nothing claimed.
+	for _, ids := range [][]string{{}, {""}} {
+		requireRefused(t, g.serve(gocardlessBatch(t, "gc_secret", ids...)), http.StatusBadRequest, "batch")
+	}
+	require.Equal(t, 3, g.up.count())
+}
+
+func TestBatchSetOktaKeysOnItems(t *testing.T) {
+	t.Parallel()
+	g := newGateway(t, "webhook_idempotency {\n provider okta\n secret okta_secret\n scope "+uniqueScope("okta")+"\n}")
+	send := func(eventID string, uuids ...string) answer {
+		items := make([]string, len(uuids))
+		for i, u := range uuids {
+			items[i] = `{"uuid":"` + u + `","eventType":"user.session.start"}`
+		}
+		d, err := buildDelivery(signParams{Provider: "okta", Secret: "okta_secret",
+			Body: []byte(`{"eventId":"` + eventID + `","data":{"events":[` + strings.Join(items, ",") + `]}}`)})
+		require.NoError(t, err)
+		req := newDelivery("http://gateway.test/okta", d.Body)
+		req.Header = d.Header
+		return g.serve(req)
+	}
+	requireRelayed(t, send("hook-1", "u1", "u2"))
+	requireDuplicate(t, send("hook-1", "u2", "u1"))
+	requireRelayed(t, send("hook-1", "u1", "u2", "u3"))
+	require.Equal(t, 2, g.up.count())
 }
