@@ -61,7 +61,7 @@ func (a *Admin) Provision(ctx caddy.Context) error {
 
 // Routes returns the admin routes.
 func (a *Admin) Routes() []caddy.AdminRoute {
-	return []caddy.AdminRoute{{Pattern: adminPrefix, Handler: caddy.AdminHandlerFunc(a.serve)}}
+	return []caddy.AdminRoute{{Pattern: adminPrefix, Handler: guardAdmin(a.log0, a.serve)}}
 }
 
 const adminPrefix = "/webhook_idempotency/"
@@ -261,6 +261,14 @@ func (a *Admin) resolve(ctx context.Context, w http.ResponseWriter, bs []*backen
 		return apiErr(http.StatusConflict, "%v; only a held event or a claim whose lease expired can be resolved (DELETE forgets any event)", conflict)
 	}
 	return apiErr(http.StatusNotFound, "event not found")
+}
+
+// log0 is the admin API's logger (Caddy's, before Provision).
+func (a *Admin) log0() *zap.Logger {
+	if a.logger != nil {
+		return a.logger
+	}
+	return caddy.Log().Named("admin.api.webhook_idempotency")
 }
 
 func (a *Admin) log(msg, scope, id string) {

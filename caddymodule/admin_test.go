@@ -252,7 +252,14 @@ func TestAdminAPI(t *testing.T) {
 		r := deliver(id)
 		require.True(t, r.replayed, "duplicate before the forget")
 
-		a = adminDo(t, http.MethodDelete, eventPath(g.scope, id))
+		// A forget without the event ID as confirmation changes nothing.
+		for _, q := range []string{"", "?confirm=", "?confirm=yes", "?confirm=" + id + "x"} {
+			a = adminDo(t, http.MethodDelete, eventPath(g.scope, id)+q)
+			require.Equal(t, http.StatusPreconditionRequired, a.status, a.raw)
+			require.Contains(t, a.body["error"], "confirm=<event id>")
+		}
+		require.True(t, deliver(id).replayed, "still a duplicate")
+		a = adminDo(t, http.MethodDelete, eventPath(g.scope, id)+"?confirm="+url.QueryEscape(id))
 		require.Equal(t, http.StatusOK, a.status, a.raw)
 		require.Equal(t, true, a.body["forgotten"])
 		require.Equal(t, http.StatusNotFound, adminDo(t, http.MethodGet, eventPath(g.scope, id)).status)
@@ -362,7 +369,7 @@ func TestAdminAPI(t *testing.T) {
 			want         string // in the error message
 		}{
 			{http.MethodGet, eventPath(g.scope, "evt_unknown"), 404, "", "event not found"},
-			{http.MethodDelete, eventPath(g.scope, "evt_unknown"), 404, "", "event not found"},
+			{http.MethodDelete, eventPath(g.scope, "evt_unknown") + "?confirm=evt_unknown", 404, "", "event not found"},
 			{http.MethodPost, eventPath(g.scope, "evt_unknown") + "/release", 404, "", "event not found"},
 			{http.MethodGet, eventPath("no_such_scope", id), 404, "", "no handler has scope"},
 			{http.MethodPost, eventPath(g.scope, id) + "/frobnicate", 404, "", "unknown action"},

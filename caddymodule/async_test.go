@@ -609,7 +609,7 @@ func TestAsyncOrderKeyAcrossInstances(t *testing.T) {
 func queueAdminCall(t *testing.T, method, path string) (int, map[string]any) {
 	t.Helper()
 	rec := httptest.NewRecorder()
-	err := (&QueueAdmin{}).serve(rec, httptest.NewRequest(method, path, nil))
+	err := (&QueueAdmin{}).Routes()[0].Handler.ServeHTTP(rec, httptest.NewRequest(method, path, nil)) // through the guard
 	if err != nil {
 		apiErr, ok := err.(caddy.APIError)
 		require.True(t, ok, "admin error %v", err)
@@ -690,10 +690,15 @@ func TestAsyncDeadThenAdminRetry(t *testing.T) {
 		return err == nil && ev.State == queue.StateDelivered
 	})
 
-	// Purge: the queue rows go, the claims stay (still duplicates).
+	// Purge: the queue rows go, the claims stay (still duplicates). Without
+	// the confirmation nothing is purged.
 	status, _ = queueAdminCall(t, http.MethodDelete, "/webhook_idempotency/queue/"+scope+"/events/evt%2F2")
+	require.Equal(t, http.StatusPreconditionRequired, status)
+	status, _ = queueAdminCall(t, http.MethodDelete, "/webhook_idempotency/queue/"+scope+"/events?state=delivered&confirm=dead")
+	require.Equal(t, http.StatusPreconditionRequired, status)
+	status, _ = queueAdminCall(t, http.MethodDelete, "/webhook_idempotency/queue/"+scope+"/events/evt%2F2?confirm=evt%2F2")
 	require.Equal(t, http.StatusOK, status)
-	status, out = queueAdminCall(t, http.MethodDelete, "/webhook_idempotency/queue/"+scope+"/events?state=delivered")
+	status, out = queueAdminCall(t, http.MethodDelete, "/webhook_idempotency/queue/"+scope+"/events?state=delivered&confirm=delivered")
 	require.Equal(t, http.StatusOK, status)
 	require.EqualValues(t, 1, out["purged"])
 	status, _ = queueAdminCall(t, http.MethodGet, "/webhook_idempotency/queue/"+scope+"/events/evt_dead")

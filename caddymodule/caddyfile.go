@@ -46,6 +46,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		max_body  <size>                 # default 5MB
 //		cache     <entries>              # completed IDs held in memory; 0 = off
 //		forward_timeout <duration>       # upper bound of one forward; default 5m
+//		read_timeout <duration>          # to receive the whole body; default 10s
 //		on_ambiguous reforward | hold    # default reforward
 //		on_missing_id reject | forward   # default reject
 //		dedupe_body on | off             # default per provider
@@ -228,6 +229,12 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, seen map[string]
 			return err
 		}
 		h.ForwardTimeout = dur
+	case "read_timeout":
+		dur, err := durationArg(d)
+		if err != nil {
+			return err
+		}
+		h.ReadTimeout = dur
 	case "max_body":
 		var s string
 		if !d.AllArgs(&s) {

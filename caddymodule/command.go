@@ -28,8 +28,8 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "webhook-idempotency",
-		Usage: "sign|event ...",
-		Short: "Sends signed test deliveries and inspects, forgets, releases or completes webhook events",
+		Usage: "sign|event|queue|log-filter ...",
+		Short: "Sends signed test deliveries, manages webhook events and the async queue, prints the log filter",
 		Long: `
 Operations tooling of the webhook_idempotency handler.
 
@@ -37,8 +37,16 @@ Operations tooling of the webhook_idempotency handler.
           to the gateway, printing the status, Idempotent-Replayed and body.
   event   get | forget | release | complete | list: calls the admin API
           (/webhook_idempotency/events) of a running Caddy.
+  queue   list | get | retry | purge: the async queue's admin API
+          (/webhook_idempotency/queue/).
+  log-filter  prints the logging configuration that keeps signature and
+          token headers out of Caddy's own log lines.
 
-Run "caddy webhook-idempotency sign --help" or "... event --help" for the flags.
+--admin is Caddy's admin endpoint, as the config's global admin option sets
+it: localhost:2019 unless the Caddyfile says otherwise (the demo's
+examples/demo.Caddyfile uses 127.0.0.1:2019; a unix socket is unix//path).
+
+Run "caddy webhook-idempotency <command> --help" for the flags.
 `,
 		CobraFunc: configureCommand,
 	})
@@ -53,7 +61,7 @@ const secretEnv = "WEBHOOK_IDEMPOTENCY_SECRET" //nolint:gosec // the name of the
 func configureCommand(cmd *cobra.Command) {
 	cmd.Args = cobra.NoArgs
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
-	cmd.AddCommand(signCommand(), eventCommand())
+	cmd.AddCommand(signCommand(), eventCommand(), queueCommand(), logFilterCommand())
 }
 
 func signCommand() *cobra.Command {
@@ -82,7 +90,9 @@ the public URL configured at the provider and in the route's url; it
 defaults to --to.
 
 The secret comes from --secret or the environment variable ` + secretEnv + `.
-It is never printed.
+It is never printed. For discord (Ed25519) it is not the route's secret: it
+is the application's private seed (64 hex digits), and the route is
+configured with the matching public key, as the README says.
 `,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -133,7 +143,7 @@ It is never printed.
 	}
 	f := c.Flags()
 	f.StringVar(&p.Provider, "provider", "", "provider preset: "+strings.Join(signature.Providers(), ", "))
-	f.StringVar(&secret, "secret", "", "signing secret (default: $"+secretEnv+")")
+	f.StringVar(&secret, "secret", "", "signing secret (default: $"+secretEnv+"); discord: the private seed in hex")
 	f.StringVar(&to, "to", "", "gateway URL to POST the delivery to")
 	f.StringVar(&p.URL, "url", "", "public URL the provider signs (square, twilio, hubspot); default --to")
 	f.StringVar(&bodyFile, "body", "", "file with the raw body, or - for stdin (default: the provider's example payload)")
@@ -166,7 +176,7 @@ Calls the admin API of a running Caddy (module admin.api.webhook_idempotency):
 The scope of a route is its scope setting, by default the provider name.
 `,
 	}
-	c.PersistentFlags().StringVar(&admin, "admin", caddy.DefaultAdminListen, "address of Caddy's admin endpoint")
+	c.PersistentFlags().StringVar(&admin, "admin", caddy.DefaultAdminListen, adminFlagHelp)
 	one := func(name, method, action, short string) *cobra.Command {
 		sc := &cobra.Command{
 			Use:   name + " --scope <scope> --id <event id>",
@@ -177,6 +187,9 @@ The scope of a route is its scope setting, by default the provider name.
 					return errors.New("--scope and --id are required")
 				}
 				uri := adminPrefix + "events/" + url.PathEscape(scope) + "/" + url.PathEscape(id) + action
+				if method == http.MethodDelete {
+					uri += "?confirm=" + url.QueryEscape(id) // the admin API's guard (adminguard.go)
+				}
 				cmd.SilenceUsage = true
 				return adminCall(cmd.OutOrStdout(), admin, method, uri)
 			},

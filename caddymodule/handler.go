@@ -14,8 +14,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -49,6 +51,7 @@ const (
 	defaultMaxBody        = 5_000_000 // 5MB, as humanize parses "5MB"
 	defaultCache          = 100_000
 	defaultForwardTimeout = 5 * time.Minute
+	defaultReadTimeout    = 10 * time.Second
 	// storeTimeout bounds every store call on the request path.
 	storeTimeout = 5 * time.Second
 	// unavailableRetryAfter is the Retry-After of a 503 when the store fails.
@@ -132,6 +135,14 @@ type Handler struct {
 	// cancelled when the provider disconnects. Default: 5m.
 	ForwardTimeout caddy.Duration `json:"forward_timeout,omitempty"`
 
+	// ReadTimeout bounds how long the body may take to arrive, from the
+	// moment the handler starts reading it: a client trickling bytes is cut
+	// off with 408 and nothing is recorded. It is set on the connection
+	// (http.ResponseController.SetReadDeadline) and cleared once the body is
+	// read. Default: 10s. Caddy's server read_body/read_timeout bound the
+	// whole request too; see the README's security section.
+	ReadTimeout caddy.Duration `json:"read_timeout,omitempty"`
+
 	// OnAmbiguous is what happens to an event whose forward had no known
 	// outcome (forward_timeout ended it, the upstream's connection failed
 	// after the request was written and before a status line, or its
@@ -202,6 +213,11 @@ type Handler struct {
 	// signedURL is the configured URL of a URL-signed scheme, password
 	// redacted, for the log line of a failed verification.
 	signedURL string
+	// app is the http app of the config this handler belongs to (nil on a
+	// bare context); scopeUsed: its scope's storage is recorded there
+	// (configcheck.go).
+	app       any
+	scopeUsed bool
 }
 
 // Storage selects the store backend.
@@ -279,6 +295,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	if h.ForwardTimeout == 0 {
 		h.ForwardTimeout = caddy.Duration(defaultForwardTimeout)
+	}
+	if h.ReadTimeout == 0 {
+		h.ReadTimeout = caddy.Duration(defaultReadTimeout)
 	}
 	if h.OnAmbiguous == "" {
 		h.OnAmbiguous = "reforward"
@@ -371,6 +390,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		st.Table = table // `table` alone names the table of the default SQLite file
 	}
+	h.app = httpApp(ctx)
+	if err := useScopeStorage(h.app, h.Scope, st); err != nil {
+		h.app = nil // nothing recorded to release
+		return err
+	}
+	h.scopeUsed = true
+	warnHostOnly(h.app, h.logger)
 	entries := defaultCache
 	if h.Cache != nil {
 		entries = *h.Cache
@@ -436,6 +462,11 @@ func (h *Handler) Validate() error {
 
 // Cleanup releases this handler's use of the shared store.
 func (h *Handler) Cleanup() error {
+	if h.scopeUsed {
+		releaseScopeStorage(h.app, h.Scope)
+		forgetHostWarnings(h.app)
+		h.scopeUsed = false
+	}
 	h.cleanupAsync() // before the store: the dispatcher uses its pool
 	if h.wg != nil {
 		h.stopSweep()
@@ -497,7 +528,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 	}()
 
-	raw, signed, status, reason := h.readBody(r, buf)
+	raw, signed, status, reason := h.readBody(w, r, buf)
 	if status != 0 {
 		d.outcome, d.reason = outcomeFor(status), reason
 		respondError(w, status, reason, 0)
@@ -522,6 +553,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			return nil
 		}
 		d.outcome, d.reason = outcomeInvalidSignature, err.Error()
+		if isBodyRefusal(err) {
+			d.outcome = outcomeBadRequest
+		}
 		if h.preset.NeedsURL {
 			d.signedURL = h.signedURL // a wrong configured url is the usual cause
 		}
@@ -905,7 +939,7 @@ func (h *Handler) checkSameBody(parent context.Context, id string, body []byte) 
 // the raw bytes (what the upstream gets) and the bytes the provider signed
 // (the decoded body when Content-Encoding is gzip). A non-zero status means
 // the delivery is refused with that status and reason.
-func (h *Handler) readBody(r *http.Request, buf *bytes.Buffer) (raw, signed []byte, status int, reason string) {
+func (h *Handler) readBody(w http.ResponseWriter, r *http.Request, buf *bytes.Buffer) (raw, signed []byte, status int, reason string) {
 	encs := r.Header.Values("Content-Encoding")
 	if len(encs) > 1 {
 		// The upstream would undo every line; only one is ever verified.
@@ -921,7 +955,10 @@ func (h *Handler) readBody(r *http.Request, buf *bytes.Buffer) (raw, signed []by
 	if r.ContentLength > h.MaxBody {
 		return nil, nil, http.StatusRequestEntityTooLarge, "body exceeds max_body"
 	}
-	n, err := readAtMost(buf, r.Body, h.MaxBody)
+	n, err := h.readWithDeadline(w, buf, r.Body)
+	if isTimeout(err) {
+		return nil, nil, http.StatusRequestTimeout, "body not received within read_timeout"
+	}
 	if err != nil {
 		return nil, nil, http.StatusBadRequest, "reading body failed"
 	}
@@ -945,6 +982,32 @@ func (h *Handler) readBody(r *http.Request, buf *bytes.Buffer) (raw, signed []by
 		return nil, nil, http.StatusBadRequest, "gzip body is malformed"
 	}
 	return raw, dec.Bytes(), 0, ""
+}
+
+// readWithDeadline reads the body (readAtMost, at most MaxBody+1 bytes)
+// with the connection's read deadline set ReadTimeout from now, then clears
+// it, so the next request on a kept-alive connection is not cut short.
+// When the deadline passed it stays, and the connection is closed after the
+// answer: net/http would otherwise wait for the rest of the trickled body
+// before writing the 408. Where the writer cannot set a deadline
+// (http.ErrNotSupported) the body is read without one.
+func (h *Handler) readWithDeadline(w http.ResponseWriter, buf *bytes.Buffer, body io.Reader) (int64, error) {
+	rc := http.NewResponseController(w)
+	set := rc.SetReadDeadline(time.Now().Add(time.Duration(h.ReadTimeout))) == nil
+	n, err := readAtMost(buf, body, h.MaxBody)
+	switch {
+	case isTimeout(err):
+		w.Header().Set("Connection", "close")
+	case set:
+		_ = rc.SetReadDeadline(time.Time{})
+	}
+	return n, err
+}
+
+// isTimeout reports a read that ended on a deadline.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
 
 // sweepRetention deletes event rows older than Retention and body-hash rows
@@ -1031,6 +1094,8 @@ func outcomeFor(status int) string {
 		return outcomeTooLarge
 	case http.StatusUnsupportedMediaType:
 		return outcomeUnsupported
+	case http.StatusRequestTimeout:
+		return outcomeReadTimeout
 	}
 	return outcomeBadRequest
 }

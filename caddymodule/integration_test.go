@@ -110,7 +110,8 @@ func send(t *testing.T, req *http.Request) result {
 }
 
 // startGateway loads a Caddy config with one route per backend, both in
-// front of the upstream, and returns the route prefixes.
+// front of the upstream, and returns the route prefixes. The routes have
+// scopes of their own: one scope on two storages is refused at load.
 func startGateway(t *testing.T, up *countingUpstream, secret string, extra string) map[string]string {
 	if testing.Short() {
 		t.Skip("in-process Caddy: skipped with -short")
@@ -129,6 +130,7 @@ http://localhost:9080 {
 			secret %[1]q
 			storage postgres %[2]q
 			table %[3]s
+			scope stripe_pg
 			%[5]s
 		}
 		reverse_proxy %[6]s
@@ -138,6 +140,7 @@ http://localhost:9080 {
 			provider stripe
 			secret %[1]q
 			storage sqlite %[4]q
+			scope stripe_lite
 			%[5]s
 		}
 		reverse_proxy %[6]s

@@ -66,7 +66,7 @@ func TestDeliveryLogs(t *testing.T) {
 	g.up.answer(failing, http.StatusBadGateway)
 	require.Equal(t, http.StatusBadGateway, deliver(failing, current).status)
 	// An operator forgets the first event: the admin API logs it.
-	require.Equal(t, http.StatusOK, adminDo(t, http.MethodDelete, eventPath(g.scope, first)).status)
+	require.Equal(t, http.StatusOK, adminDo(t, http.MethodDelete, eventPath(g.scope, first)+"?confirm="+first).status)
 
 	type want struct {
 		eventID, outcome string
@@ -91,7 +91,7 @@ func TestDeliveryLogs(t *testing.T) {
 			switch {
 			case l["logger"] == "http.handlers.webhook_idempotency" && l["msg"] == "delivery":
 				deliveries = append(deliveries, l)
-			case l["logger"] == "admin.api.webhook_idempotency":
+			case l["logger"] == "admin.api.webhook_idempotency" && l["msg"] != "admin call":
 				operator = append(operator, l)
 			}
 		}
@@ -129,6 +129,18 @@ func TestDeliveryLogs(t *testing.T) {
 		require.IsType(t, 0.0, l["duration"], "line %d: duration in seconds", i)
 	}
 
+	// Who made the change: the admin API logs every call that is not a
+	// GET with the caller's address (and, over mTLS, its certificate).
+	calls := 0
+	for _, line := range raw {
+		if strings.Contains(line, `"msg":"admin call"`) {
+			calls++
+			require.Contains(t, line, `"method":"DELETE"`)
+			require.Contains(t, line, `"status":200`)
+			require.Contains(t, line, `"remote_addr":"127.0.0.1:`)
+		}
+	}
+	require.Equal(t, 1, calls, "one admin call line")
 	require.Len(t, operator, 1, "the forget is logged")
 	require.Equal(t, "event forgotten by operator", operator[0]["msg"])
 	require.Equal(t, g.scope, operator[0]["scope"])

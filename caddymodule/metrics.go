@@ -51,12 +51,13 @@ const (
 	outcomeForwardedNoID    = "forwarded"     // on_missing_id forward: forwarded without deduplication
 	outcomeBodyReplay       = "body_replayed" // dedupe_body: same body under another event ID, 200 at the edge
 	outcomeQueued           = "queued"        // async: stored for delivery, 200 at once
+	outcomeReadTimeout      = "read_timeout"  // the body did not arrive within read_timeout: 408
 )
 
 var allOutcomes = []string{outcomeCompleted, outcomeReleased, outcomeAmbiguous, outcomeDuplicate,
 	outcomeInFlight, outcomeHeld, outcomeInvalidSignature, outcomeBadRequest, outcomeTooLarge,
 	outcomeUnsupported, outcomeStoreError, outcomeHandshake, outcomeForwardedNoID, outcomeBodyReplay,
-	outcomeQueued}
+	outcomeQueued, outcomeReadTimeout}
 
 // storeTimes are the store_duration_seconds series, one per operation,
 // resolved once so no store call does a label lookup.

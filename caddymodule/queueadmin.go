@@ -47,7 +47,7 @@ const queueAdminPrefix = "/webhook_idempotency/queue/"
 
 // Routes returns the admin routes.
 func (a *QueueAdmin) Routes() []caddy.AdminRoute {
-	return []caddy.AdminRoute{{Pattern: queueAdminPrefix, Handler: caddy.AdminHandlerFunc(a.serve)}}
+	return []caddy.AdminRoute{{Pattern: queueAdminPrefix, Handler: guardAdmin(queueAdminLogger, a.serve)}}
 }
 
 // queueScopes maps each scope of a provisioned async handler to its queue

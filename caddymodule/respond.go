@@ -60,19 +60,27 @@ func retrySeconds(d time.Duration) int {
 
 // signatureReason turns a verification error into the reason the provider
 // (and the operator reading its dashboard) sees: one of "missing signature
-// header", "malformed signature header", "no matching signature" and
-// "timestamp outside tolerance". The details (the header concerned,
+// header", "malformed signature header", "no matching signature",
+// "timestamp outside tolerance", "body is not JSON" (a correctly signed body
+// the scheme refuses) and "body is not a form". The details (the header concerned,
 // how many secrets were tried, the tolerance) go to the log line only: they
 // tell a prober how the route is configured. No secret or signature is ever
 // in either.
 func signatureReason(err error) string {
 	for _, sentinel := range []error{signature.ErrMissingHeader, signature.ErrMalformedHeader,
-		signature.ErrNoMatchingSignature, signature.ErrTimestampOutOfTolerance} {
+		signature.ErrNoMatchingSignature, signature.ErrTimestampOutOfTolerance,
+		signature.ErrBodyNotJSON, signature.ErrBodyNotForm} {
 		if errors.Is(err, sentinel) {
 			return sentinel.Error()
 		}
 	}
 	return "signature verification failed"
+}
+
+// isBodyRefusal reports a verification error about the body rather than the
+// signature: the delivery is a bad request, not an invalid signature.
+func isBodyRefusal(err error) bool {
+	return errors.Is(err, signature.ErrBodyNotJSON) || errors.Is(err, signature.ErrBodyNotForm)
 }
 
 // eventIDReason explains why a delivery has no usable event ID.

@@ -34,6 +34,14 @@ type GatewayConfig struct {
 	// Admin turns Caddy's admin endpoint on, on a free port of 127.0.0.1
 	// (Gateway.AdminAddr): the webhook_idempotency admin API and /metrics.
 	Admin bool
+	// Debug sets Caddy's global debug option: every forward logs
+	// reverse_proxy's "upstream roundtrip" line with the request's headers.
+	Debug bool
+	// NoLogFilter leaves out the logging configuration the README ships
+	// (the output of `caddy webhook-idempotency log-filter --provider
+	// stripe`), which removes the signature headers from Caddy's own log
+	// lines. Only a test that shows the leak it prevents sets it.
+	NoLogFilter bool
 }
 
 // Gateway is a running Caddy process, in a process group of its own.
@@ -87,8 +95,15 @@ func startGateway(cfg GatewayConfig, port int) (*Gateway, error) {
 		}
 		adminAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(aport))
 	}
+	filter := ""
+	if !cfg.NoLogFilter {
+		var err error
+		if filter, err = logFilter(cfg.Binary); err != nil {
+			return nil, err
+		}
+	}
 	caddyfile := filepath.Join(cfg.Dir, cfg.Name+".Caddyfile")
-	if err := os.WriteFile(caddyfile, []byte(cfg.caddyfile(addr, adminAddr)), 0o600); err != nil {
+	if err := os.WriteFile(caddyfile, []byte(cfg.caddyfile(addr, adminAddr, filter)), 0o600); err != nil {
 		return nil, err
 	}
 	logPath := filepath.Join(cfg.Dir, cfg.Name+".log")
@@ -134,17 +149,47 @@ func startGateway(cfg GatewayConfig, port int) (*Gateway, error) {
 	return g, fmt.Errorf("e2e: caddy %s did not listen on %s within 30s; log:\n%s", cfg.Name, addr, g.LogTail(30))
 }
 
+// logFilter asks the binary for the site form of the logging configuration
+// the README ships (log-filter --site) and returns the lines inside its log
+// block: the filter encoder that deletes Stripe's signature header.
+func logFilter(binary string) (string, error) {
+	out, err := exec.Command(binary, "webhook-idempotency", "log-filter", "--site", "--provider", "stripe").Output()
+	if err != nil {
+		return "", fmt.Errorf("e2e: caddy webhook-idempotency log-filter: %w", err)
+	}
+	s := strings.TrimSpace(string(out))
+	inner, ok := strings.CutPrefix(s, "log {\n")
+	inner, ok2 := strings.CutSuffix(inner, "\n}")
+	if !ok || !ok2 || !strings.Contains(inner, "request>headers>Stripe-Signature delete") {
+		return "", fmt.Errorf("e2e: unexpected log-filter output:\n%s", out)
+	}
+	return inner + "\n", nil
+}
+
 // caddyfile renders the instance's whole Caddyfile; adminAddr "" turns
-// the admin endpoint off.
-func (cfg GatewayConfig) caddyfile(addr, adminAddr string) string {
+// the admin endpoint off; filter is the body of the default log's block
+// that removes signature headers ("" for none).
+func (cfg GatewayConfig) caddyfile(addr, adminAddr, filter string) string {
 	var b strings.Builder
 	admin := "off"
 	if adminAddr != "" {
 		admin = adminAddr
 	}
 	b.WriteString("{\n\tadmin " + admin + "\n\tauto_https off\n\tpersist_config off\n\tgrace_period 1s\n")
-	if cfg.LogLevel != "" {
-		fmt.Fprintf(&b, "\tlog {\n\t\tlevel %s\n\t}\n", cfg.LogLevel)
+	if cfg.Debug {
+		b.WriteString("\tdebug\n")
+	}
+	if cfg.LogLevel != "" || filter != "" {
+		b.WriteString("\tlog default {\n")
+		if cfg.LogLevel != "" {
+			fmt.Fprintf(&b, "\t\tlevel %s\n", cfg.LogLevel)
+		}
+		for _, l := range strings.SplitAfter(filter, "\n") {
+			if l != "" {
+				b.WriteString("\t" + l)
+			}
+		}
+		b.WriteString("\t}\n")
 	}
 	b.WriteString("}\n\n")
 	fmt.Fprintf(&b, "http://%s {\n\tbind 127.0.0.1\n\twebhook_idempotency {\n", addr)

@@ -105,18 +105,26 @@ func (b *bundle) gateway(name, upstream string, extra ...string) *e2e.Gateway {
 // gatewayOn is gateway with the store reached through dsn (a Link's).
 func (b *bundle) gatewayOn(name, upstream, dsn string, extra ...string) *e2e.Gateway {
 	b.t.Helper()
-	if upstream == "" {
-		upstream = b.up.Addr()
-	}
-	return b.start(e2e.GatewayConfig{
-		Name:     name,
-		Upstream: upstream,
-		Handler:  e2e.StripeHandler(b.secret, dsn, extra...),
-	})
+	return b.gatewayWith(e2e.GatewayConfig{Name: name, Upstream: upstream}, dsn, extra...)
 }
 
-// start starts a gateway from cfg (Binary and Dir are the bundle's); it is
-// killed in t.Cleanup, and its log tail is printed when the test failed.
+// gatewayWith starts a gateway from cfg (Binary, Dir, Handler and an empty
+// Upstream filled in). When it is torn down its log is searched for the
+// test's secret and every signature sent (e2e.CheckNoLeaks), unless cfg
+// leaves out the log filter on purpose.
+func (b *bundle) gatewayWith(cfg e2e.GatewayConfig, dsn string, extra ...string) *e2e.Gateway {
+	b.t.Helper()
+	if cfg.Upstream == "" {
+		cfg.Upstream = b.up.Addr()
+	}
+	cfg.Handler = e2e.StripeHandler(b.secret, dsn, extra...)
+	return b.start(cfg)
+}
+
+// start starts a gateway from cfg (Binary and Dir are the bundle's). It is
+// killed in t.Cleanup, its log is then searched for the test's secret and
+// every signature sent (e2e.CheckNoLeaks) unless cfg leaves out the log
+// filter on purpose, and its log tail is printed when the test failed.
 func (b *bundle) start(cfg e2e.GatewayConfig) *e2e.Gateway {
 	b.t.Helper()
 	cfg.Binary, cfg.Dir = caddyBin, b.dir
@@ -124,6 +132,9 @@ func (b *bundle) start(cfg e2e.GatewayConfig) *e2e.Gateway {
 	require.NoError(b.t, err)
 	b.t.Cleanup(func() {
 		g.Kill()
+		if !cfg.NoLogFilter {
+			e2e.CheckNoLeaks(b.t, g.LogPath(), b.secret)
+		}
 		if b.t.Failed() {
 			b.t.Logf("--- log of %s (last 12 lines):\n%s", g.Name, g.LogTail(12))
 		}

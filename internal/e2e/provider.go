@@ -81,7 +81,9 @@ func Deliver(ctx context.Context, c *http.Client, url, secret, eventID string) (
 	}
 	req.Header.Set("Content-Type", "application/json; charset=utf-8")
 	req.Header.Set("User-Agent", "Stripe/1.0 (+https://stripe.com/docs/webhooks)")
-	req.Header.Set("Stripe-Signature", StripeSignature(secret, body, time.Now()))
+	sig := StripeSignature(secret, body, time.Now())
+	recordSignature(sig) // looked for in the logs (CheckNoLeaks)
+	req.Header.Set("Stripe-Signature", sig)
 	res := Result{Start: time.Now()}
 	resp, err := c.Do(req)
 	if err != nil {

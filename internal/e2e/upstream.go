@@ -17,6 +17,10 @@ import (
 type Answer struct {
 	Delay  time.Duration
 	Status int // 0 = 200
+	// Cut: after the delay, the upstream sends its status line and part of
+	// the body it announced, then closes the connection (reverse_proxy then
+	// logs "aborting with incomplete response" with the request's headers).
+	Cut bool
 }
 
 // Behaviour decides the answer to the n-th call (1-based) for an event.
@@ -102,7 +106,16 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			status = 0
 		}
 	}
-	if status != 0 {
+	if status != 0 && a.Cut {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", "1000")
+		w.WriteHeader(status)
+		_, _ = io.WriteString(w, `{"upstream":`)
+		_ = http.NewResponseController(w).Flush()
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			_ = conn.Close()
+		}
+	} else if status != 0 {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(status)
 		_, _ = io.WriteString(w, `{"upstream":true}`)

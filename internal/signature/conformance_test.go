@@ -173,6 +173,8 @@ var sentinels = []error{
 	signature.ErrMalformedHeader,
 	signature.ErrNoMatchingSignature,
 	signature.ErrTimestampOutOfTolerance,
+	signature.ErrBodyNotJSON,
+	signature.ErrBodyNotForm,
 }
 
 // requireOneSentinel checks err wraps exactly one of the package's reasons.

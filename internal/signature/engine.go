@@ -169,7 +169,7 @@ func (e *engine) Verify(body []byte, h http.Header) error {
 			hs.Signature, len(sigs), len(e.keys), ErrNoMatchingSignature)
 	}
 	if e.jsonBody && !isJSONObject(body) {
-		return fmt.Errorf("signed body is not a JSON object, which %s never sends: %w", e.name, ErrNoMatchingSignature)
+		return fmt.Errorf("signed body is not a JSON object, which %s never sends: %w", e.name, ErrBodyNotJSON)
 	}
 	return nil
 }

@@ -94,8 +94,8 @@ func TestStripeHeaderParsing(t *testing.T) {
 		{"BR-04 d: milliseconds", []string{sNew}, []string{"t=" + ts + "000,v1=" + sig(sNew, ts+"000")}, body, signature.ErrTimestampOutOfTolerance},
 		{"BR-04 c: 301 s ahead", []string{sNew}, []string{"t=" + strconv.FormatInt(now.Unix()+301, 10) + ",v1=" + sig(sNew, strconv.FormatInt(now.Unix()+301, 10))}, body, signature.ErrTimestampOutOfTolerance},
 		{"secret without whsec_ is another key", []string{strings.TrimPrefix(sNew, "whsec_")}, []string{"t=" + ts + ",v1=" + sig(sNew, ts)}, body, signature.ErrNoMatchingSignature},
-		{"signed body that is not JSON", []string{sNew}, []string{"t=" + ts + ",v1=" + hmacHex(sNew, ts+".not json")}, "not json", signature.ErrNoMatchingSignature},
-		{"signed empty body", []string{sNew}, []string{"t=" + ts + ",v1=" + hmacHex(sNew, ts+".")}, "", signature.ErrNoMatchingSignature},
+		{"signed body that is not JSON", []string{sNew}, []string{"t=" + ts + ",v1=" + hmacHex(sNew, ts+".not json")}, "not json", signature.ErrBodyNotJSON},
+		{"signed empty body", []string{sNew}, []string{"t=" + ts + ",v1=" + hmacHex(sNew, ts+".")}, "", signature.ErrBodyNotJSON},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

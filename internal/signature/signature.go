@@ -46,6 +46,15 @@ var (
 	// ErrTimestampOutOfTolerance: the signed timestamp is further in the past
 	// or the future than the tolerance allows.
 	ErrTimestampOutOfTolerance = errors.New("timestamp outside tolerance")
+	// ErrBodyNotJSON: the signature matches, but the body is not the JSON
+	// object the provider always sends (schemes with Scheme.JSONBody, as
+	// stripe-go refuses it). Only a correctly signed body gets it, so it
+	// says nothing about the secrets.
+	ErrBodyNotJSON = errors.New("body is not JSON")
+	// ErrBodyNotForm: a form-signed scheme (twilio) cannot rebuild the
+	// signed text because the body is not application/x-www-form-urlencoded.
+	// Decided from the body alone, before any secret is used.
+	ErrBodyNotForm = errors.New("body is not a form")
 )
 
 // Verifier checks one delivery. body is the raw request body, byte for byte

@@ -120,7 +120,7 @@ func (v *twilioVerifier) messages(body []byte, h http.Header) ([]string, error) 
 	}
 	form, err := url.ParseQuery(string(body))
 	if err != nil {
-		return nil, fmt.Errorf("body is not a form: %w", ErrNoMatchingSignature)
+		return nil, fmt.Errorf("%w (application/x-www-form-urlencoded), nor is Content-Type JSON", ErrBodyNotForm)
 	}
 	params := sortedParams(form)
 	bases := urlVariants(v.url)

@@ -1,0 +1,219 @@
+package caddymodule
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+)
+
+// Checks across the routes of one loaded config. A handler sees only its own
+// JSON, so what two routes must agree on is recorded per config, keyed by the
+// config's http app (the same value for every handler a load provisions;
+// another load, a reload's new config, has another one).
+
+// configScopes maps each config's http app to the storage of every scope its
+// handlers use.
+var configScopes = struct {
+	sync.Mutex
+	m map[any]map[string]*scopeUse
+}{m: map[any]map[string]*scopeUse{}}
+
+type scopeUse struct {
+	key  string // Storage.poolKey: backend, DSN or path, table
+	desc string // for the error: never a DSN password
+	n    int
+}
+
+// httpApp returns the http app of the config ctx belongs to, or nil when
+// ctx carries no config (handler unit tests provision on a bare context).
+func httpApp(ctx caddy.Context) any {
+	app, err := ctx.AppIfConfigured("http")
+	if err != nil {
+		return nil
+	}
+	return app
+}
+
+// useScopeStorage records that a route of the config app uses scope on st,
+// and refuses a scope already used on another storage: two routes that
+// share a scope promise to share deduplication, which two stores cannot
+// keep. A nil app (no config) checks nothing.
+func useScopeStorage(app any, scope string, st Storage) error {
+	if app == nil {
+		return nil
+	}
+	configScopes.Lock()
+	defer configScopes.Unlock()
+	uses := configScopes.m[app]
+	if uses == nil {
+		uses = map[string]*scopeUse{}
+		configScopes.m[app] = uses
+	}
+	key := st.poolKey()
+	if u := uses[scope]; u != nil {
+		if u.key != key {
+			return fmt.Errorf("scope: %q is already used by another route on %s, and this route stores it on %s; "+
+				"routes sharing a scope share deduplication only on one storage (same backend, DSN or path, and table): "+
+				"give them the same storage, or distinct scopes", scope, u.desc, st.describe())
+		}
+		u.n++
+		return nil
+	}
+	uses[scope] = &scopeUse{key: key, desc: st.describe(), n: 1}
+	return nil
+}
+
+// releaseScopeStorage undoes one useScopeStorage, when a handler is cleaned
+// up.
+func releaseScopeStorage(app any, scope string) {
+	if app == nil {
+		return
+	}
+	configScopes.Lock()
+	defer configScopes.Unlock()
+	uses := configScopes.m[app]
+	if u := uses[scope]; u != nil {
+		if u.n--; u.n == 0 {
+			delete(uses, scope)
+		}
+	}
+	if len(uses) == 0 {
+		delete(configScopes.m, app)
+	}
+}
+
+// describe names the storage for an error message: the backend, the SQLite
+// path or the PostgreSQL DSN with its password redacted, and the table.
+func (c Storage) describe() string {
+	table := c.Table
+	if table == "" {
+		table = "webhook_events"
+	}
+	where := c.Path
+	if c.Backend == "postgres" {
+		where = "a key=value DSN"
+		if u, err := url.Parse(c.DSN); err == nil && u.Scheme != "" && !strings.ContainsAny(c.DSN, " ") {
+			where = u.Redacted()
+		}
+	}
+	return fmt.Sprintf("%s %s (table %s)", c.Backend, where, table)
+}
+
+// hostWarned records, per config, the servers already warned about by
+// warnHostOnly, so a server with several webhook routes warns once.
+var hostWarned = struct {
+	sync.Mutex
+	m map[any]map[string]bool
+}{m: map[any]map[string]bool{}}
+
+// handlerPattern finds this module in a route's JSON not yet provisioned.
+var handlerPattern = regexp.MustCompile(`"handler"\s*:\s*"webhook_idempotency"`)
+
+// warnHostOnly warns, once per server of the config, when a server that runs
+// a webhook_idempotency route has only routes under host matchers (a site
+// address such as hooks.example.com or http://127.0.0.1:8080). Caddy answers
+// a request for any other Host on that listener with an empty 200: a
+// provider's delivery sent with another Host (a proxy in between, a changed
+// DNS name, an IP) is acknowledged and never reaches the route, so the event
+// is lost. It looks at the top-level routes only; their matchers are
+// provisioned before any handler (caddyhttp's autohttps), so they are
+// complete when a handler is provisioned.
+func warnHostOnly(app any, logger *zap.Logger) {
+	a, ok := app.(*caddyhttp.App)
+	if !ok || logger == nil {
+		return
+	}
+	for name, srv := range a.Servers {
+		if srv == nil || !routesHaveHandler(srv.Routes) {
+			continue
+		}
+		hosts, only := hostOnly(srv.Routes)
+		if !only {
+			continue
+		}
+		hostWarned.Lock()
+		if hostWarned.m[app] == nil {
+			hostWarned.m[app] = map[string]bool{}
+		}
+		done := hostWarned.m[app][name]
+		hostWarned.m[app][name] = true
+		hostWarned.Unlock()
+		if done {
+			continue
+		}
+		logger.Warn("server answers requests for other hosts with an empty 200: a delivery sent with another Host is acknowledged "+
+			"and lost; use a site address without a host (:8080) or add a catch-all site that answers 404",
+			zap.String("server", name), zap.Strings("listen", srv.Listen), zap.Strings("hosts", hosts))
+	}
+}
+
+// forgetHostWarnings drops a config's record when it is unloaded.
+func forgetHostWarnings(app any) {
+	hostWarned.Lock()
+	delete(hostWarned.m, app)
+	hostWarned.Unlock()
+}
+
+// routesHaveHandler reports whether a webhook_idempotency handler is among
+// the routes, provisioned or still raw JSON.
+func routesHaveHandler(routes caddyhttp.RouteList) bool {
+	for _, r := range routes {
+		if handlerPattern.Match(mustJSON(r.HandlersRaw)) {
+			return true
+		}
+		for _, h := range r.Handlers {
+			switch h := h.(type) {
+			case *Handler:
+				return true
+			case *caddyhttp.Subroute:
+				if routesHaveHandler(h.Routes) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+func mustJSON(raws []json.RawMessage) []byte {
+	var b []byte
+	for _, r := range raws {
+		b = append(b, r...)
+	}
+	return b
+}
+
+// hostOnly reports whether every route matches only under a host matcher,
+// and the hosts named.
+func hostOnly(routes caddyhttp.RouteList) ([]string, bool) {
+	var hosts []string
+	for _, r := range routes {
+		if len(r.MatcherSets) == 0 {
+			return nil, false
+		}
+		for _, set := range r.MatcherSets {
+			found := false
+			for _, m := range set {
+				switch m := m.(type) {
+				case caddyhttp.MatchHost:
+					found, hosts = true, append(hosts, m...)
+				case *caddyhttp.MatchHost:
+					found, hosts = true, append(hosts, *m...)
+				}
+			}
+			if !found {
+				return nil, false
+			}
+		}
+	}
+	slices.Sort(hosts)
+	return slices.Compact(hosts), len(routes) > 0
+}

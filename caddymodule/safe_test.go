@@ -1,0 +1,289 @@
+package caddymodule
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/stretchr/testify/require"
+)
+
+// A correctly signed body the scheme refuses is answered with the real
+// reason, "body is not JSON", counted bad_request, and never forwarded; the
+// same body under a wrong secret still gets "no matching signature", so the
+// reason tells a prober nothing about the secret.
+func TestSignedBodyNotJSONNamesTheReason(t *testing.T) {
+	t.Parallel()
+	secret := "whsec_" + randomHex(8)
+	g := newGateway(t, "webhook_idempotency {\n provider stripe\n secret "+secret+"\n scope "+uniqueScope("notjson")+"\n}")
+	now := g.clock.Unix()
+	for _, body := range []string{"not json", "", `["a"]`, `{"id":"evt_1"`} {
+		a := g.serve(g.stripe(secret, []byte(body), now))
+		requireRefused(t, a, http.StatusBadRequest, `"body is not JSON"`)
+		a = g.serve(g.stripe("whsec_wrong_"+randomHex(4), []byte(body), now))
+		requireRefused(t, a, http.StatusBadRequest, `"no matching signature"`)
+	}
+	require.Equal(t, 0, g.up.count())
+	require.Empty(t, g.rows())
+	require.Equal(t, 4.0, g.outcomes(outcomeBadRequest))
+	require.Equal(t, 4.0, g.outcomes(outcomeInvalidSignature))
+}
+
+// Twilio signs the form's parameters: a body that is not a form cannot be
+// verified at all, and the answer says so instead of blaming the signature.
+func TestTwilioBodyNotFormNamesTheReason(t *testing.T) {
+	t.Parallel()
+	g := newGateway(t, "webhook_idempotency {\n provider twilio\n secret tw_"+randomHex(4)+"\n url https://hooks.example.test/tw\n}")
+	req := newDelivery("http://gateway.test/tw", []byte("a=%zz"), "Content-Type", "application/x-www-form-urlencoded",
+		"I-Twilio-Idempotency-Token", "idem-1", "X-Twilio-Signature", b64Of(make([]byte, 20)))
+	requireRefused(t, g.serve(req), http.StatusBadRequest, `"body is not a form"`)
+	require.Equal(t, 0, g.up.count())
+}
+
+// validateCaddyfile adapts a whole Caddyfile and provisions it as
+// `caddy validate` does (no listener, no admin endpoint), then cleans it up.
+// The handler's log lines go to the returned logs (a named log: the default
+// logger, which is process-wide, is left alone).
+func validateCaddyfile(t *testing.T, body string) (logs string, err error) {
+	t.Helper()
+	dir := t.TempDir()
+	logFile := filepath.Join(dir, "caddy.log")
+	global := "{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\tstorage file_system " + filepath.Join(dir, "data") +
+		"\n\tlog gateway {\n\t\tinclude http.handlers.webhook_idempotency\n\t\toutput file " + logFile + "\n\t\tformat json\n\t\tlevel DEBUG\n\t}\n}\n"
+	cfgJSON, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(global+body), map[string]any{"filename": "Caddyfile"})
+	require.NoError(t, err, "adapting")
+	var cfg caddy.Config
+	require.NoError(t, json.Unmarshal(cfgJSON, &cfg))
+	err = caddy.Validate(&cfg)
+	b, _ := os.ReadFile(logFile)
+	return string(b), err
+}
+
+// Two routes of one config that share a scope on different storages are
+// refused at load, naming the scope and both storages (never a DSN
+// password); on one storage they load, and so do distinct scopes.
+func TestScopeOnTwoStoragesRefused(t *testing.T) {
+	dir := t.TempDir()
+	route := func(path, scope, storage string) string {
+		return "\thandle " + path + " {\n\t\twebhook_idempotency {\n\t\t\tprovider stripe\n\t\t\tsecret whsec_x\n\t\t\tscope " + scope +
+			"\n\t\t\tstorage " + storage + "\n\t\t}\n\t\trespond 200\n\t}\n"
+	}
+	a, b := "sqlite "+filepath.Join(dir, "a.db"), "sqlite "+filepath.Join(dir, "b.db")
+	pg := "postgres postgres://gw:S3CRETPW@127.0.0.1:1/none?sslmode=disable"
+
+	_, err := validateCaddyfile(t, ":18080 {\n"+route("/a", "shop", a)+route("/b", "shop", b)+"}\n")
+	require.Error(t, err)
+	require.Contains(t, err.Error(), `scope: "shop" is already used by another route on sqlite`)
+	require.Contains(t, err.Error(), "give them the same storage, or distinct scopes")
+
+	// Postgres is checked before it is dialled (nothing listens on port 1;
+	// one site, so its routes are provisioned in order).
+	_, err = validateCaddyfile(t, ":18080 {\n"+route("/a", "shop", a)+route("/b", "shop", pg)+"}\n")
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "postgres postgres://gw:xxxxx@127.0.0.1:1/none")
+	require.NotContains(t, err.Error(), "S3CRETPW")
+
+	configs := func() int {
+		configScopes.Lock()
+		defer configScopes.Unlock()
+		return len(configScopes.m)
+	}
+	before := configs()
+	_, err = validateCaddyfile(t, ":18080 {\n"+route("/a", "shop", a)+route("/b", "shop", a)+route("/c", "other", b)+"}\n")
+	require.NoError(t, err)
+	require.Equal(t, before, configs(), "cleanup forgets the config")
+}
+
+// A webhook route reachable only under host matchers is warned about at
+// load: Caddy would answer a delivery with another Host an empty 200. A
+// site address without a host, or a catch-all site on the same listener,
+// is not.
+func TestHostOnlySiteWarns(t *testing.T) {
+	dir := t.TempDir()
+	hook := func(path string) string {
+		return "\thandle " + path + " {\n\t\twebhook_idempotency {\n\t\t\tprovider stripe\n\t\t\tsecret whsec_x\n\t\t\tstorage sqlite " +
+			filepath.Join(dir, "e.db") + "\n\t\t}\n\t\trespond 200\n\t}\n"
+	}
+	const warning = "server answers requests for other hosts with an empty 200"
+	for _, tc := range []struct {
+		name, caddyfile string
+		warns           bool
+	}{
+		{"ip site", "http://127.0.0.1:18080 {\n" + hook("/webhooks/stripe") + "}\n", true},
+		{"named site, two routes", "http://hooks.example.com:18080 {\n" + hook("/a") + hook("/b") + "}\n", true},
+		{"port only", ":18080 {\n" + hook("/webhooks/stripe") + "}\n", false},
+		{"catch-all beside", "http://hooks.example.com:18080 {\n" + hook("/a") + "}\n:18080 {\n\trespond 404\n}\n", false},
+		{"host site on another server", "http://hooks.example.com:18081 {\n\trespond 200\n}\n:18080 {\n" + hook("/a") + "}\n", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			logs, err := validateCaddyfile(t, tc.caddyfile)
+			require.NoError(t, err)
+			if !tc.warns {
+				require.NotContains(t, logs, warning)
+				return
+			}
+			require.Equal(t, 1, strings.Count(logs, warning), "once per server:\n%s", logs)
+			require.Contains(t, logs, `"level":"warn"`)
+			require.Contains(t, logs, `"listen":[":18080"]`)
+		})
+	}
+}
+
+// A client trickling the body a byte every 100ms over a real socket is cut
+// off at read_timeout with 408, nothing is recorded or forwarded, and the
+// next request on a fresh connection is served normally.
+func TestReadTimeoutSlowBody(t *testing.T) {
+	t.Parallel()
+	secret := "whsec_" + randomHex(8)
+	scope := uniqueScope("slow")
+	g := newGateway(t, "webhook_idempotency {\n provider stripe\n secret "+secret+"\n scope "+scope+"\n read_timeout 500ms\n}")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = g.h.ServeHTTP(w, withReplacer(r), g.up)
+	}))
+	t.Cleanup(srv.Close)
+
+	body := stripeBody("evt_slow_1", "x")
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = fmt.Fprintf(conn, "POST /webhooks/stripe HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: %d\r\nStripe-Signature: %s\r\n\r\n",
+		len(body), stripeHeader(secret, body, g.clock.Unix()))
+	require.NoError(t, err)
+	start := time.Now()
+	answered := make(chan string, 1)
+	go func() {
+		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		line, _ := bufio.NewReader(conn).ReadString('\n')
+		answered <- line
+	}()
+	var status string
+trickle:
+	for i := 0; i < len(body)-1 && i < 50; i++ { // bounded: at most 5s of trickling
+		select {
+		case status = <-answered:
+			break trickle
+		case <-time.After(100 * time.Millisecond):
+			_, _ = conn.Write(body[i : i+1]) // fails once the gateway closed it
+		}
+	}
+	if status == "" {
+		status = <-answered
+	}
+	require.Contains(t, status, "408", "answer: %q", status)
+	require.Less(t, time.Since(start), 3*time.Second, "cut off at read_timeout, not at the end of the trickle")
+	require.Equal(t, 0, g.up.count())
+	require.Empty(t, g.rows())
+	require.Equal(t, 1.0, g.outcomes(outcomeReadTimeout))
+
+	// A delivery that arrives at once goes through.
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/webhooks/stripe", bytes.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Stripe-Signature", stripeHeader(secret, body, g.clock.Unix()))
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, 1, g.up.count())
+}
+
+// The queue and event commands call the admin API paths the admin modules
+// serve, and the destructive ones carry the confirmation the guard wants.
+func TestQueueAndForgetCommandsSendConfirmation(t *testing.T) {
+	var got []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = append(got, r.Method+" "+r.URL.RequestURI())
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{}`))
+	}))
+	t.Cleanup(srv.Close)
+	admin := srv.Listener.Addr().String()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"queue", "list"}, "GET /webhook_idempotency/queue/"},
+		{[]string{"queue", "list", "--scope", "stripe", "--state", "dead", "--limit", "5"}, "GET /webhook_idempotency/queue/stripe/events?limit=5&state=dead"},
+		{[]string{"queue", "get", "--scope", "stripe", "--id", "evt/1"}, "GET /webhook_idempotency/queue/stripe/events/evt%2F1"},
+		{[]string{"queue", "retry", "--scope", "stripe"}, "POST /webhook_idempotency/queue/stripe/retry"},
+		{[]string{"queue", "retry", "--scope", "stripe", "--id", "evt_1"}, "POST /webhook_idempotency/queue/stripe/events/evt_1/retry"},
+		{[]string{"queue", "purge", "--scope", "stripe", "--id", "evt/1"}, "DELETE /webhook_idempotency/queue/stripe/events/evt%2F1?confirm=evt%2F1"},
+		{[]string{"queue", "purge", "--scope", "stripe", "--state", "dead"}, "DELETE /webhook_idempotency/queue/stripe/events?confirm=dead&state=dead"},
+		{[]string{"event", "forget", "--scope", "stripe", "--id", "evt 1"}, "DELETE /webhook_idempotency/events/stripe/evt%201?confirm=evt+1"},
+	} {
+		got = nil
+		_, err := runCLI(t, append(tc.args, "--admin", admin)...)
+		require.NoError(t, err, tc.args)
+		require.Equal(t, []string{tc.want}, got, tc.args)
+	}
+	_, err := runCLI(t, "queue", "purge", "--scope", "stripe", "--admin", admin)
+	require.ErrorContains(t, err, "exactly one of --id and --state")
+
+	// The guard accepts what the CLI sends: the confirmation decoded is the ID.
+	for _, uri := range []string{"/webhook_idempotency/queue/stripe/events/evt%2F1?confirm=evt%2F1",
+		"/webhook_idempotency/events/stripe/evt%201?confirm=evt+1", "/webhook_idempotency/queue/stripe/events?confirm=dead&state=dead"} {
+		r := httptest.NewRequest(http.MethodDelete, uri, nil)
+		want, _ := confirmationFor(r)
+		require.NotEmpty(t, want, uri)
+		require.Equal(t, want, r.URL.Query().Get("confirm"), uri)
+	}
+}
+
+// log-filter prints, for each provider, every header that carries its
+// signature or token, in the form Caddy's logs print them.
+func TestLogFilterCommand(t *testing.T) {
+	out, err := runCLI(t, "log-filter", "--provider", "stripe,gitlab", "--provider", "standard", "--provider", "github")
+	require.NoError(t, err)
+	for _, h := range []string{"Stripe-Signature", "X-Gitlab-Token", "Webhook-Signature", "Svix-Signature", "X-Hub-Signature-256", "X-Hub-Signature"} {
+		require.Contains(t, out, "\t\t\t\trequest>headers>"+h+" delete\n")
+	}
+	require.True(t, strings.HasPrefix(out, "{\n\tlog default {\n\t\tformat filter {\n\t\t\twrap json\n"), out)
+	out, err = runCLI(t, "log-filter", "--provider", "hmac", "--header", "x-acme-signature", "--site", "--wrap", "console")
+	require.NoError(t, err)
+	require.Equal(t, "log {\n\tformat filter {\n\t\twrap console\n\t\tfields {\n\t\t\trequest>headers>X-Acme-Signature delete\n\t\t}\n\t}\n}\n", out)
+	_, err = runCLI(t, "log-filter", "--provider", "hmac")
+	require.ErrorContains(t, err, "--header")
+	_, err = runCLI(t, "log-filter", "--provider", "nosuch")
+	require.ErrorContains(t, err, "unknown provider")
+}
+
+// Every example ships the log filter for every provider it configures, and
+// none uses a site address with a host (a delivery with another Host would
+// get Caddy's empty 200).
+func TestExamplesShipLogFilterAndCatchAllSites(t *testing.T) {
+	files, err := filepath.Glob("../examples/*.Caddyfile")
+	require.NoError(t, err)
+	files = append(files, "../examples/Caddyfile")
+	providerLine := regexp.MustCompile(`(?m)^\s*provider\s+(\S+)`)
+	siteLine := regexp.MustCompile(`(?m)^([^\s#{][^{\n]*)\{[ \t]*$`)
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		var providers []string
+		for _, m := range providerLine.FindAllStringSubmatch(string(b), -1) {
+			providers = append(providers, m[1])
+		}
+		require.NotEmpty(t, providers, f)
+		headers, err := SecretHeaders(providers)
+		require.NoError(t, err, f)
+		for _, h := range headers {
+			require.Contains(t, string(b), "request>headers>"+h+" delete", "%s: log filter for %s", f, h)
+		}
+		for _, m := range siteLine.FindAllStringSubmatch(string(b), -1) {
+			addr := strings.TrimSpace(m[1])
+			require.True(t, strings.HasPrefix(addr, ":"), "%s: site address %q has a host", f, addr)
+		}
+	}
+}
