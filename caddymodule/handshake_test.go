@@ -227,3 +227,21 @@ func TestBatchSetOktaKeysOnItems(t *testing.T) {
 	requireRelayed(t, send("hook-1", "u1", "u2", "u3"))
 	require.Equal(t, 2, g.up.count())
 }
+
+// log-filter also removes what a handshake carries as a secret: Asana's
+// X-Hook-Secret in the request and the answer, Meta's verify token in the
+// uri; and Caddy accepts the result.
+func TestLogFilterHandshakeSecrets(t *testing.T) {
+	out, err := runCLI(t, "log-filter", "--provider", "asana,meta", "--site")
+	require.NoError(t, err)
+	require.Contains(t, out, "\t\t\trequest>headers>X-Hook-Secret delete\n")
+	require.Contains(t, out, "\t\t\tresp_headers>X-Hook-Secret delete\n")
+	require.Contains(t, out, "\t\t\trequest>uri query {\n\t\t\t\tdelete hub.verify_token\n\t\t\t}\n")
+	site := ":8080 {\n" + out + "respond 200\n}\n"
+	_, err = adaptJSON(site)
+	require.NoError(t, err, site)
+	global, err := runCLI(t, "log-filter", "--provider", "asana,meta")
+	require.NoError(t, err)
+	_, err = adaptJSON(global + ":8080 {\nrespond 200\n}\n")
+	require.NoError(t, err, global)
+}
