@@ -31,18 +31,22 @@ func TestLearnedSecretAcrossProcesses(t *testing.T) {
 	second := b.start(cfg("asana-2"))
 	secret := e2e.NewSecret()
 
-	post := func(g *e2e.Gateway, body []byte, h http.Header) *http.Response {
+	type answer struct {
+		StatusCode int
+		Header     http.Header
+	}
+	post := func(g *e2e.Gateway, body []byte, h http.Header) answer {
 		t.Helper()
 		req, err := http.NewRequest(http.MethodPost, g.URL(), bytes.NewReader(body))
 		require.NoError(t, err)
 		req.Header = h
 		resp, err := b.client.Do(req)
 		require.NoError(t, err)
+		defer resp.Body.Close()
 		_, _ = io.Copy(io.Discard, resp.Body)
-		_ = resp.Body.Close()
-		return resp
+		return answer{resp.StatusCode, resp.Header}
 	}
-	deliver := func(g *e2e.Gateway, id string) *http.Response {
+	deliver := func(g *e2e.Gateway, id string) answer {
 		t.Helper()
 		h := http.Header{"Content-Type": {"application/json"}}
 		body, err := signature.SignDelivery("asana", signature.Options{Secrets: []string{secret}},
