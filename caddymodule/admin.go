@@ -97,6 +97,18 @@ type EventJSON struct {
 	LeaseUntil  *time.Time `json:"lease_until,omitempty"`
 	CompletedAt *time.Time `json:"completed_at,omitempty"`
 	Status      int        `json:"status,omitempty"`
+	// Response describes the stored answer (replay response, provider
+	// idempotency_key): its size and SHA-256, never its content.
+	Response *ResponseJSON `json:"response,omitempty"`
+}
+
+// ResponseJSON is a stored answer as the admin API shows it.
+type ResponseJSON struct {
+	// BodyStored is false when only status and headers were stored (the
+	// body was larger than replay_max, or cut).
+	BodyStored bool   `json:"body_stored"`
+	Size       int64  `json:"size"`
+	SHA256     string `json:"sha256"`
 }
 
 func toJSON(e store.Event) EventJSON {
@@ -109,6 +121,9 @@ func toJSON(e store.Event) EventJSON {
 	if !e.CompletedAt.IsZero() {
 		t := e.CompletedAt.UTC()
 		out.CompletedAt = &t
+	}
+	if e.Response.Stored {
+		out.Response = &ResponseJSON{BodyStored: e.Response.BodyStored, Size: e.Response.Size, SHA256: e.Response.SHA256}
 	}
 	return out
 }

@@ -225,7 +225,7 @@ func (h *Handler) forwardItem(r *http.Request, it signature.BatchItem, i, n int,
 	ir.Header.Set("Webhook-Batch-Item", strconv.Itoa(i+1)+"/"+strconv.Itoa(n))
 	cw := &itemWriter{header: http.Header{}}
 	id := delivery{h: h, start: time.Now(), eventID: it.ID}
-	_ = h.forward(cw, ir, next, []claimRef{{h.Scope, it.ID, claim.Token}}, &id)
+	_ = h.forward(cw, ir, next, []claimRef{{scope: h.Scope, id: it.ID, token: claim.Token}}, &id)
 	return id.outcome, id.status, 0
 }
 

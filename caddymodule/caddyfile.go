@@ -66,6 +66,16 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		verify_token <token>             # repeatable; the verify token of a handshake (meta, strava)
 //		learned_secret keep | replace    # a handshake bringing a different secret (asana, notion); default keep
 //		batch     set | split            # batching providers (sendgrid, gocardless, okta, hubspot); default per provider
+//		replay    short | response       # how duplicates are answered; default per provider
+//		replay_max <size>                # largest body stored for replay; default 64KiB
+//		replay_headers <name>...         # headers stored for replay; default Content-Type Content-Language Location
+//		idempotency_key {                # provider idempotency_key only (client APIs, no secret)
+//			header      <name>           # default Idempotency-Key
+//			client      header <name> | <placeholder>  # client identity, hashed; e.g. header Authorization
+//			fingerprint method path query body | none  # default all four
+//			optional                     # forward requests without a key (default: 400)
+//			store_4xx   on | off         # store and replay 4xx answers; default on
+//		}
 //		hmac {                           # provider hmac (same as a provider hmac { } block)
 //			header    <name>
 //			algorithm sha1 | sha256 | sha512
@@ -90,7 +100,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if h.Provider == "hmac" && (h.HMAC == nil || h.HMAC.Header == "") {
 		return d.Err("hmac: provider hmac needs an hmac { header <name> } block")
 	}
-	if len(h.Secrets) == 0 && !learnsSecret(h.Provider) {
+	if len(h.Secrets) == 0 && h.Provider != providerIdempotencyKey && !learnsSecret(h.Provider) {
 		return d.Err("secret: at least one secret is required")
 	}
 	return nil
@@ -313,6 +323,8 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, seen map[string]
 		return h.unmarshalAsync(d, name)
 	case "handshake", "verify_token", "learned_secret", "batch":
 		return h.unmarshalProtocol(d, name)
+	case "replay", "replay_max", "replay_headers", "idempotency_key":
+		return h.unmarshalReplay(d, name)
 	default:
 		return d.Errf("unknown subdirective %q", name)
 	}

@@ -185,6 +185,9 @@ type Handler struct {
 	// ProtocolConfig holds handshake, verify_token, learned_secret and
 	// batch (handshake.go, batch.go).
 	ProtocolConfig
+	// ReplayConfig holds replay, replay_max, replay_headers and the
+	// Idempotency-Key mode's fields (replay.go, idemkey.go).
+	ReplayConfig
 
 	dedupeBody bool
 	verifier   signature.Verifier
@@ -262,15 +265,16 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.busy = new(tracker)
 	repl := caddy.NewReplacer()
 
-	preset, ok := signature.Lookup(h.Provider)
-	if !ok {
-		return fmt.Errorf("provider: unknown provider %q (known: %s)", h.Provider, strings.Join(signature.Providers(), ", "))
+	// The preset (or the Idempotency-Key mode) first: defaults below
+	// depend on it.
+	verify := h.provisionVerifier
+	if h.Provider == providerIdempotencyKey {
+		verify = h.provisionIdempotencyKey
 	}
-	h.preset = preset
-	h.dedupeBody = preset.DedupeBody
-	if h.DedupeBody != nil {
-		h.dedupeBody = *h.DedupeBody
+	if err := verify(repl); err != nil {
+		return err
 	}
+
 	if h.Scope == "" {
 		h.Scope = h.Provider
 	}
@@ -280,6 +284,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	if h.Lease == 0 {
 		h.Lease = caddy.Duration(defaultLease)
+	}
+	if h.Retention == 0 && h.Provider == providerIdempotencyKey {
+		h.Retention = caddy.Duration(idemRetention)
 	}
 	if h.Retention == 0 {
 		h.Retention = caddy.Duration(defaultRetention)
@@ -305,8 +312,71 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.OnMissingID == "" {
 		h.OnMissingID = "reject"
 	}
+
+	if err := h.provisionReplay(); err != nil {
+		return err
+	}
+
+	st := Storage{Backend: "sqlite", Path: filepath.Join(caddy.AppDataDir(), "webhook_idempotency", "events.db")}
+	if h.Storage != nil {
+		table := h.Storage.Table
+		if h.Storage.Backend != "" {
+			st = *h.Storage
+			st.DSN = repl.ReplaceAll(st.DSN, "")
+			st.Path = repl.ReplaceAll(st.Path, "")
+		}
+		st.Table = table // `table` alone names the table of the default SQLite file
+	}
+	h.app = httpApp(ctx)
+	if err := useScopeStorage(h.app, h.Scope, st); err != nil {
+		h.app = nil // nothing recorded to release
+		return err
+	}
+	h.scopeUsed = true
+	warnHostOnly(h.app, h.logger)
+	entries := defaultCache
+	if h.Cache != nil {
+		entries = *h.Cache
+	}
+	b, _, err := openBackend(st, entries)
+	if err != nil {
+		return fmt.Errorf("storage %s: %w", st.Backend, err)
+	}
+	h.backend, h.poolKey = b, st.poolKey()
+	scopes.add(h.Scope, b)
+	if entries > 0 {
+		h.completed = b.completed
+	}
+
+	if err := h.provisionMetrics(ctx); err != nil {
+		return err
+	}
+	if err := h.provisionAsync(ctx); err != nil {
+		return err
+	}
+
+	sweepCtx, stopSweep := context.WithCancel(ctx)
+	h.stopSweep = stopSweep
+	h.wg = new(sync.WaitGroup)
+	h.wg.Add(1)
+	go h.sweepRetention(sweepCtx)
+	return nil
+}
+
+// provisionVerifier builds the verifier and the event ID extractor of a
+// signature provider's preset.
+func (h *Handler) provisionVerifier(repl *caddy.Replacer) error {
+	preset, ok := signature.Lookup(h.Provider)
+	if !ok {
+		return fmt.Errorf("provider: unknown provider %q (known: %s)", h.Provider, strings.Join(signature.Providers(), ", "))
+	}
+	h.preset = preset
 	if h.RefuseStatus == 0 {
 		h.RefuseStatus = preset.RefuseStatus
+	}
+	h.dedupeBody = preset.DedupeBody
+	if h.DedupeBody != nil {
+		h.dedupeBody = *h.DedupeBody
 	}
 
 	secrets := make([]string, 0, len(h.Secrets))
@@ -379,50 +449,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		// the extractor need not validate it a second time.
 		h.extractor.AssumeValidJSON()
 	}
-
-	st := Storage{Backend: "sqlite", Path: filepath.Join(caddy.AppDataDir(), "webhook_idempotency", "events.db")}
-	if h.Storage != nil {
-		table := h.Storage.Table
-		if h.Storage.Backend != "" {
-			st = *h.Storage
-			st.DSN = repl.ReplaceAll(st.DSN, "")
-			st.Path = repl.ReplaceAll(st.Path, "")
-		}
-		st.Table = table // `table` alone names the table of the default SQLite file
-	}
-	h.app = httpApp(ctx)
-	if err := useScopeStorage(h.app, h.Scope, st); err != nil {
-		h.app = nil // nothing recorded to release
-		return err
-	}
-	h.scopeUsed = true
-	warnHostOnly(h.app, h.logger)
-	entries := defaultCache
-	if h.Cache != nil {
-		entries = *h.Cache
-	}
-	b, _, err := openBackend(st, entries)
-	if err != nil {
-		return fmt.Errorf("storage %s: %w", st.Backend, err)
-	}
-	h.backend, h.poolKey = b, st.poolKey()
-	scopes.add(h.Scope, b)
-	if entries > 0 {
-		h.completed = b.completed
-	}
-
-	if err := h.provisionMetrics(ctx); err != nil {
-		return err
-	}
-	if err := h.provisionAsync(ctx); err != nil {
-		return err
-	}
-
-	sweepCtx, stopSweep := context.WithCancel(ctx)
-	h.stopSweep = stopSweep
-	h.wg = new(sync.WaitGroup)
-	h.wg.Add(1)
-	go h.sweepRetention(sweepCtx)
 	return nil
 }
 
@@ -444,7 +470,14 @@ func (h *Handler) Validate() error {
 	if h.Lease < caddy.Duration(time.Second) {
 		return fmt.Errorf("lease: must be at least 1s, got %s", time.Duration(h.Lease))
 	}
-	if h.Retention < caddy.Duration(minRetention) {
+	if err := h.validateReplay(); err != nil {
+		return err
+	}
+	if h.idem != nil {
+		if err := h.validateIdempotencyKey(); err != nil {
+			return err
+		}
+	} else if h.Retention < caddy.Duration(minRetention) {
 		return fmt.Errorf("retention: must be at least %s (providers retry for days), got %s", minRetention, time.Duration(h.Retention))
 	}
 	if h.ReplayWindow < h.Retention {
@@ -512,6 +545,9 @@ func (t *tracker) wait()        { t.wg.Wait() }
 // ServeHTTP verifies, claims, forwards once and settles: the steps of the
 // README's "How it works" table.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	if h.idem != nil {
+		return h.serveIdempotencyKey(w, r, next)
+	}
 	start := time.Now()
 	d := delivery{h: h, start: start}
 	defer d.log()
@@ -592,7 +628,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.serveAsync(w, r, raw, signed, id, &d)
 	}
 
-	if h.completed != nil {
+	if h.replayOn && h.completed != nil {
+		if h.replayCached(w, r, id, signed, &d) {
+			return nil
+		}
+	} else if h.completed != nil {
 		if status, ok := h.completed.Has(h.Scope, id); ok {
 			h.cacheHit.Inc()
 			d.outcome, d.status, d.cached = outcomeDuplicate, status, true
@@ -616,6 +656,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	d.attempt = claim.Attempts
 	switch claim.Outcome {
 	case store.Duplicate:
+		if h.replayOn {
+			h.replayStored(w, r, id, signed, claim, &d)
+			return nil
+		}
 		d.outcome, d.status = outcomeDuplicate, claim.Status
 		h.completed.Add(h.Scope, id, claim.Status)
 		if h.dedupeBody {
@@ -636,7 +680,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("unexpected claim outcome %v", claim.Outcome))
 	}
 
-	claims := []claimRef{{h.Scope, id, claim.Token}}
+	claims := []claimRef{{scope: h.Scope, id: id, token: claim.Token}}
 	if h.dedupeBody {
 		bc, ok := h.claimBody(w, r, signed, claims[0], &d)
 		if !ok {
@@ -705,6 +749,9 @@ func (h *Handler) answerProxyError(rec caddyhttp.ResponseRecorder, err error, d 
 // dedupe_body the body hash's.
 type claimRef struct {
 	scope, id, token string
+	// resp is the upstream's answer stored when the claim completes
+	// (replay response); nil stores none.
+	resp *store.Response
 }
 
 // forward runs the next handler with the claims held, renewing their leases,
@@ -729,6 +776,11 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 	go h.heartbeat(fctx, claims, hbDone, hbStopped)
 
 	h.claimsInFlight.Inc()
+	var tee *capture // the answer stored for replay
+	if h.replayOn {
+		tee = h.newCapture(w)
+		w = tee
+	}
 	rec := caddyhttp.NewResponseRecorder(w, nil, nil)
 	upstart := time.Now()
 	panicked, err := runNext(next, rec, r.WithContext(fctx))
@@ -747,11 +799,14 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 	end.timedOut = errors.Is(fctx.Err(), context.DeadlineExceeded) && end.status == 0
 	d.status = end.status
 
-	switch v := end.verdict(); {
+	switch v := h.verdict(end); {
 	case v == verdictComplete:
 		d.outcome = outcomeCompleted
+		if tee != nil {
+			claims[0].resp = h.storedResponse(tee, end, d)
+		}
 		h.settle(r.Context(), claims, end.status, "complete")
-		h.completed.Add(claims[0].scope, claims[0].id, end.status)
+		h.remember(claims[0], end.status)
 	case v == verdictAmbiguous && h.OnAmbiguous == "hold":
 		// The upstream may or may not have done the work: park the event
 		// as held now, so its retries get 503 and an operator can decide
@@ -845,6 +900,9 @@ func (h *Handler) settleOnce(parent context.Context, c claimRef, status int, op 
 	switch op {
 	case "complete":
 		defer observe(metrics.storeTime.complete, t0)
+		if c.resp != nil {
+			return h.backend.CompleteResponse(ctx, c.scope, c.id, c.token, *c.resp)
+		}
 		return h.backend.Complete(ctx, c.scope, c.id, c.token, status)
 	case "hold":
 		defer observe(metrics.storeTime.hold, t0)
@@ -897,7 +955,7 @@ func (h *Handler) claimBody(w http.ResponseWriter, r *http.Request, body []byte,
 	key := bodyKey(body)
 	bc, err := h.claim(r.Context(), h.bodyScope(), key)
 	if err == nil && bc.Outcome == store.Claimed {
-		return claimRef{h.bodyScope(), key, bc.Token}, true
+		return claimRef{scope: h.bodyScope(), id: key, token: bc.Token}, true
 	}
 	h.settle(r.Context(), []claimRef{idClaim}, 0, "release")
 	switch {
@@ -1015,7 +1073,7 @@ func isTimeout(err error) bool {
 // Any instance may run it; batches don't conflict.
 func (h *Handler) sweepRetention(ctx context.Context) {
 	defer h.wg.Done()
-	t := time.NewTicker(retentionInterval)
+	t := time.NewTicker(h.sweepEvery())
 	defer t.Stop()
 	for {
 		select {
@@ -1086,6 +1144,9 @@ type delivery struct {
 	// signedURL is the configured URL a URL-signed scheme checked, when
 	// that check failed.
 	signedURL string
+	// fingerprint is the request's (provider idempotency_key), stored with
+	// its answer; never logged.
+	fingerprint string
 }
 
 func outcomeFor(status int) string {

@@ -131,7 +131,7 @@ func (h *Handler) provisionProtocol(repl *caddy.Replacer) error {
 	if len(h.verifyTokens) == 0 && tokenAuth && h.Handshake == "edge" {
 		// Deliveries still pass; only the handshake is refused.
 		h.logger.Warn("no verify_token configured: the provider's handshake will be refused until one is (or set handshake forward)",
-			zap.String("scope", h.Scope), zap.String("provider", h.Provider))
+			zap.String("provider", h.Provider))
 	}
 	if h.LearnedSecret == "" {
 		h.LearnedSecret = "keep"

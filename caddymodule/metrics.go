@@ -57,7 +57,7 @@ const (
 var allOutcomes = []string{outcomeCompleted, outcomeReleased, outcomeAmbiguous, outcomeDuplicate,
 	outcomeInFlight, outcomeHeld, outcomeInvalidSignature, outcomeBadRequest, outcomeTooLarge,
 	outcomeUnsupported, outcomeStoreError, outcomeHandshake, outcomeForwardedNoID, outcomeBodyReplay,
-	outcomeQueued, outcomeReadTimeout}
+	outcomeQueued, outcomeReadTimeout, outcomeKeyReused}
 
 // storeTimes are the store_duration_seconds series, one per operation,
 // resolved once so no store call does a label lookup.

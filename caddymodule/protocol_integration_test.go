@@ -133,8 +133,8 @@ func protoConfig(routes []protoRoute, dsn, table, upstream, extra string) string
 	return b.String()
 }
 
-// do sends a request to the gateway.
-func do(t *testing.T, method, path string, body []byte, header http.Header) (int, http.Header, string) {
+// doReq sends a request to the gateway.
+func doReq(t *testing.T, method, path string, body []byte, header http.Header) (int, http.Header, string) {
 	t.Helper()
 	req, err := http.NewRequest(method, gatewayBase+path, bytes.NewReader(body))
 	require.NoError(t, err)
@@ -172,7 +172,7 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 		t.Helper()
 		d, err := buildDelivery(signParams{Provider: r.provider, Secret: secret, URL: r.url, EventIDFrom: r.idFrom, EventID: id})
 		require.NoError(t, err)
-		st, h, body := do(t, http.MethodPost, r.path, d.Body, d.Header)
+		st, h, body := doReq(t, http.MethodPost, r.path, d.Body, d.Header)
 		return d.EventID, st, h, body
 	}
 	// requireDelivers: a fresh event is forwarded once with its bytes, and
@@ -214,13 +214,13 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 	t.Run("meta hub.challenge with the verify token", func(t *testing.T) {
 		r := byPath["/p/meta"]
 		q := "?hub.mode=subscribe&hub.challenge=1158201444&hub.verify_token="
-		st, _, body := do(t, http.MethodGet, r.path+q+"meta-verify-wrong", nil, nil)
+		st, _, body := doReq(t, http.MethodGet, r.path+q+"meta-verify-wrong", nil, nil)
 		require.Equal(t, http.StatusBadRequest, st)
 		require.JSONEq(t, `{"error":"verify token does not match"}`, body)
-		st, _, _ = do(t, http.MethodGet, r.path+"?hub.mode=subscribe&hub.challenge=1158201444", nil, nil)
+		st, _, _ = doReq(t, http.MethodGet, r.path+"?hub.mode=subscribe&hub.challenge=1158201444", nil, nil)
 		require.Equal(t, http.StatusBadRequest, st, "no token")
 		for _, token := range []string{os.Getenv("WI_TEST_META_VERIFY"), "old-verify-token"} {
-			st, h, body := do(t, http.MethodGet, r.path+q+token, nil, nil)
+			st, h, body := doReq(t, http.MethodGet, r.path+q+token, nil, nil)
 			requireAnswered(t, r.path, st, h, body, "text/plain; charset=utf-8", "1158201444")
 		}
 		requireDelivers(t, r, r.signing)
@@ -228,14 +228,14 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 
 	t.Run("msgraph validationToken", func(t *testing.T) {
 		r := byPath["/p/msgraph"]
-		st, h, body := do(t, http.MethodPost, r.path+"?validationToken=Validation%3A+Testing+client+application+reachability", nil, nil)
+		st, h, body := doReq(t, http.MethodPost, r.path+"?validationToken=Validation%3A+Testing+client+application+reachability", nil, nil)
 		requireAnswered(t, r.path, st, h, body, "text/plain; charset=utf-8", "Validation: Testing client application reachability")
 		requireDelivers(t, r, r.signing)
 	})
 
 	t.Run("trello HEAD probe", func(t *testing.T) {
 		r := byPath["/p/trello"]
-		st, h, _ := do(t, http.MethodHead, r.path, nil, nil)
+		st, h, _ := doReq(t, http.MethodHead, r.path, nil, nil)
 		require.Equal(t, http.StatusOK, st)
 		require.Empty(t, h.Get("X-Upstream"))
 		require.Empty(t, up.got(r.path))
@@ -244,14 +244,14 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 
 	t.Run("okta verification GET", func(t *testing.T) {
 		r := byPath["/p/okta"]
-		st, h, body := do(t, http.MethodGet, r.path, nil, http.Header{"X-Okta-Verification-Challenge": {"pCQfxWhFKvdm2E3p7Ue6"}})
+		st, h, body := doReq(t, http.MethodGet, r.path, nil, http.Header{"X-Okta-Verification-Challenge": {"pCQfxWhFKvdm2E3p7Ue6"}})
 		requireAnswered(t, r.path, st, h, body, "application/json", `{"verification":"pCQfxWhFKvdm2E3p7Ue6"}`)
 		requireDelivers(t, r, r.signing)
 	})
 
 	t.Run("dropbox challenge with nosniff", func(t *testing.T) {
 		r := byPath["/p/dropbox"]
-		st, h, body := do(t, http.MethodGet, r.path+"?challenge=GbAx8LrOUVm0", nil, nil)
+		st, h, body := doReq(t, http.MethodGet, r.path+"?challenge=GbAx8LrOUVm0", nil, nil)
 		requireAnswered(t, r.path, st, h, body, "text/plain; charset=utf-8", "GbAx8LrOUVm0")
 		require.Equal(t, "nosniff", h.Get("X-Content-Type-Options"))
 		requireDelivers(t, r, r.signing)
@@ -261,14 +261,14 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 		r := byPath["/p/twitch"]
 		hs := []byte(`{"challenge":"pogchamp-kappa-360noscope-vohiyo","subscription":{"id":"f1c2a387","status":"webhook_callback_verification_pending"}}`)
 		b, h := signed(t, r, hs, "hs-"+randomHex(4), http.Header{"Twitch-Eventsub-Message-Type": {"webhook_callback_verification"}})
-		st, rh, body := do(t, http.MethodPost, r.path, b, h)
+		st, rh, body := doReq(t, http.MethodPost, r.path, b, h)
 		requireAnswered(t, r.path, st, rh, body, "text/plain; charset=utf-8", "pogchamp-kappa-360noscope-vohiyo")
 		// The same challenge again is answered again (never deduplicated).
-		st, rh, body = do(t, http.MethodPost, r.path, b, h)
+		st, rh, body = doReq(t, http.MethodPost, r.path, b, h)
 		requireAnswered(t, r.path, st, rh, body, "text/plain; charset=utf-8", "pogchamp-kappa-360noscope-vohiyo")
 		// Unsigned: refused, never answered (no signing oracle).
 		h.Set("Twitch-Eventsub-Message-Signature", "sha256="+strings.Repeat("0", 64))
-		st, _, body = do(t, http.MethodPost, r.path, b, h)
+		st, _, body = doReq(t, http.MethodPost, r.path, b, h)
 		require.Equal(t, http.StatusBadRequest, st)
 		require.Contains(t, body, "no matching signature")
 		requireDelivers(t, r, r.signing)
@@ -277,7 +277,7 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 	t.Run("slack url_verification", func(t *testing.T) {
 		r := byPath["/p/slack"]
 		b, h := signed(t, r, []byte(`{"token":"t","challenge":"3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P","type":"url_verification"}`), "", nil)
-		st, rh, body := do(t, http.MethodPost, r.path, b, h)
+		st, rh, body := doReq(t, http.MethodPost, r.path, b, h)
 		requireAnswered(t, r.path, st, rh, body, "application/json", `{"challenge":"3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P"}`)
 		requireDelivers(t, r, r.signing)
 	})
@@ -285,7 +285,7 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 	t.Run("zoom endpoint.url_validation", func(t *testing.T) {
 		r := byPath["/p/zoom"]
 		b, h := signed(t, r, []byte(`{"event":"endpoint.url_validation","payload":{"plainToken":"qgg8vlvZRS6UYooatFL8Aw"},"event_ts":1654503849680}`), "", nil)
-		st, rh, body := do(t, http.MethodPost, r.path, b, h)
+		st, rh, body := doReq(t, http.MethodPost, r.path, b, h)
 		m := hmac.New(sha256.New, []byte(r.signing))
 		m.Write([]byte("qgg8vlvZRS6UYooatFL8Aw"))
 		requireAnswered(t, r.path, st, rh, body, "application/json",
@@ -296,7 +296,7 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 	t.Run("discord PING", func(t *testing.T) {
 		r := byPath["/p/discord"]
 		b, h := signed(t, r, []byte(`{"type":1,"id":"ping-1","application_id":"1"}`), "", nil)
-		st, rh, body := do(t, http.MethodPost, r.path, b, h)
+		st, rh, body := doReq(t, http.MethodPost, r.path, b, h)
 		requireAnswered(t, r.path, st, rh, body, "application/json", `{"type":1}`)
 		requireDelivers(t, r, r.signing)
 	})
@@ -304,7 +304,7 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 	t.Run("xero intent to receive", func(t *testing.T) {
 		r := byPath["/p/xero"]
 		b, h := signed(t, r, []byte(`{"events":[],"firstEventSequence":0,"lastEventSequence":0,"entropy":"S0m3r4Nd0mt3xt"}`), "", nil)
-		st, rh, _ := do(t, http.MethodPost, r.path, b, h)
+		st, rh, _ := doReq(t, http.MethodPost, r.path, b, h)
 		require.Equal(t, http.StatusOK, st)
 		require.Empty(t, rh.Get("X-Upstream"))
 		require.Empty(t, up.got(r.path))
@@ -324,7 +324,7 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 		// Before the handshake nothing verifies.
 		_, st, _, body := deliver(t, r, asanaSecret, "")
 		require.Equal(t, http.StatusBadRequest, st, body)
-		st, h, body := do(t, http.MethodPost, r.path, nil, http.Header{"X-Hook-Secret": {asanaSecret}})
+		st, h, body := doReq(t, http.MethodPost, r.path, nil, http.Header{"X-Hook-Secret": {asanaSecret}})
 		require.Equal(t, http.StatusOK, st, body)
 		require.Equal(t, asanaSecret, h.Get("X-Hook-Secret"), "the secret is echoed")
 		require.Empty(t, h.Get("X-Upstream"))
@@ -334,13 +334,13 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 		d, err := buildDelivery(signParams{Provider: "asana", Secret: asanaSecret, Body: []byte(`{"events":[]}`)})
 		require.NoError(t, err)
 		before := len(up.got(r.path))
-		st, h, _ = do(t, http.MethodPost, r.path, d.Body, d.Header)
+		st, h, _ = doReq(t, http.MethodPost, r.path, d.Body, d.Header)
 		require.Equal(t, http.StatusOK, st)
 		require.Empty(t, h.Get("X-Upstream"))
 		require.Len(t, up.got(r.path), before)
 		// A second handshake with another secret is refused (learned_secret
 		// keep) and the first secret stays in use.
-		st, h, body = do(t, http.MethodPost, r.path, nil, http.Header{"X-Hook-Secret": {"forged-" + randomHex(4)}})
+		st, h, body = doReq(t, http.MethodPost, r.path, nil, http.Header{"X-Hook-Secret": {"forged-" + randomHex(4)}})
 		require.Equal(t, http.StatusBadRequest, st)
 		require.Empty(t, h.Get("X-Hook-Secret"))
 		require.Contains(t, body, "a different secret was learned before")
@@ -350,7 +350,7 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 	t.Run("notion verification_token learned", func(t *testing.T) {
 		r := byPath["/p/notion"]
 		token := "secret_" + randomHex(16)
-		st, h, body := do(t, http.MethodPost, r.path, []byte(`{"verification_token":"`+token+`"}`), http.Header{"Content-Type": {"application/json"}})
+		st, h, body := doReq(t, http.MethodPost, r.path, []byte(`{"verification_token":"`+token+`"}`), http.Header{"Content-Type": {"application/json"}})
 		require.Equal(t, http.StatusOK, st, body)
 		require.Empty(t, h.Get("X-Upstream"))
 		require.Empty(t, up.got(r.path))
@@ -367,7 +367,7 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 		h := http.Header{"Content-Type": {"application/json"}}
 		body, err := signature.SignDelivery("sendgrid", signature.Options{Secrets: []string{r.signing}}, body, h, time.Now())
 		require.NoError(t, err)
-		return do(t, http.MethodPost, r.path, body, h)
+		return doReq(t, http.MethodPost, r.path, body, h)
 	}
 
 	t.Run("sendgrid batch set", func(t *testing.T) {
@@ -437,12 +437,12 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 		h := http.Header{"Content-Type": {"application/json"}}
 		body, err := signature.SignDelivery("gocardless", signature.Options{Secrets: []string{r.signing}}, body, h, time.Now())
 		require.NoError(t, err)
-		st, _, resp := do(t, http.MethodPost, r.path, body, h)
+		st, _, resp := doReq(t, http.MethodPost, r.path, body, h)
 		require.Equal(t, http.StatusOK, st, resp)
 		got := up.got(r.path)
 		require.Len(t, got, 2)
 		require.Contains(t, string(got[1].body), `"meta":{"webhook_id":"WB1"}`, "the rest of the delivery is kept")
-		st, rh, _ := do(t, http.MethodPost, r.path, body, h)
+		st, rh, _ := doReq(t, http.MethodPost, r.path, body, h)
 		require.Equal(t, http.StatusOK, st)
 		require.Equal(t, "true", rh.Get("Idempotent-Replayed"))
 	})
@@ -453,10 +453,10 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 		h := http.Header{"Content-Type": {"application/json"}}
 		body, err := signature.SignDelivery("hubspot", signature.Options{Secrets: []string{r.signing}, URL: r.url}, body, h, time.Now())
 		require.NoError(t, err)
-		st, rh, _ := do(t, http.MethodPost, r.path, body, h)
+		st, rh, _ := doReq(t, http.MethodPost, r.path, body, h)
 		require.Equal(t, http.StatusOK, st)
 		require.Equal(t, "yes", rh.Get("X-Upstream"))
-		st, rh, _ = do(t, http.MethodPost, r.path, body, h)
+		st, rh, _ = doReq(t, http.MethodPost, r.path, body, h)
 		require.Equal(t, http.StatusOK, st)
 		require.Equal(t, "true", rh.Get("Idempotent-Replayed"))
 	})

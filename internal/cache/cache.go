@@ -1,6 +1,7 @@
 // Package cache holds the IDs of completed events in memory (ristretto), so a
 // redelivery of a completed event is answered without a store round trip.
 // Only the final completed state is ever cached; a miss means "ask the store".
+// Small stored responses (replay) are held next to them, bounded in bytes.
 package cache
 
 import (
@@ -9,6 +10,8 @@ import (
 	"unsafe"
 
 	"github.com/dgraph-io/ristretto/v2"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
 
 // Completed is a bounded set of completed (scope, event ID) keys. A nil
@@ -16,6 +19,8 @@ import (
 type Completed struct {
 	c   *ristretto.Cache[string, int]
 	ttl time.Duration
+	// r holds stored responses (AddResponse), cost = their size in bytes.
+	r *ristretto.Cache[string, *store.Response]
 
 	// mu guards closed: a forward that outlives its config may still settle
 	// (and Add) after the pooled store, and its cache, were closed; ristretto
@@ -39,8 +44,26 @@ func New(entries int, ttl time.Duration) (*Completed, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Completed{c: c, ttl: ttl}, nil
+	r, err := ristretto.NewCache(&ristretto.Config[string, *store.Response]{
+		NumCounters: responseCounters,
+		MaxCost:     ResponseBytes,
+		BufferItems: 64,
+	})
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return &Completed{c: c, ttl: ttl, r: r}, nil
 }
+
+// Bounds of the response cache: ResponseBytes of bodies and headers in
+// all, none larger than MaxCachedBody (a larger one is read from the store).
+const (
+	ResponseBytes    = 32 << 20
+	MaxCachedBody    = 64 << 10
+	responseCounters = 100_000
+	responseOverhead = 256 // status, sizes and map of one entry, roughly
+)
 
 func key(scope, eventID string) string { return scope + "\x00" + eventID }
 
@@ -89,6 +112,60 @@ func (c *Completed) Forget(scope, eventID string) {
 	defer c.mu.RUnlock()
 	if !c.closed {
 		c.c.Del(key(scope, eventID))
+		c.r.Del(key(scope, eventID))
+	}
+}
+
+// AddResponse remembers a completed event's stored response for at most
+// ttl (0: the cache's TTL; never longer), so its duplicates are replayed
+// without a store round trip. Responses whose body is not stored or is
+// larger than MaxCachedBody are not cached. resp must not be changed
+// afterwards. ristretto may drop the write.
+func (c *Completed) AddResponse(scope, eventID string, resp *store.Response, ttl time.Duration) {
+	if c == nil || resp == nil || !resp.BodyStored || len(resp.Body) > MaxCachedBody {
+		return
+	}
+	if ttl <= 0 || (c.ttl > 0 && ttl > c.ttl) {
+		ttl = c.ttl
+	}
+	cost := int64(len(resp.Body) + responseOverhead)
+	for k, vs := range resp.Header {
+		cost += int64(len(k))
+		for _, v := range vs {
+			cost += int64(len(v))
+		}
+	}
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if !c.closed {
+		c.r.SetWithTTL(key(scope, eventID), resp, cost, ttl)
+	}
+}
+
+// Response returns the cached stored response of a completed event. The
+// caller must not change it.
+func (c *Completed) Response(scope, eventID string) (*store.Response, bool) {
+	if c == nil {
+		return nil, false
+	}
+	bp := keyBufs.Get().(*[]byte)
+	k := append(append(append((*bp)[:0], scope...), 0), eventID...)
+	resp, ok := c.r.Get(unsafe.String(unsafe.SliceData(k), len(k))) //nolint:gosec // as in Has: Get keeps no reference
+	*bp = k
+	keyBufs.Put(bp)
+	return resp, ok
+}
+
+// Wait blocks until buffered writes are applied (tests).
+func (c *Completed) Wait() {
+	if c == nil {
+		return
+	}
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if !c.closed {
+		c.c.Wait()
+		c.r.Wait()
 	}
 }
 
@@ -103,5 +180,6 @@ func (c *Completed) Close() {
 	if !c.closed {
 		c.closed = true
 		c.c.Close()
+		c.r.Close()
 	}
 }

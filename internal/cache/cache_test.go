@@ -1,10 +1,13 @@
 package cache
 
 import (
+	"net/http"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
 
 func TestCompleted(t *testing.T) {
@@ -93,4 +96,50 @@ func TestUseAfterClose(t *testing.T) {
 	_, ok := c.Has("s", "late")
 	require.False(t, ok)
 	c.Forget("s", "late")
+}
+
+func TestCompletedResponse(t *testing.T) {
+	t.Parallel()
+	c, err := New(100, time.Minute)
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+
+	resp := &store.Response{Status: 200, Header: http.Header{"Content-Type": {"text/xml"}},
+		Body: []byte("<Response/>"), Size: 11, BodyStored: true}
+	c.AddResponse("twilio", "SM1", resp, 0)
+	c.Wait()
+	got, ok := c.Response("twilio", "SM1")
+	require.True(t, ok)
+	require.Same(t, resp, got)
+	_, ok = c.Response("twilio\x00SM", "1")
+	require.False(t, ok)
+
+	// Not cached: headers only, or a body over MaxCachedBody.
+	c.AddResponse("r", "headers_only", &store.Response{Status: 200, Size: 1 << 20}, 0)
+	c.AddResponse("r", "big", &store.Response{Status: 200, Body: make([]byte, MaxCachedBody+1),
+		Size: MaxCachedBody + 1, BodyStored: true}, 0)
+	c.Wait()
+	_, ok = c.Response("r", "headers_only")
+	require.False(t, ok)
+	_, ok = c.Response("r", "big")
+	require.False(t, ok)
+
+	// A shorter TTL (retention) is kept.
+	c.AddResponse("r", "short", resp, 50*time.Millisecond)
+	c.Wait()
+	_, ok = c.Response("r", "short")
+	require.True(t, ok)
+	require.Eventually(t, func() bool {
+		_, ok := c.Response("r", "short")
+		return !ok
+	}, 2*time.Second, 10*time.Millisecond)
+
+	c.Forget("twilio", "SM1")
+	_, ok = c.Response("twilio", "SM1")
+	require.False(t, ok)
+
+	var nilCache *Completed
+	nilCache.AddResponse("s", "e", resp, 0)
+	_, ok = nilCache.Response("s", "e")
+	require.False(t, ok)
 }

@@ -30,6 +30,7 @@ func init() {
 		DefaultTolerance: 5 * time.Minute,
 		EventID:          ids(jsonID("id")),
 		Handshake:        discordHandshake,
+		ReplayResponse:   true, // the answer is the interaction response
 		// Discord's docs (Doc) require 401 for an invalid signature and
 		// check it with deliberately bad ones, removing the endpoint's URL
 		// when it answers anything else.

@@ -38,6 +38,10 @@ type Preset struct {
 	Handshake func(body []byte, h http.Header) bool
 	// NeedsURL: the scheme signs the public URL, so Options.URL is required.
 	NeedsURL bool
+	// ReplayResponse is the default of replay: true when the provider reads
+	// the answer (Twilio's TwiML, Discord's interaction response), so a
+	// duplicate must get the upstream's stored answer, not the short one.
+	ReplayResponse bool
 	// RefuseStatus is the HTTP status the provider's documentation requires
 	// for a delivery that fails verification (a bad, missing or stale
 	// signature). 0 when registering means 400, the status every provider

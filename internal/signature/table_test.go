@@ -16,8 +16,8 @@ import (
 // (see readme_test.go), so the two cannot drift.
 func MarkdownTable() string {
 	var b strings.Builder
-	b.WriteString("| provider | signature header | signed bytes | algorithm | default event ID | tolerance | dedupe_body | refuse_status | ID across retries | handshake | batch | oracle | docs |\n")
-	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	b.WriteString("| provider | signature header | signed bytes | algorithm | default event ID | tolerance | dedupe_body | refuse_status | replay | ID across retries | handshake | batch | oracle | docs |\n")
+	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, name := range Providers() {
 		p := registry[name]
 		id := "configure `event_id`"
@@ -59,13 +59,17 @@ func MarkdownTable() string {
 				id = "per item (batch)"
 			}
 		}
+		replay := "short"
+		if p.ReplayResponse {
+			replay = "response" // the provider reads the answer
+		}
 		oracle := "documentation only"
 		if p.Oracle != "" {
 			oracle = "`" + p.Oracle + "`"
 		}
-		fmt.Fprintf(&b, "| `%s` | `%s` | %s | %s | %s | %s | %s | %d | %s | %s | %s | %s | [docs](%s) |\n",
+		fmt.Fprintf(&b, "| `%s` | `%s` | %s | %s | %s | %s | %s | %d | %s | %s | %s | %s | %s | [docs](%s) |\n",
 			p.Name, escapePipes(p.SignatureHeader), escapePipes(signedText(p.Signed)), algorithmText(p), id, tol, dedupe,
-			p.RefuseStatus, stable, escapePipes(hs), batch, oracle, p.Doc)
+			p.RefuseStatus, replay, stable, escapePipes(hs), batch, oracle, p.Doc)
 	}
 	return b.String()
 }

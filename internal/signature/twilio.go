@@ -39,6 +39,7 @@ func init() {
 		EventID:         ids(headerID("I-Twilio-Idempotency-Token")),
 		DedupeBody:      true,
 		NeedsURL:        true,
+		ReplayResponse:  true, // the TwiML answer is the reply SMS or call flow
 		Oracle:          "twilio",
 		IDStability:     StabilityStable, // the same for every retry of one webhook
 		Scheme: Scheme{

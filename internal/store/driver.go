@@ -46,15 +46,16 @@ type Driver interface {
 type Stmt int
 
 const (
-	// StmtClaim (scope, event ID, token, lease time.Duration, hold bool)
-	// returns attempts: INSERT the row as processing (token, attempts 1,
-	// lease_until = database now + lease) ON CONFLICT DO UPDATE, taking an
-	// existing row over (attempts + 1, status 0, no completed_at) only WHERE
-	// ClaimableSQL holds; no row when it is not claimable.
+	// StmtClaim (scope, event ID, token, lease time.Duration, hold bool,
+	// fingerprint string) returns attempts: INSERT the row as processing
+	// (token, attempts 1, lease_until = database now + lease, fingerprint)
+	// ON CONFLICT DO UPDATE, taking an existing row over (attempts + 1,
+	// status 0, no completed_at, the new fingerprint, no stored response)
+	// only WHERE ClaimableSQL holds; no row when it is not claimable.
 	StmtClaim Stmt = iota
-	// StmtInspect (scope, event ID) returns state, token, attempts, status
-	// and the lease left in microseconds by the database clock (0 when
-	// expired or not processing): what explains a refused claim.
+	// StmtInspect (scope, event ID) returns state, token, attempts, status,
+	// the lease left in microseconds by the database clock (0 when expired
+	// or not processing) and the fingerprint: what explains a refused claim.
 	StmtInspect
 	// StmtHoldExpired (scope, event ID, token) returns attempts: the row
 	// moved to held when it is still processing under token with a lease
@@ -79,6 +80,15 @@ const (
 	// StateCompleted) with status 0, no token or lease, completed_at now
 	// when completed, only WHERE ResolvableSQL holds.
 	StmtResolve
+	// StmtCompleteResponse (scope, event ID, token, status int, headers
+	// string, body []byte or nil, size int64, sha256 string) is
+	// StmtComplete that also stores the response: headers as EncodeHeader
+	// writes them, body NULL when not stored.
+	StmtCompleteResponse
+	// StmtResponse (scope, event ID) returns, for a completed row with a
+	// stored response, status, headers (text), body (bytes, nil when not
+	// stored), size, sha256 and fingerprint; no row otherwise.
+	StmtResponse
 	// NumStmts sizes a driver's table of statements.
 	NumStmts
 )

@@ -37,7 +37,7 @@ func (r Rules) Claim(ctx context.Context, p ClaimParams) (Claim, error) {
 	for range maxClaimRounds {
 		token := NewToken()
 		var attempts int
-		err := r.d.QueryRow(ctx, StmtClaim, p.Scope, p.EventID, token, p.Lease, p.HoldOnExpiry).Scan(&attempts)
+		err := r.d.QueryRow(ctx, StmtClaim, p.Scope, p.EventID, token, p.Lease, p.HoldOnExpiry, p.Fingerprint).Scan(&attempts)
 		if err == nil {
 			return Claim{Outcome: Claimed, Token: token, Attempts: attempts}, nil
 		}
@@ -65,14 +65,15 @@ func (r Rules) explain(ctx context.Context, p ClaimParams) (c Claim, ok bool, er
 		token            string
 		attempts, status int
 		micros           int64
+		fingerprint      string
 	)
-	err = r.d.QueryRow(ctx, StmtInspect, p.Scope, p.EventID).Scan(&state, &token, &attempts, &status, &micros)
+	err = r.d.QueryRow(ctx, StmtInspect, p.Scope, p.EventID).Scan(&state, &token, &attempts, &status, &micros, &fingerprint)
 	if err != nil {
 		return Claim{}, false, gone(err) // deleted in between: try again
 	}
 	switch State(state) {
 	case StateCompleted:
-		return Claim{Outcome: Duplicate, Attempts: attempts, Status: status}, true, nil
+		return Claim{Outcome: Duplicate, Attempts: attempts, Status: status, Fingerprint: fingerprint}, true, nil
 	case StateHeld:
 		return Claim{Outcome: Held, Attempts: attempts}, true, nil
 	case StateReleased:
@@ -80,7 +81,7 @@ func (r Rules) explain(ctx context.Context, p ClaimParams) (c Claim, ok bool, er
 	case StateProcessing:
 		if micros > 0 {
 			remaining := time.Duration(micros) * time.Microsecond
-			return Claim{Outcome: InFlight, Attempts: attempts, RetryAfter: RetryAfter(remaining)}, true, nil
+			return Claim{Outcome: InFlight, Attempts: attempts, RetryAfter: RetryAfter(remaining), Fingerprint: fingerprint}, true, nil
 		}
 		if !p.HoldOnExpiry {
 			return Claim{}, false, nil
@@ -240,3 +241,51 @@ func (r Rules) DeleteBefore(ctx context.Context, scopes []string, cutoff time.Ti
 
 // Close closes the driver.
 func (r Rules) Close() error { return r.d.Close() }
+
+// CompleteResponse marks the claimed event completed with resp.Status and
+// stores resp with it (headers as EncodeHeader writes them; the body only
+// when resp.BodyStored). It returns ErrLeaseLost if the row is not
+// processing under token.
+func (r Rules) CompleteResponse(ctx context.Context, scope, eventID, token string, resp Response) error {
+	hdr, err := EncodeHeader(resp.Header)
+	if err != nil {
+		return fmt.Errorf("completing event: %w", err)
+	}
+	var body any // NULL: not stored
+	if resp.BodyStored {
+		b := resp.Body
+		if b == nil {
+			b = []byte{}
+		}
+		body = b
+	}
+	return leaseHeld("completing event")(r.d.Exec(ctx, StmtCompleteResponse, scope, eventID, token,
+		resp.Status, hdr, body, resp.Size, resp.SHA256))
+}
+
+// Response returns the answer stored with a completed event, or
+// ErrNotFound (no row, not completed, or completed without one).
+func (r Rules) Response(ctx context.Context, scope, eventID string) (Response, error) {
+	var (
+		resp Response
+		hdr  string
+	)
+	err := r.d.QueryRow(ctx, StmtResponse, scope, eventID).Scan(&resp.Status, &hdr, &resp.Body, &resp.Size,
+		&resp.SHA256, &resp.Fingerprint)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return Response{}, ErrNotFound
+	case err != nil:
+		return Response{}, fmt.Errorf("reading stored response: %w", err)
+	}
+	if resp.Header, err = DecodeHeader(hdr); err != nil {
+		return Response{}, fmt.Errorf("reading stored response: %w", err)
+	}
+	// An empty body is stored whole; a longer one is stored only when
+	// complete (see Response.BodyStored).
+	resp.BodyStored = resp.Size == 0 || int64(len(resp.Body)) == resp.Size
+	if !resp.BodyStored {
+		resp.Body = nil
+	}
+	return resp, nil
+}

@@ -72,6 +72,10 @@ type ClaimParams struct {
 	// HoldOnExpiry: a processing row whose lease has expired is moved to
 	// StateHeld (on_ambiguous hold) instead of being claimed again.
 	HoldOnExpiry bool
+	// Fingerprint is recorded with a won claim (Idempotency-Key mode: a
+	// hash of the request), so a later request with the same key can be
+	// told apart when it differs. "" records none.
+	Fingerprint string
 }
 
 // Claim is the result of Store.Claim.
@@ -89,6 +93,9 @@ type Claim struct {
 	// Status is the upstream status recorded when the event completed
 	// (Duplicate).
 	Status int
+	// Fingerprint is the one recorded by the claim that holds or completed
+	// the row (InFlight, Duplicate), "" when none was given.
+	Fingerprint string
 }
 
 // Event is a stored row, as seen by operators.
@@ -102,6 +109,11 @@ type Event struct {
 	LeaseUntil  time.Time // zero unless processing
 	CompletedAt time.Time // zero unless completed
 	Status      int       // upstream status when completed, else 0
+	// Fingerprint is the request fingerprint of the row's claim
+	// (Idempotency-Key mode), else "".
+	Fingerprint string
+	// Response describes the stored upstream answer, without its content.
+	Response ResponseInfo
 }
 
 // Errors returned by stores. Driver errors never escape a store: anything
@@ -132,6 +144,14 @@ type Store interface {
 	// Complete marks the claimed event completed with the upstream status.
 	// It returns ErrLeaseLost if the token no longer holds the row.
 	Complete(ctx context.Context, scope, eventID, token string, status int) error
+	// CompleteResponse is Complete storing the upstream's answer with the
+	// row, for replay: resp.Status is the status recorded. It returns
+	// ErrLeaseLost if the token no longer holds the row.
+	CompleteResponse(ctx context.Context, scope, eventID, token string, resp Response) error
+	// Response returns the answer stored with a completed event, or
+	// ErrNotFound when there is no such row, it is not completed, or it
+	// completed without a stored answer.
+	Response(ctx context.Context, scope, eventID string) (Response, error)
 	// Release gives the claim up so the next delivery is forwarded again.
 	// It returns ErrLeaseLost if the token no longer holds the row.
 	Release(ctx context.Context, scope, eventID, token string) error

@@ -19,7 +19,8 @@ type queries struct {
 	get, list, deleteBatch string
 }
 
-const columns = `scope, event_id, state, attempts, first_seen, updated_at, lease_until, completed_at, status`
+const columns = `scope, event_id, state, attempts, first_seen, updated_at, lease_until, completed_at, status,
+	fingerprint, response_headers IS NOT NULL, COALESCE(length(response_body), 0), response_size, response_sha256`
 
 // buildQueries builds the driver's statements from the validated, quoted
 // table name. The claimable and resolvable predicates are the store's.
@@ -32,8 +33,8 @@ func buildQueries(ident pgx.Identifier) queries {
 			// and a conflicting row is taken over only when it is claimable.
 			// $4 is the lease in microseconds.
 			store.StmtClaim: `INSERT INTO ` + t + ` AS e
-					(scope, event_id, state, token, attempts, lease_until, first_seen, updated_at)
-				VALUES ($1, $2, 'processing', $3, 1, now() + $4::bigint * interval '1 microsecond', now(), now())
+					(scope, event_id, state, token, attempts, lease_until, first_seen, updated_at, fingerprint)
+				VALUES ($1, $2, 'processing', $3, 1, now() + $4::bigint * interval '1 microsecond', now(), now(), $6)
 				ON CONFLICT (scope, event_id) DO UPDATE SET
 					state        = 'processing',
 					token        = EXCLUDED.token,
@@ -41,13 +42,16 @@ func buildQueries(ident pgx.Identifier) queries {
 					lease_until  = EXCLUDED.lease_until,
 					updated_at   = EXCLUDED.updated_at,
 					completed_at = NULL,
-					status       = 0
+					status       = 0,
+					fingerprint  = EXCLUDED.fingerprint,
+					response_headers = NULL, response_body = NULL, response_size = 0, response_sha256 = ''
 				WHERE ` + store.ClaimableSQL("now()", "$5::boolean") + `
 				RETURNING e.attempts`,
 			// Why the claim was refused; the lease left in microseconds, by the
 			// database clock.
 			store.StmtInspect: `SELECT state, token, attempts, status,
-					COALESCE(GREATEST(0, CEIL(EXTRACT(EPOCH FROM (lease_until - now())) * 1000000)), 0)::bigint
+					COALESCE(GREATEST(0, CEIL(EXTRACT(EPOCH FROM (lease_until - now())) * 1000000)), 0)::bigint,
+					fingerprint
 				FROM ` + t + ` WHERE scope = $1 AND event_id = $2`,
 			store.StmtHoldExpired: `UPDATE ` + t + ` SET state = 'held', token = '', lease_until = NULL, updated_at = now()
 				WHERE scope = $1 AND event_id = $2 AND state = 'processing' AND token = $3 AND lease_until <= now()
@@ -67,6 +71,13 @@ func buildQueries(ident pgx.Identifier) queries {
 			store.StmtResolve: `UPDATE ` + t + ` SET state = $3::text, token = '', lease_until = NULL, status = 0,
 					completed_at = CASE WHEN $3::text = 'completed' THEN now() END, updated_at = now()
 				WHERE scope = $1 AND event_id = $2 AND ` + store.ResolvableSQL("now()"),
+			store.StmtCompleteResponse: `UPDATE ` + t + ` SET state = 'completed', status = $4, token = '', lease_until = NULL,
+					completed_at = now(), updated_at = now(),
+					response_headers = $5, response_body = $6, response_size = $7, response_sha256 = $8
+				WHERE scope = $1 AND event_id = $2 AND token = $3 AND state = 'processing'`,
+			store.StmtResponse: `SELECT status, response_headers, COALESCE(response_body, ''::bytea), response_size,
+					response_sha256, fingerprint
+				FROM ` + t + ` WHERE scope = $1 AND event_id = $2 AND state = 'completed' AND response_headers IS NOT NULL`,
 		},
 		get:  `SELECT ` + columns + ` FROM ` + t + ` WHERE scope = $1 AND event_id = $2`,
 		list: `SELECT ` + columns + ` FROM ` + t,
@@ -209,8 +220,10 @@ func scanEvent(row pgx.CollectableRow) (store.Event, error) {
 		state                 string
 		leaseUntil, completed *time.Time
 	)
+	var stored int64
 	err := row.Scan(&ev.Scope, &ev.EventID, &state, &ev.Attempts, &ev.FirstSeen, &ev.UpdatedAt,
-		&leaseUntil, &completed, &ev.Status)
+		&leaseUntil, &completed, &ev.Status,
+		&ev.Fingerprint, &ev.Response.Stored, &stored, &ev.Response.Size, &ev.Response.SHA256)
 	if err != nil {
 		return store.Event{}, err
 	}
@@ -223,6 +236,7 @@ func scanEvent(row pgx.CollectableRow) (store.Event, error) {
 	if completed != nil {
 		ev.CompletedAt = completed.UTC()
 	}
+	ev.Response.BodyStored = ev.Response.Stored && stored == ev.Response.Size
 	return ev, nil
 }
 

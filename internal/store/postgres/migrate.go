@@ -52,6 +52,25 @@ func migrations(ident pgx.Identifier) []*goose.Migration {
 				`DROP INDEX IF EXISTS `+schemaIdx(ident, "_scope_first_seen_idx"),
 			)},
 		),
+		// Stored responses (replay response, Idempotency-Key mode) and the
+		// request fingerprint of a claim. response_headers NULL: no stored
+		// response; response_body NULL: status and headers only.
+		goose.NewGoMigration(3,
+			&goose.GoFunc{RunTx: pgschema.ExecAll(
+				`ALTER TABLE `+table+` ADD COLUMN IF NOT EXISTS fingerprint text NOT NULL DEFAULT ''`,
+				`ALTER TABLE `+table+` ADD COLUMN IF NOT EXISTS response_headers text`,
+				`ALTER TABLE `+table+` ADD COLUMN IF NOT EXISTS response_body bytea`,
+				`ALTER TABLE `+table+` ADD COLUMN IF NOT EXISTS response_size bigint NOT NULL DEFAULT 0`,
+				`ALTER TABLE `+table+` ADD COLUMN IF NOT EXISTS response_sha256 text NOT NULL DEFAULT ''`,
+			)},
+			&goose.GoFunc{RunTx: pgschema.ExecAll(
+				`ALTER TABLE `+table+` DROP COLUMN IF EXISTS fingerprint`,
+				`ALTER TABLE `+table+` DROP COLUMN IF EXISTS response_headers`,
+				`ALTER TABLE `+table+` DROP COLUMN IF EXISTS response_body`,
+				`ALTER TABLE `+table+` DROP COLUMN IF EXISTS response_size`,
+				`ALTER TABLE `+table+` DROP COLUMN IF EXISTS response_sha256`,
+			)},
+		),
 	}
 }
 

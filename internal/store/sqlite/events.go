@@ -20,7 +20,8 @@ type queries struct {
 	get, list, deleteBatch string
 }
 
-const columns = `scope, event_id, state, attempts, first_seen, updated_at, lease_until, completed_at, status`
+const columns = `scope, event_id, state, attempts, first_seen, updated_at, lease_until, completed_at, status,
+	fingerprint, response_headers IS NOT NULL, COALESCE(length(response_body), 0), response_size, response_sha256`
 
 func buildQueries(t string) queries {
 	return queries{
@@ -29,8 +30,8 @@ func buildQueries(t string) queries {
 			// One statement decides the claim, as in the postgres store. ?4 is
 			// the lease in milliseconds.
 			store.StmtClaim: `INSERT INTO ` + t + ` AS e
-					(scope, event_id, state, token, attempts, lease_until, first_seen, updated_at)
-				VALUES (?1, ?2, 'processing', ?3, 1, ` + now + ` + ?4, ` + now + `, ` + now + `)
+					(scope, event_id, state, token, attempts, lease_until, first_seen, updated_at, fingerprint)
+				VALUES (?1, ?2, 'processing', ?3, 1, ` + now + ` + ?4, ` + now + `, ` + now + `, ?6)
 				ON CONFLICT (scope, event_id) DO UPDATE SET
 					state        = 'processing',
 					token        = excluded.token,
@@ -38,11 +39,14 @@ func buildQueries(t string) queries {
 					lease_until  = excluded.lease_until,
 					updated_at   = excluded.updated_at,
 					completed_at = NULL,
-					status       = 0
+					status       = 0,
+					fingerprint  = excluded.fingerprint,
+					response_headers = NULL, response_body = NULL, response_size = 0, response_sha256 = ''
 				WHERE ` + store.ClaimableSQL(now, "?5") + `
 				RETURNING attempts`,
 			// The lease left in microseconds, as the store wants it.
-			store.StmtInspect: `SELECT state, token, attempts, status, COALESCE(MAX(lease_until - ` + now + `, 0), 0) * 1000
+			store.StmtInspect: `SELECT state, token, attempts, status, COALESCE(MAX(lease_until - ` + now + `, 0), 0) * 1000,
+					fingerprint
 				FROM ` + t + ` WHERE scope = ?1 AND event_id = ?2`,
 			store.StmtHoldExpired: `UPDATE ` + t + ` SET state = 'held', token = '', lease_until = NULL, updated_at = ` + now + `
 				WHERE scope = ?1 AND event_id = ?2 AND state = 'processing' AND token = ?3 AND lease_until <= ` + now + `
@@ -61,6 +65,13 @@ func buildQueries(t string) queries {
 			store.StmtResolve: `UPDATE ` + t + ` SET state = ?3, token = '', lease_until = NULL, status = 0,
 					completed_at = CASE WHEN ?3 = 'completed' THEN ` + now + ` END, updated_at = ` + now + `
 				WHERE scope = ?1 AND event_id = ?2 AND ` + store.ResolvableSQL(now),
+			store.StmtCompleteResponse: `UPDATE ` + t + ` SET state = 'completed', status = ?4, token = '', lease_until = NULL,
+					completed_at = ` + now + `, updated_at = ` + now + `,
+					response_headers = ?5, response_body = ?6, response_size = ?7, response_sha256 = ?8
+				WHERE scope = ?1 AND event_id = ?2 AND token = ?3 AND state = 'processing'`,
+			store.StmtResponse: `SELECT status, response_headers, COALESCE(response_body, X''), response_size,
+					response_sha256, fingerprint
+				FROM ` + t + ` WHERE scope = ?1 AND event_id = ?2 AND state = 'completed' AND response_headers IS NOT NULL`,
 		},
 		get:  `SELECT ` + columns + ` FROM ` + t + ` WHERE scope = ?1 AND event_id = ?2`,
 		list: `SELECT ` + columns + ` FROM ` + t,
@@ -197,8 +208,10 @@ func scanEvent(row scanner) (store.Event, error) {
 		firstSeen, updatedAt  int64
 		leaseUntil, completed sql.NullInt64
 	)
+	var stored int64
 	err := row.Scan(&ev.Scope, &ev.EventID, &state, &ev.Attempts, &firstSeen, &updatedAt,
-		&leaseUntil, &completed, &ev.Status)
+		&leaseUntil, &completed, &ev.Status,
+		&ev.Fingerprint, &ev.Response.Stored, &stored, &ev.Response.Size, &ev.Response.SHA256)
 	if err != nil {
 		return store.Event{}, err
 	}
@@ -211,6 +224,7 @@ func scanEvent(row scanner) (store.Event, error) {
 	if completed.Valid {
 		ev.CompletedAt = fromMillis(completed.Int64)
 	}
+	ev.Response.BodyStored = ev.Response.Stored && stored == ev.Response.Size
 	return ev, nil
 }
 

@@ -16,6 +16,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	"github.com/pressly/goose/v3"
@@ -201,6 +202,47 @@ func migrations(table string) []*goose.Migration {
 				`DROP INDEX IF EXISTS `+quoteIdent(table+"_scope_first_seen_idx"),
 			)},
 		),
+		// Stored responses (replay response, Idempotency-Key mode) and the
+		// request fingerprint of a claim, as in the postgres store. SQLite
+		// has no ADD COLUMN IF NOT EXISTS: addColumns skips existing ones.
+		goose.NewGoMigration(3,
+			&goose.GoFunc{RunTx: addColumns(table,
+				`fingerprint TEXT NOT NULL DEFAULT ''`,
+				`response_headers TEXT`,
+				`response_body BLOB`,
+				`response_size INTEGER NOT NULL DEFAULT 0`,
+				`response_sha256 TEXT NOT NULL DEFAULT ''`,
+			)},
+			&goose.GoFunc{RunTx: execAll(
+				`ALTER TABLE `+t+` DROP COLUMN fingerprint`,
+				`ALTER TABLE `+t+` DROP COLUMN response_headers`,
+				`ALTER TABLE `+t+` DROP COLUMN response_body`,
+				`ALTER TABLE `+t+` DROP COLUMN response_size`,
+				`ALTER TABLE `+t+` DROP COLUMN response_sha256`,
+			)},
+		),
+	}
+}
+
+// addColumns adds each column ("name TYPE ...") the table lacks, so the
+// migration stays idempotent (see migrate).
+func addColumns(table string, defs ...string) func(context.Context, *sql.Tx) error {
+	return func(ctx context.Context, tx *sql.Tx) error {
+		for _, def := range defs {
+			name, _, _ := strings.Cut(def, " ")
+			var n int
+			err := tx.QueryRowContext(ctx, `SELECT count(*) FROM pragma_table_info(?1) WHERE name = ?2`, table, name).Scan(&n)
+			if err != nil {
+				return err
+			}
+			if n > 0 {
+				continue
+			}
+			if _, err := tx.ExecContext(ctx, `ALTER TABLE `+quoteIdent(table)+` ADD COLUMN `+def); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 }
 

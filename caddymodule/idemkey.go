@@ -1,0 +1,417 @@
+package caddymodule
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
+)
+
+// The Idempotency-Key mode puts the gateway in front of a client API (no
+// signature): the key is the client's Idempotency-Key header, scoped by the
+// client's identity; the first request with a key is forwarded once, its
+// answer stored, and later requests with the key get that answer replayed.
+// Anchors: the IETF draft "The Idempotency-Key HTTP Header Field"
+// (draft-ietf-httpapi-idempotency-key-header) and Stripe's API idempotency
+// (https://docs.stripe.com/api/idempotent_requests).
+//
+// It is a provider rather than a mode: mode already says how a request is
+// delivered (sync or async), and this says where the key comes from and
+// that no signature is verified, which is what a provider says.
+const providerIdempotencyKey = "idempotency_key"
+
+const (
+	// idemRetention is the default retention of provider idempotency_key:
+	// Stripe keeps keys 24 h.
+	idemRetention = 24 * time.Hour
+	// maxKeyLen is the longest accepted key, in bytes.
+	maxKeyLen = 255
+	// problemType is the RFC 9457 type of the mode's problem answers: the
+	// README section that explains them.
+	problemType = "https://github.com/webhook-idempotency/caddy-webhook-idempotency#idempotency-key-for-client-apis"
+	// outcomeKeyReused: the key came with another request fingerprint: 422
+	// (in allOutcomes, metrics.go).
+	outcomeKeyReused = "key_reused"
+)
+
+// fingerprintParts are what a request fingerprint may cover, in its order.
+var fingerprintParts = []string{"method", "path", "query", "body"}
+
+// IdempotencyKeyConfig configures provider idempotency_key.
+type IdempotencyKeyConfig struct {
+	// Header is the request header carrying the key, 1 to 255 bytes (a
+	// structured-field string in quotes is unquoted). Default:
+	// Idempotency-Key.
+	Header string `json:"header,omitempty"`
+
+	// ClientHeader names a request header that identifies the client (e.g.
+	// Authorization). Its SHA-256 scopes the key, so two clients' keys never
+	// collide; the raw value is never stored or logged. Exclusive with
+	// Client.
+	ClientHeader string `json:"client_header,omitempty"`
+
+	// Client is a Caddy placeholder that identifies the client, e.g.
+	// {http.auth.user.id} after basic_auth or forward_auth, evaluated per
+	// request and hashed like ClientHeader. With neither, all clients share
+	// one key space. A request whose identity is empty shares the
+	// anonymous key space.
+	Client string `json:"client,omitempty"`
+
+	// Fingerprint lists what of the request the fingerprint stored with the
+	// claim covers: method, path, query, body (its SHA-256). A request
+	// reusing a key with another fingerprint is refused with 422. Default:
+	// all four; "none" stores no fingerprint and checks nothing.
+	Fingerprint []string `json:"fingerprint,omitempty"`
+
+	// Optional forwards requests without a key unchanged, without
+	// deduplication. Default false: they get 400.
+	Optional bool `json:"optional,omitempty"`
+
+	// Store4xx stores 4xx answers and replays them, as Stripe does, except
+	// the ones that invite a retry (408, 409, 425, 429), which release the
+	// key like 5xx answers do. 2xx and 3xx are always stored; 5xx never
+	// (the key is released, so the client's retry runs again). Default
+	// true.
+	Store4xx *bool `json:"store_4xx,omitempty"`
+}
+
+// idemKey is the provisioned Idempotency-Key mode.
+type idemKey struct {
+	header       string
+	clientHeader string
+	client       string
+	parts        []string // of fingerprintParts; empty: no fingerprint
+	optional     bool
+	store4xx     bool
+}
+
+// provisionIdempotencyKey applies the mode's defaults. It has no
+// signature: secrets, url, event_id and the like are refused by Validate.
+func (h *Handler) provisionIdempotencyKey(*caddy.Replacer) error {
+	cfg := h.IdempotencyKey
+	if cfg == nil {
+		cfg = new(IdempotencyKeyConfig)
+	}
+	k := &idemKey{
+		header:       http.CanonicalHeaderKey(cfg.Header),
+		clientHeader: http.CanonicalHeaderKey(cfg.ClientHeader),
+		client:       cfg.Client,
+		optional:     cfg.Optional,
+		store4xx:     cfg.Store4xx == nil || *cfg.Store4xx,
+	}
+	if k.header == "" {
+		k.header = "Idempotency-Key"
+	}
+	switch {
+	case len(cfg.Fingerprint) == 0:
+		k.parts = fingerprintParts
+	case len(cfg.Fingerprint) == 1 && cfg.Fingerprint[0] == "none":
+	default:
+		for _, p := range fingerprintParts { // a fixed order, whatever the config's
+			if slices.Contains(cfg.Fingerprint, p) {
+				k.parts = append(k.parts, p)
+			}
+		}
+	}
+	if h.RefuseStatus == 0 {
+		h.RefuseStatus = http.StatusBadRequest // unused: nothing is verified
+	}
+	h.idem = k
+	return nil
+}
+
+// validateIdempotencyKey checks provider idempotency_key's configuration.
+func (h *Handler) validateIdempotencyKey() error {
+	cfg := h.IdempotencyKey
+	if cfg == nil {
+		cfg = new(IdempotencyKeyConfig)
+	}
+	switch {
+	case len(h.Secrets) > 0, h.URL != "", len(h.EventID) > 0, h.HMAC != nil, h.DedupeBody != nil, h.AllowSHA1:
+		return errors.New("provider idempotency_key: verifies no signature and reads the key from a header; " +
+			"remove secret, url, event_id, hmac, dedupe_body and allow_sha1")
+	case h.Mode == "async":
+		return errors.New("provider idempotency_key: not available in async mode (the client waits for the answer)")
+	case h.Replay != "response":
+		return errors.New("provider idempotency_key: replay is always response")
+	case cfg.Client != "" && cfg.ClientHeader != "":
+		return errors.New("idempotency_key: client and client_header are exclusive")
+	case cfg.Client != "" && !strings.Contains(cfg.Client, "{"):
+		return fmt.Errorf("idempotency_key: client %q is not a placeholder (want e.g. {http.auth.user.id}, or client_header)", cfg.Client)
+	case h.Retention < h.Lease:
+		return fmt.Errorf("retention: must be at least the lease (%s), got %s", time.Duration(h.Lease), time.Duration(h.Retention))
+	}
+	for _, p := range cfg.Fingerprint {
+		if !slices.Contains(fingerprintParts, p) && !(p == "none" && len(cfg.Fingerprint) == 1) {
+			return fmt.Errorf("idempotency_key: fingerprint: want method, path, query, body or none, got %q", p)
+		}
+	}
+	return nil
+}
+
+// stores reports whether an upstream answer with status completes the
+// key (stored and replayed) rather than releasing it.
+func (k *idemKey) stores(status int) bool {
+	switch {
+	case status >= 200 && status < 400:
+		return true
+	case status >= 400 && status < 500:
+		switch status {
+		case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests:
+			return false
+		}
+		return k.store4xx
+	}
+	return false
+}
+
+// verdict is the forward's verdict for the route: in Idempotency-Key mode
+// a stored 3xx or 4xx answer completes the key instead of releasing it.
+func (h *Handler) verdict(end forwardEnd) verdict {
+	v := end.verdict()
+	if v == verdictRelease && h.idem != nil && end.status != 0 && end.err == nil && !end.panicked && h.idem.stores(end.status) {
+		return verdictComplete
+	}
+	return v
+}
+
+// key reads the request's Idempotency-Key: "" with no problem when it is
+// absent, else the key or the reason it is refused.
+func (k *idemKey) key(r *http.Request) (key, problem string) {
+	vals := r.Header.Values(k.header)
+	switch {
+	case len(vals) == 0:
+		return "", ""
+	case len(vals) > 1:
+		return "", k.header + " is sent on several lines"
+	}
+	key = strings.TrimSpace(vals[0])
+	if len(key) >= 2 && key[0] == '"' && key[len(key)-1] == '"' {
+		key = key[1 : len(key)-1] // a structured-field string, as the draft writes it
+	}
+	switch {
+	case key == "":
+		return "", k.header + " is empty"
+	case len(key) > maxKeyLen:
+		return "", k.header + " is longer than 255 bytes"
+	}
+	return key, ""
+}
+
+// scoped is the stored event ID of a key: the first 128 bits of the
+// SHA-256 of the client's identity, in hex, then ":" and the key; the key
+// alone when no client identity is configured.
+func (k *idemKey) scoped(r *http.Request, key string) string {
+	var identity string
+	switch {
+	case k.clientHeader != "":
+		identity = strings.Join(r.Header.Values(k.clientHeader), "\n")
+	case k.client != "":
+		if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
+			identity = repl.ReplaceAll(k.client, "")
+		}
+	default:
+		return key
+	}
+	sum := sha256.Sum256([]byte(identity))
+	return hex.EncodeToString(sum[:16]) + ":" + key
+}
+
+// fingerprint is the SHA-256 of the configured parts of the request, each
+// length-prefixed, as "sha256:<hex>"; "" when fingerprints are off.
+func (k *idemKey) fingerprint(r *http.Request, body []byte) string {
+	if len(k.parts) == 0 {
+		return ""
+	}
+	hash := sha256.New()
+	for _, p := range k.parts {
+		var v string
+		switch p {
+		case "method":
+			v = r.Method
+		case "path":
+			v = r.URL.EscapedPath()
+		case "query":
+			v = r.URL.RawQuery
+		case "body":
+			sum := sha256.Sum256(body)
+			v = string(sum[:])
+		}
+		fmt.Fprintf(hash, "%s:%d:", p, len(v))
+		_, _ = io.WriteString(hash, v)
+	}
+	return "sha256:" + hex.EncodeToString(hash.Sum(nil))
+}
+
+// safeMethod: requests of these methods are idempotent by definition and
+// pass through without a key.
+func safeMethod(m string) bool {
+	return m == http.MethodGet || m == http.MethodHead || m == http.MethodOptions || m == http.MethodTrace
+}
+
+// serveIdempotencyKey is ServeHTTP for provider idempotency_key: read the
+// body, take the key, claim it with the request's fingerprint, forward
+// once, and store the answer; a request with a completed key gets the
+// stored answer replayed. See the README section "Idempotency-Key for
+// client APIs".
+func (h *Handler) serveIdempotencyKey(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	d := delivery{h: h, start: time.Now()}
+	defer d.log()
+	if safeMethod(r.Method) {
+		d.outcome = outcomeForwardedNoID
+		return h.passOn(w, r, next, &d)
+	}
+
+	key, problem := h.idem.key(r)
+	switch {
+	case problem != "":
+		d.outcome, d.reason = outcomeBadRequest, problem
+		respondProblem(w, http.StatusBadRequest, "Idempotency-Key is malformed", problem, 0)
+		return nil
+	case key == "" && h.idem.optional:
+		d.outcome = outcomeForwardedNoID
+		return h.passOn(w, r, next, &d)
+	case key == "":
+		d.outcome, d.reason = outcomeBadRequest, h.idem.header+" is missing"
+		respondProblem(w, http.StatusBadRequest, "Idempotency-Key is missing",
+			"This operation is idempotent and requires an "+h.idem.header+" request header (1 to 255 bytes).", 0)
+		return nil
+	}
+
+	buf := bufPool.Get().(*bytes.Buffer)
+	buf.Reset()
+	forwarded := false
+	defer func() {
+		if !forwarded && buf.Cap() <= maxPooledBuf {
+			bufPool.Put(buf)
+		}
+	}()
+	raw, _, status, reason := h.readBody(w, r, buf)
+	if status != 0 {
+		d.outcome, d.reason = outcomeFor(status), reason
+		respondProblem(w, status, http.StatusText(status), reason, 0)
+		return nil
+	}
+	id := h.idem.scoped(r, key)
+	fp := h.idem.fingerprint(r, raw)
+	d.eventID, d.fingerprint = id, fp
+
+	if h.completed != nil {
+		if resp, ok := h.completed.Response(h.Scope, id); ok {
+			h.cacheHit.Inc()
+			d.cached = true
+			if resp.Fingerprint != fp {
+				h.refuseReused(w, &d)
+				return nil
+			}
+			d.outcome, d.status = outcomeDuplicate, resp.Status
+			respondReplay(w, resp)
+			return nil
+		}
+		h.cacheMiss.Inc()
+	}
+
+	claim, err := h.claimKey(r.Context(), id, fp)
+	if err != nil {
+		d.outcome = outcomeStoreError
+		h.logger.Warn("claiming idempotency key failed; answered 503, nothing forwarded",
+			zap.String("scope", h.Scope), zap.String("event_id", id), zap.Error(err))
+		respondProblem(w, http.StatusServiceUnavailable, "Idempotency store unavailable",
+			"The request was not processed; retry later.", unavailableRetryAfter)
+		return nil
+	}
+	d.attempt = claim.Attempts
+	switch claim.Outcome {
+	case store.Duplicate, store.InFlight:
+		if claim.Fingerprint != fp {
+			h.refuseReused(w, &d)
+			return nil
+		}
+		if claim.Outcome == store.Duplicate {
+			h.replayStored(w, r, id, nil, claim, &d)
+			return nil
+		}
+		d.outcome = outcomeInFlight
+		respondProblem(w, http.StatusConflict, "A request is outstanding for this Idempotency-Key",
+			"A request with the same key is being processed; retry after it has completed.", claim.RetryAfter)
+		return nil
+	case store.Held:
+		d.outcome = outcomeHeld
+		respondProblem(w, http.StatusServiceUnavailable, "Idempotency-Key is held",
+			"A request with this key ended with no known outcome; an operator must release it.", unavailableRetryAfter)
+		return nil
+	case store.Claimed:
+	default:
+		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("unexpected claim outcome %v", claim.Outcome))
+	}
+	forwarded = true
+	r.Body = io.NopCloser(bytes.NewReader(raw))
+	r.ContentLength = int64(len(raw))
+	return h.forward(w, r, next, []claimRef{{scope: h.Scope, id: id, token: claim.Token}}, &d)
+}
+
+// claimKey claims a key with the request's fingerprint, bounded by
+// storeTimeout, and times it.
+func (h *Handler) claimKey(parent context.Context, id, fingerprint string) (store.Claim, error) {
+	ctx, cancel := context.WithTimeout(parent, storeTimeout)
+	defer cancel()
+	t0 := time.Now()
+	c, err := h.backend.Claim(ctx, store.ClaimParams{
+		Scope: h.Scope, EventID: id, Lease: time.Duration(h.Lease), HoldOnExpiry: h.OnAmbiguous == "hold",
+		Fingerprint: fingerprint,
+	})
+	observe(metrics.storeTime.claim, t0)
+	return c, err
+}
+
+// refuseReused answers a key reused with another request: 422.
+func (h *Handler) refuseReused(w http.ResponseWriter, d *delivery) {
+	d.outcome, d.reason = outcomeKeyReused, "the key was used with another request"
+	h.logger.Warn("idempotency key reused with another request fingerprint; answered 422",
+		zap.String("scope", h.Scope), zap.String("event_id", d.eventID))
+	respondProblem(w, http.StatusUnprocessableEntity, "Idempotency-Key is already used",
+		"This key was used with a different request; an Idempotency-Key must not be reused across different requests.", 0)
+}
+
+// respondProblem writes an RFC 9457 problem (application/problem+json),
+// as the Idempotency-Key draft recommends, with Retry-After (whole
+// seconds, at least 1) when retryAfter > 0.
+func respondProblem(w http.ResponseWriter, status int, title, detail string, retryAfter time.Duration) {
+	b, _ := json.Marshal(struct {
+		Type   string `json:"type"`
+		Title  string `json:"title"`
+		Status int    `json:"status"`
+		Detail string `json:"detail,omitempty"`
+	}{problemType, title, status, detail})
+	b = append(b, '\n')
+	hdr := w.Header()
+	hdr.Set("Content-Type", "application/problem+json")
+	hdr.Set("Content-Length", strconv.Itoa(len(b)))
+	if retryAfter > 0 {
+		hdr.Set("Retry-After", strconv.Itoa(retrySeconds(retryAfter)))
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+// sweepEvery is how often the retention sweep runs: retentionInterval, or
+// a quarter of a shorter retention (provider idempotency_key allows one of
+// minutes), so keys are gone close to when they expire.
+func (h *Handler) sweepEvery() time.Duration {
+	return min(retentionInterval, max(time.Duration(h.Retention)/4, 100*time.Millisecond))
+}

@@ -1,0 +1,451 @@
+package caddymodule
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/dustin/go-humanize"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
+)
+
+// Defaults of stored-response replay.
+const (
+	// defaultReplayMax is the largest body stored for replay: 64 KiB.
+	defaultReplayMax = 64 << 10
+	// maxReplayMax bounds replay_max: a stored body lives in a table row.
+	maxReplayMax = 16 << 20
+)
+
+// defaultReplayHeaders is the allow-list of headers stored with a response.
+var defaultReplayHeaders = []string{"Content-Type", "Content-Language", "Location"}
+
+// ReplayConfig is how duplicates are answered: the short duplicate answer,
+// or the upstream's own stored answer (replay response), and the
+// Idempotency-Key mode for client APIs (provider idempotency_key, see
+// idemkey.go).
+type ReplayConfig struct {
+	// Replay is how a duplicate of a completed event is answered: "short"
+	// (200 with {"received":true,"duplicate":true}) or "response": the
+	// status, allow-listed headers and body the upstream answered when the
+	// event completed, plus Idempotent-Replayed: true. Default: "response"
+	// for providers that read the answer (twilio, discord) and for provider
+	// idempotency_key, "short" for the others. Not available in async mode.
+	Replay string `json:"replay,omitempty"`
+
+	// ReplayMax is the largest upstream body stored for replay, in bytes.
+	// A larger answer is stored as status and headers only (logged, and
+	// shown by the admin API), and its duplicates get an empty body.
+	// Default: 65536 (64 KiB); at most 16 MiB.
+	ReplayMax int64 `json:"replay_max,omitempty"`
+
+	// ReplayHeaders are the response headers stored and replayed. Default:
+	// Content-Type, Content-Language, Location. Content-Encoding is always
+	// stored when present, since the stored body is encoded with it.
+	// Hop-by-hop headers, Content-Length and Idempotent-Replayed are
+	// refused. Stored answers are data a provider or client sent to
+	// someone: they never reach logs, and the admin API shows only their
+	// size and SHA-256.
+	ReplayHeaders []string `json:"replay_headers,omitempty"`
+
+	// IdempotencyKey configures provider idempotency_key (client APIs, no
+	// signature); see IdempotencyKeyConfig.
+	IdempotencyKey *IdempotencyKeyConfig `json:"idempotency_key,omitempty"`
+
+	replayOn      bool
+	replayHeaders []string // canonical names, Content-Encoding included
+	idem          *idemKey // nil unless provider idempotency_key
+}
+
+// provisionReplay applies the replay defaults. explicit async + replay
+// response is refused; a preset's default is dropped in async mode, where
+// the answer is given before any upstream has answered.
+func (h *Handler) provisionReplay() error {
+	if h.Replay == "" {
+		h.Replay = "short"
+		if h.preset.ReplayResponse || h.idem != nil {
+			h.Replay = "response"
+		}
+		if h.Mode == "async" {
+			h.Replay = "short"
+		}
+	}
+	if h.ReplayMax == 0 {
+		h.ReplayMax = defaultReplayMax
+	}
+	names := h.ReplayHeaders
+	if len(names) == 0 {
+		names = defaultReplayHeaders
+	}
+	h.replayHeaders = h.replayHeaders[:0]
+	for _, n := range append(slices.Clone(names), "Content-Encoding") {
+		n = http.CanonicalHeaderKey(strings.TrimSpace(n))
+		if !slices.Contains(h.replayHeaders, n) {
+			h.replayHeaders = append(h.replayHeaders, n)
+		}
+	}
+	h.replayOn = h.Replay == "response"
+	return nil
+}
+
+// unreplayable are headers a stored answer never carries: hop-by-hop ones,
+// the length (recomputed) and the gateway's own marker.
+var unreplayable = []string{"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te",
+	"Trailer", "Transfer-Encoding", "Upgrade", "Content-Length", "Idempotent-Replayed"}
+
+// validateReplay checks the replay fields; Provision has applied defaults.
+func (h *Handler) validateReplay() error {
+	switch h.Replay {
+	case "short", "response":
+	default:
+		return fmt.Errorf("replay: want short or response, got %q", h.Replay)
+	}
+	if h.Replay == "response" && h.Mode == "async" {
+		return errors.New("replay response: not available in async mode (the answer is given before the upstream's)")
+	}
+	if h.ReplayMax < 0 || h.ReplayMax > maxReplayMax {
+		return fmt.Errorf("replay_max: must be between 1 and %d bytes, got %d", maxReplayMax, h.ReplayMax)
+	}
+	for _, n := range h.ReplayHeaders {
+		if slices.Contains(unreplayable, http.CanonicalHeaderKey(strings.TrimSpace(n))) {
+			return fmt.Errorf("replay_headers: %s cannot be replayed", n)
+		}
+	}
+	return nil
+}
+
+// capture tees an upstream's answer on its way to the client: the final
+// status, the allow-listed headers as they were when it was written, the
+// body up to max bytes, and the whole body's size and SHA-256. It sits
+// under the forward's ResponseRecorder, so streaming is unchanged.
+type capture struct {
+	*caddyhttp.ResponseWriterWrapper
+	allow  []string
+	max    int64
+	status int
+	header http.Header
+	body   bytes.Buffer
+	over   bool // the body exceeded max: not stored
+	size   int64
+	hash   hash.Hash
+	// failed: a write to the client failed, so the next handler stopped
+	// copying and the body seen is not the upstream's whole answer.
+	failed bool
+}
+
+func (h *Handler) newCapture(w http.ResponseWriter) *capture {
+	return &capture{
+		ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
+		allow:                 h.replayHeaders,
+		max:                   h.ReplayMax,
+		hash:                  sha256.New(),
+	}
+}
+
+// WriteHeader records a final status and the allow-listed headers.
+func (c *capture) WriteHeader(status int) {
+	if c.status == 0 && status >= 200 {
+		c.final(status)
+	}
+	c.ResponseWriter.WriteHeader(status)
+}
+
+func (c *capture) final(status int) {
+	c.status = status
+	c.header = http.Header{}
+	src := c.ResponseWriter.Header()
+	for _, n := range c.allow {
+		if vs := src.Values(n); len(vs) > 0 {
+			c.header[n] = slices.Clone(vs)
+		}
+	}
+}
+
+// Write tees p.
+func (c *capture) Write(p []byte) (int, error) {
+	if c.status == 0 {
+		c.final(http.StatusOK) // net/http writes 200 implicitly
+	}
+	n, err := c.ResponseWriter.Write(p)
+	c.size += int64(n)
+	c.hash.Write(p[:n])
+	if !c.over {
+		if int64(c.body.Len()+n) > c.max {
+			c.over = true
+			c.body = bytes.Buffer{}
+		} else {
+			c.body.Write(p[:n])
+		}
+	}
+	if err != nil {
+		c.failed = true
+	}
+	return n, err
+}
+
+// ReadFrom copies through Write, so nothing bypasses the tee (the embedded
+// wrapper's ReadFrom would hand r to the client's writer directly).
+func (c *capture) ReadFrom(r io.Reader) (int64, error) {
+	return io.Copy(writerOnly{c}, r)
+}
+
+type writerOnly struct{ io.Writer }
+
+// response is what is stored for the forward that ended as end: the body
+// only when it was seen whole (within max, every write delivered, the next
+// handler returned without error or panic).
+func (c *capture) response(end forwardEnd) *store.Response {
+	resp := &store.Response{
+		Status: end.status,
+		Header: c.header,
+		Size:   c.size,
+		SHA256: hex.EncodeToString(c.hash.Sum(nil)),
+	}
+	if resp.Header == nil {
+		resp.Header = http.Header{}
+	}
+	if !c.over && !c.failed && end.err == nil && !end.panicked {
+		resp.Body = bytes.Clone(c.body.Bytes())
+		if resp.Body == nil {
+			resp.Body = []byte{}
+		}
+		resp.BodyStored = true
+	}
+	return resp
+}
+
+// storedResponse builds the response stored with a completed claim, and
+// says in the log when only status and headers are stored (never the body
+// itself).
+func (h *Handler) storedResponse(c *capture, end forwardEnd, d *delivery) *store.Response {
+	resp := c.response(end)
+	resp.Fingerprint = d.fingerprint
+	if !resp.BodyStored {
+		why := "the body was cut before its end"
+		if c.over {
+			why = "the body is larger than replay_max"
+		}
+		h.logger.Warn("stored status and headers only, without the body; duplicates get an empty body",
+			zap.String("scope", h.Scope), zap.String("event_id", d.eventID), zap.Int("status", resp.Status),
+			zap.Int64("body_size", resp.Size), zap.Int64("replay_max", h.ReplayMax), zap.String("reason", why))
+	}
+	return resp
+}
+
+// remember caches a completed claim: its stored response when it has one,
+// else its status.
+func (h *Handler) remember(c claimRef, status int) {
+	if c.resp != nil {
+		h.completed.AddResponse(c.scope, c.id, c.resp, h.responseTTL())
+		return
+	}
+	if h.idem == nil { // a key's fingerprint must be checked: never by status alone
+		h.completed.Add(c.scope, c.id, status)
+	}
+}
+
+// responseTTL keeps a cached response no longer than the route's
+// retention, after which the row, and the answer, are gone.
+func (h *Handler) responseTTL() time.Duration {
+	return min(cacheTTL, time.Duration(h.Retention))
+}
+
+// replayCached answers a duplicate whose stored response is in the cache.
+// It reports false (nothing written) on a miss.
+func (h *Handler) replayCached(w http.ResponseWriter, r *http.Request, id string, signed []byte, d *delivery) bool {
+	resp, ok := h.completed.Response(h.Scope, id)
+	if !ok {
+		h.cacheMiss.Inc()
+		return false
+	}
+	h.cacheHit.Inc()
+	d.outcome, d.status, d.cached = outcomeDuplicate, resp.Status, true
+	if h.dedupeBody {
+		h.checkSameBody(r.Context(), id, signed)
+	}
+	respondReplay(w, resp)
+	return true
+}
+
+// loadResponse reads the stored response of a completed event, bounded by
+// storeTimeout; ErrNotFound when it completed without one.
+func (h *Handler) loadResponse(parent context.Context, scope, id string) (*store.Response, error) {
+	ctx, cancel := context.WithTimeout(parent, storeTimeout)
+	defer cancel()
+	resp, err := h.backend.Response(ctx, scope, id)
+	if err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+// replayStored answers a duplicate the store reported: the stored answer,
+// or the short duplicate answer when the event completed without one (it
+// completed before replay was turned on, or an operator completed it). A
+// store failure is a 503: the stored answer exists but cannot be read.
+func (h *Handler) replayStored(w http.ResponseWriter, r *http.Request, id string, signed []byte, claim store.Claim, d *delivery) {
+	d.outcome, d.status = outcomeDuplicate, claim.Status
+	resp, err := h.loadResponse(r.Context(), h.Scope, id)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		if c := h.logger.Check(zapcore.DebugLevel, "completed event has no stored response; answered with the short duplicate answer"); c != nil {
+			c.Write(zap.String("scope", h.Scope), zap.String("event_id", id))
+		}
+		if h.dedupeBody {
+			h.checkSameBody(r.Context(), id, signed)
+		}
+		respondDuplicate(w)
+		return
+	case err != nil:
+		d.outcome = outcomeStoreError
+		h.logger.Warn("reading the stored response failed; answered 503",
+			zap.String("scope", h.Scope), zap.String("event_id", id), zap.Error(err))
+		respondError(w, http.StatusServiceUnavailable, "event store unavailable", unavailableRetryAfter)
+		return
+	}
+	h.completed.AddResponse(h.Scope, id, resp, h.responseTTL())
+	if h.dedupeBody {
+		h.checkSameBody(r.Context(), id, signed)
+	}
+	d.status = resp.Status
+	respondReplay(w, resp)
+}
+
+// respondReplay answers a duplicate with a stored response: its status,
+// stored headers and body (empty when only status and headers were
+// stored), plus Idempotent-Replayed: true. The header values are copied
+// into one array, each header a capacity-limited window of it (as
+// respondDuplicate does): header handlers may rewrite values in place, and
+// the stored response is shared through the cache.
+func respondReplay(w http.ResponseWriter, resp *store.Response) {
+	n := 2
+	for _, vs := range resp.Header {
+		n += len(vs)
+	}
+	vals := make([]string, 0, n)
+	hdr := w.Header()
+	window := func(name string, vs ...string) {
+		i := len(vals)
+		vals = append(vals, vs...)
+		hdr[name] = vals[i:len(vals):len(vals)]
+	}
+	for k, vs := range resp.Header {
+		window(k, vs...)
+	}
+	window("Idempotent-Replayed", "true")
+	body := bodyAllowed(resp.Status)
+	if body {
+		window("Content-Length", strconv.Itoa(len(resp.Body)))
+	}
+	w.WriteHeader(resp.Status)
+	if body {
+		_, _ = w.Write(resp.Body) //nolint:gosec // G705: the upstream's own stored answer, replayed byte for byte with its own Content-Type
+	}
+}
+
+// bodyAllowed reports whether an answer with status may carry a body.
+func bodyAllowed(status int) bool {
+	return status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
+}
+
+// unmarshalReplay parses replay, replay_max, replay_headers and the
+// idempotency_key { } block.
+func (h *Handler) unmarshalReplay(d *caddyfile.Dispenser, name string) error {
+	switch name {
+	case "replay":
+		if !d.AllArgs(&h.Replay) {
+			return d.ArgErr()
+		}
+		if h.Replay != "short" && h.Replay != "response" {
+			return d.Errf("replay: want short or response, got %q", h.Replay)
+		}
+	case "replay_max":
+		var s string
+		if !d.AllArgs(&s) {
+			return d.ArgErr()
+		}
+		n, err := humanize.ParseBytes(s)
+		if err != nil || n == 0 || n > maxReplayMax {
+			return d.Errf("replay_max: invalid size %q (at most 16MiB)", s)
+		}
+		h.ReplayMax = int64(n)
+	case "replay_headers":
+		h.ReplayHeaders = d.RemainingArgs()
+		if len(h.ReplayHeaders) == 0 {
+			return d.ArgErr()
+		}
+	case "idempotency_key":
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+		cfg := new(IdempotencyKeyConfig)
+		h.IdempotencyKey = cfg
+		seen := map[string]bool{}
+		for nesting := d.Nesting(); d.NextBlock(nesting); {
+			sub := d.Val()
+			if seen[sub] {
+				return d.Errf("idempotency_key %s already specified", sub)
+			}
+			seen[sub] = true
+			switch sub {
+			case "header":
+				if !d.AllArgs(&cfg.Header) {
+					return d.ArgErr()
+				}
+			case "client":
+				args := d.RemainingArgs()
+				switch {
+				case len(args) == 2 && args[0] == "header":
+					cfg.ClientHeader = args[1]
+				case len(args) == 1 && strings.HasPrefix(args[0], "{"):
+					cfg.Client = args[0]
+				default:
+					return d.Errf("idempotency_key client: want header <name> or a placeholder such as {http.auth.user.id}")
+				}
+			case "fingerprint":
+				cfg.Fingerprint = d.RemainingArgs()
+				if len(cfg.Fingerprint) == 0 {
+					return d.ArgErr()
+				}
+				for _, p := range cfg.Fingerprint {
+					if !slices.Contains(fingerprintParts, p) && (p != "none" || len(cfg.Fingerprint) != 1) {
+						return d.Errf("idempotency_key fingerprint: want method, path, query, body or none, got %q", p)
+					}
+				}
+			case "optional":
+				if d.NextArg() {
+					return d.ArgErr()
+				}
+				cfg.Optional = true
+			case "store_4xx":
+				var v string
+				if !d.AllArgs(&v) {
+					return d.ArgErr()
+				}
+				if v != "on" && v != "off" {
+					return d.Errf("idempotency_key store_4xx: want on or off, got %q", v)
+				}
+				on := v == "on"
+				cfg.Store4xx = &on
+			default:
+				return d.Errf("idempotency_key: unknown subdirective %q", sub)
+			}
+		}
+	}
+	return nil
+}

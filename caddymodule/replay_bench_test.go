@@ -1,0 +1,128 @@
+package caddymodule
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+)
+
+// The replayed path next to today's duplicate path (BenchmarkServeHTTPDuplicateCached):
+// the same 2 KB Stripe event, the same logger, the first delivery answered
+// with a 100-byte TwiML-sized body, then its redeliveries measured.
+
+// BenchmarkServeHTTPReplayCached is BenchmarkServeHTTPDuplicateCached with
+// replay response: the stored answer comes from the cache.
+func BenchmarkServeHTTPReplayCached(b *testing.B) { benchRedelivery(b, "response", true) }
+
+// BenchmarkServeHTTPDuplicateStore is the short duplicate answer with the
+// cache off: one claim statement in SQLite per redelivery.
+func BenchmarkServeHTTPDuplicateStore(b *testing.B) { benchRedelivery(b, "short", false) }
+
+// BenchmarkServeHTTPReplayStore is replay response with the cache off: the
+// claim statement, then the read of the stored answer.
+func BenchmarkServeHTTPReplayStore(b *testing.B) { benchRedelivery(b, "response", false) }
+
+// replayBenchAnswer is the upstream's answer to the first delivery.
+const replayBenchAnswer = `<?xml version="1.0" encoding="UTF-8"?><Response><Message>Order 1042 confirmed</Message></Response>`
+
+func benchRedelivery(b *testing.B, replay string, cached bool) {
+	const secret = "whsec_bench"
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	h := &Handler{
+		Provider: "stripe",
+		Secrets:  []string{secret},
+		Storage:  &Storage{Backend: "sqlite", Path: filepath.Join(b.TempDir(), "events.db")},
+	}
+	h.Replay = replay
+	if !cached {
+		zero := 0
+		h.Cache = &zero
+	}
+	if err := h.Provision(ctx); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = h.Cleanup() }()
+	if err := h.Validate(); err != nil {
+		b.Fatal(err)
+	}
+	h.logger = zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()),
+		zapcore.AddSync(io.Discard), zapcore.InfoLevel))
+
+	body, err := os.ReadFile("../examples/payloads/stripe_payment_intent_succeeded.json")
+	if err != nil {
+		b.Fatal(err)
+	}
+	ts := strconv.FormatInt(time.Now().Unix(), 10)
+	mac := hmac.New(sha256.New, []byte(secret))
+	mac.Write([]byte(ts + "."))
+	mac.Write(body)
+	rb := &rewindBody{}
+	r, err := http.NewRequest(http.MethodPost, "http://127.0.0.1/webhooks/stripe", rb)
+	if err != nil {
+		b.Fatal(err)
+	}
+	r.Header.Set("Content-Type", "application/json; charset=utf-8")
+	r.Header.Set("Stripe-Signature", "t="+ts+",v1="+hex.EncodeToString(mac.Sum(nil)))
+	w := &discardWriter{h: http.Header{}}
+	serve := func(next caddyhttp.Handler) {
+		rb.Reset(body)
+		r.Body, r.ContentLength = rb, int64(len(body))
+		clear(w.h)
+		w.status = 0
+		if err := h.ServeHTTP(w, r, next); err != nil {
+			b.Fatal(err)
+		}
+	}
+
+	serve(caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/xml")
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, replayBenchAnswer)
+		return nil
+	}))
+	if w.status != http.StatusOK {
+		b.Fatalf("first delivery: status %d", w.status)
+	}
+	const id = "evt_3SigVecPI00000000000001"
+	for deadline := time.Now().Add(5 * time.Second); cached; time.Sleep(time.Millisecond) {
+		_, okStatus := h.completed.Has(h.Scope, id)
+		_, okResp := h.completed.Response(h.Scope, id)
+		if (replay == "response" && okResp) || (replay != "response" && okStatus) {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatal("the completed event never reached the cache")
+		}
+	}
+
+	never := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
+		b.Fatal("duplicate forwarded")
+		return nil
+	})
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		serve(never)
+	}
+	if w.status != http.StatusOK || w.h.Get("Idempotent-Replayed") != "true" {
+		b.Fatalf("not answered as a duplicate: status %d", w.status)
+	}
+	if replay == "response" && w.h.Get("Content-Type") != "text/xml" {
+		b.Fatalf("not the replayed answer: %v", w.h)
+	}
+}
