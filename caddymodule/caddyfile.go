@@ -63,7 +63,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		order_key json <path> | header <name>  # async: one at a time, in order, per key
 //		keep_body <duration>             # async: drop delivered bodies this long after delivery
 //		handshake edge | forward         # who answers the provider's endpoint handshakes; default edge
-//		verify_token <token>             # repeatable; the verify token of a handshake (meta, strava)
+//		verify_token <token>             # repeatable; the verify token of a handshake (meta)
 //		learned_secret keep | replace    # a handshake bringing a different secret (asana, notion); default keep
 //		batch     set | split            # batching providers (sendgrid, gocardless, okta, hubspot); default per provider
 //		replay    short | response       # how duplicates are answered; default per provider

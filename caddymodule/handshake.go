@@ -40,7 +40,7 @@ type ProtocolConfig struct {
 	Handshake string `json:"handshake,omitempty"`
 
 	// VerifyTokens are the verify tokens of providers whose handshake
-	// carries one (Meta's hub.verify_token, Strava's): the token you chose
+	// carries one (Meta's hub.verify_token): the token you chose
 	// when registering the endpoint, not the signing secret. Several may be
 	// listed (rotation). {env.NAME} placeholders are expanded; compared in
 	// constant time; never logged. Required for such providers with
