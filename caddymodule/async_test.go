@@ -88,7 +88,7 @@ func asyncTable(t *testing.T) string {
 			return
 		}
 		defer conn.Close(ctx)
-		for _, n := range []string{table + "_attempts", table + "_queue", table + "_queue_goose_version", table, table + "_goose_version"} {
+		for _, n := range []string{table + "_attempts", table + "_queue", table + "_queue_goose_version", table, table + "_goose_version", table + "_secrets", table + "_secrets_goose_version"} {
 			_, _ = conn.Exec(ctx, "DROP TABLE IF EXISTS "+pgx.Identifier{n}.Sanitize())
 		}
 	})

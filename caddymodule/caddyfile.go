@@ -62,6 +62,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		rate      <n>/<duration>         # async: attempts per window across all instances; default no cap
 //		order_key json <path> | header <name>  # async: one at a time, in order, per key
 //		keep_body <duration>             # async: drop delivered bodies this long after delivery
+//		handshake edge | forward         # who answers the provider's endpoint handshakes; default edge
+//		verify_token <token>             # repeatable; the verify token of a handshake (meta)
+//		learned_secret keep | replace    # a handshake bringing a different secret (asana, notion); default keep
+//		batch     set | split            # batching providers (sendgrid, gocardless, okta, hubspot); default per provider
 //		replay    short | response       # how duplicates are answered; default per provider
 //		replay_max <size>                # largest body stored for replay; default 64KiB
 //		replay_headers <name>...         # headers stored for replay; default Content-Type Content-Language Location
@@ -111,7 +115,7 @@ func durationArg(d *caddyfile.Dispenser) (caddy.Duration, error) {
 func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, seen map[string]bool) error {
 	name := d.Val()
 	switch name {
-	case "secret", "event_id":
+	case "secret", "event_id", "verify_token":
 	default:
 		if seen[name] {
 			return d.Errf("%s already specified", name)
@@ -299,6 +303,8 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, seen map[string]
 		}
 	case "mode", "deliver_to", "max_attempts", "max_age", "retry_schedule", "max_concurrency", "rate", "order_key", "keep_body":
 		return h.unmarshalAsync(d, name)
+	case "handshake", "verify_token", "learned_secret", "batch":
+		return h.unmarshalProtocol(d, name)
 	case "replay", "replay_max", "replay_headers", "idempotency_key":
 		return h.unmarshalReplay(d, name)
 	default:

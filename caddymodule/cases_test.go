@@ -1247,9 +1247,9 @@ func brotliStored(data []byte) []byte {
 	return append(out, 0x03) // ISLAST=1, ISLASTEMPTY=1
 }
 
-// TestCase_BR19_HandshakesNotDeduplicated: Zoom and Slack challenges are
-// verified and forwarded every time, answered by the upstream unchanged,
-// and never recorded.
+// TestCase_BR19_HandshakesNotDeduplicated: with handshake forward, Zoom and
+// Slack challenges are verified and forwarded every time, answered by the
+// upstream unchanged, and never recorded (handshake_test.go: at the edge).
 func TestCase_BR19_HandshakesNotDeduplicated(t *testing.T) {
 	t.Parallel()
 	t.Run("zoom", func(t *testing.T) {
@@ -1281,6 +1281,7 @@ func TestCase_BR19_HandshakesNotDeduplicated(t *testing.T) {
 			secret zm_BR19
 			scope `+uniqueScope("br19")+`
 			event_id json event event_ts
+			handshake forward
 		}`, withUpstream(up))
 		zoom := func(body []byte) answer {
 			ts := strconv.FormatInt(g.clock.Unix(), 10)
@@ -1332,6 +1333,7 @@ func TestCase_BR19_HandshakesNotDeduplicated(t *testing.T) {
 		g := newGateway(t, `webhook_idempotency {
 			provider slack
 			secret slack_BR19
+			handshake forward
 		}`, withUpstream(up))
 		body := []byte(`{"token":"placeholder","challenge":"BR19challenge","type":"url_verification"}`)
 		for i := range 2 {

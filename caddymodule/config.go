@@ -133,7 +133,7 @@ func (h *Handler) checkConfig() error {
 	if _, err := h.expandedSecrets(); err != nil {
 		return err
 	}
-	if len(h.EventID) == 0 && len(preset.EventID) == 0 {
+	if len(h.EventID) == 0 && len(preset.EventID) == 0 && preset.Batch == nil { // a batch is keyed on its items (batch.go)
 		return fmt.Errorf("event_id: provider %s has no event ID of its own; configure event_id header|json|form", h.Provider)
 	}
 	return h.checkCommon()
@@ -256,7 +256,7 @@ func (h *Handler) expandedSecrets() ([]string, error) {
 		}
 		secrets = append(secrets, s)
 	}
-	if len(secrets) == 0 {
+	if len(secrets) == 0 && !learnsSecret(h.Provider) { // asana, notion: learned in the handshake
 		return nil, errors.New("secret: at least one secret is required")
 	}
 	return secrets, nil

@@ -378,7 +378,7 @@ func TestEdge_EventIDSources(t *testing.T) {
 	})
 }
 
-// TestEdge_HandshakePassthrough: challenges are verified, forwarded every
+// TestEdge_HandshakePassthrough: with handshake forward, challenges are verified, forwarded every
 // time without a claim, and the upstream's answer reaches the caller as it
 // was; a challenge with a bad signature never reaches the upstream.
 func TestEdge_HandshakePassthrough(t *testing.T) {
@@ -396,7 +396,7 @@ func TestEdge_HandshakePassthrough(t *testing.T) {
 		_, _ = io.WriteString(w, "challenge-"+strconv.Itoa(n))
 		return nil
 	}
-	g := newGateway(t, "webhook_idempotency {\n provider slack\n secret "+secret+"\n}", withUpstream(up))
+	g := newGateway(t, "webhook_idempotency {\n provider slack\n secret "+secret+"\n handshake forward\n}", withUpstream(up))
 	hs := []byte(`{"token":"t","challenge":"edge","type":"url_verification"}`)
 	send := func(b []byte, sigSecret string) answer {
 		return g.serve(newDelivery("http://gateway.test/slack", b,

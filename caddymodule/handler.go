@@ -181,6 +181,9 @@ type Handler struct {
 	// fields of async mode (async.go).
 	AsyncConfig
 
+	// ProtocolConfig holds handshake, verify_token, learned_secret and
+	// batch (handshake.go, batch.go).
+	ProtocolConfig
 	// ReplayConfig holds replay, replay_max, replay_headers and the
 	// Idempotency-Key mode's fields (replay.go, idemkey.go).
 	ReplayConfig
@@ -320,6 +323,9 @@ func (h *Handler) provisionVerifier(repl *caddy.Replacer) error {
 	if err != nil {
 		return err
 	}
+	if err := h.provisionProtocol(repl); err != nil {
+		return err
+	}
 	opts := signature.Options{
 		Secrets:   secrets,
 		Tolerance: time.Duration(h.Tolerance),
@@ -335,7 +341,7 @@ func (h *Handler) provisionVerifier(repl *caddy.Replacer) error {
 			Prefix:    h.HMAC.Prefix,
 		}
 	}
-	v, err := signature.New(h.Provider, opts)
+	v, err := h.newVerifier(opts)
 	if err != nil {
 		return err // the signature package's errors name the provider
 	}
@@ -361,10 +367,12 @@ func (h *Handler) provisionVerifier(repl *caddy.Replacer) error {
 		}
 		parts = [][]eventid.Source{alts}
 	}
-	if h.extractor, err = eventid.New(parts); err != nil {
-		return fmt.Errorf("event_id: %w", err)
+	if len(parts[0]) > 0 { // else a batch without a delivery ID, keyed on its items (batch.go)
+		if h.extractor, err = eventid.New(parts); err != nil {
+			return fmt.Errorf("event_id: %w", err)
+		}
 	}
-	if h.preset.JSONBody {
+	if h.preset.JSONBody && h.extractor != nil {
 		// The verifier refuses every body that is not a valid JSON object
 		// before the ID is read (the same bytes, the same validator), so
 		// the extractor need not validate it a second time.
@@ -456,7 +464,24 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		respondError(w, status, reason, 0)
 		return nil
 	}
-	if err := h.verifier.Verify(signed, r.Header); err != nil {
+	// The upstream gets the bytes exactly as they arrived.
+	forwardable := func() *http.Request {
+		forwarded = true
+		r.Body = io.NopCloser(bytes.NewReader(raw))
+		r.ContentLength = int64(len(raw))
+		return r
+	}
+	hs, handshake := h.matchHandshake(r, signed)
+	if handshake && hs.Challenge.Auth != signature.AuthSignature {
+		return h.serveHandshake(w, r, hs, forwardable, next, &d)
+	}
+	if err := h.verify(r.Context(), signed, r.Header); err != nil {
+		if errors.Is(err, errSecretStore) {
+			d.outcome = outcomeStoreError
+			h.logger.Warn("reading the learned secret failed; answered 503, nothing forwarded", zap.String("scope", h.Scope), zap.Error(err))
+			respondError(w, http.StatusServiceUnavailable, "event store unavailable", unavailableRetryAfter)
+			return nil
+		}
 		d.outcome, d.reason = outcomeInvalidSignature, err.Error()
 		if isBodyRefusal(err) {
 			d.outcome = outcomeBadRequest
@@ -467,20 +492,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		respondError(w, h.RefuseStatus, signatureReason(err), 0)
 		return nil
 	}
-	// The upstream gets the bytes exactly as they arrived.
-	forwardable := func() *http.Request {
-		forwarded = true
-		r.Body = io.NopCloser(bytes.NewReader(raw))
-		r.ContentLength = int64(len(raw))
-		return r
+	if handshake {
+		return h.serveHandshake(w, r, hs, forwardable, next, &d)
 	}
-
 	if h.preset.Handshake != nil && h.preset.Handshake(signed, r.Header) {
 		d.outcome = outcomeHandshake
 		return h.passOn(w, forwardable(), next, &d)
 	}
 
-	id, err := h.extractor.Extract(signed, r.Header)
+	if h.splitting(signed) {
+		return h.serveSplit(w, r, signed, next, &d)
+	}
+	id, err := h.eventID(signed, r.Header)
 	if err != nil {
 		// An ambiguous ID is not a missing one: the delivery names two
 		// events, and the upstream may act on the other. Always refused.

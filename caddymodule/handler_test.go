@@ -494,8 +494,8 @@ func dropTable(dsn, table string) {
 		return
 	}
 	defer conn.Close(ctx)
-	_, _ = conn.Exec(ctx, fmt.Sprintf("DROP TABLE IF EXISTS %s, %s_goose_version",
-		pgx.Identifier{table}.Sanitize(), table))
+	_, _ = conn.Exec(ctx, fmt.Sprintf("DROP TABLE IF EXISTS %s, %s_goose_version, %s_secrets, %s_secrets_goose_version",
+		pgx.Identifier{table}.Sanitize(), table, table, table))
 }
 
 // eachBackend runs f once on SQLite and once on PostgreSQL.

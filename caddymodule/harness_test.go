@@ -251,7 +251,7 @@ func startOpsGateway(t *testing.T, cfg opsConfig) *opsGateway {
 			return
 		}
 		defer conn.Close(ctx)
-		_, _ = conn.Exec(ctx, "DROP TABLE IF EXISTS "+g.table+", "+g.table+"_goose_version")
+		_, _ = conn.Exec(ctx, "DROP TABLE IF EXISTS "+g.table+", "+g.table+"_goose_version, "+g.table+"_secrets, "+g.table+"_secrets_goose_version")
 	})
 	var secrets, global strings.Builder
 	for _, s := range cfg.secrets {

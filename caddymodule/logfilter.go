@@ -42,6 +42,13 @@ func SecretHeaders(providers []string, extra ...string) ([]string, error) {
 		if preset.Legacy != nil && preset.Legacy.Header != "" {
 			out = append(out, http.CanonicalHeaderKey(preset.Legacy.Header))
 		}
+		for _, c := range preset.Challenges {
+			// A handshake header whose value becomes the signing secret
+			// (Asana's X-Hook-Secret).
+			if kind, name, _ := strings.Cut(c.LearnSecret, " "); kind == "header" {
+				out = append(out, http.CanonicalHeaderKey(name))
+			}
+		}
 		if p == "hmac" && len(extra) == 0 {
 			return nil, errors.New("provider hmac: name its signature header (--header)")
 		}
@@ -55,12 +62,41 @@ func SecretHeaders(providers []string, extra ...string) ([]string, error) {
 	return slices.Compact(out), nil
 }
 
+// HandshakeSecrets returns what else of a handshake carries a secret, for
+// the providers: response headers that echo a learned secret (Asana's
+// X-Hook-Secret, printed by access logs as resp_headers) and query
+// parameters that carry a verify token (Meta's hub.verify_token, printed in
+// the request's uri).
+func HandshakeSecrets(providers []string) (respHeaders, queryParams []string) {
+	for _, p := range providers {
+		preset, _ := signature.Lookup(p)
+		for _, c := range preset.Challenges {
+			if c.Answer == signature.AnswerHeader && c.LearnSecret != "" && c.Echo == c.LearnSecret {
+				respHeaders = append(respHeaders, http.CanonicalHeaderKey(c.EchoHeader))
+			}
+			if c.Auth == signature.AuthVerifyToken && c.TokenQuery != "" {
+				queryParams = append(queryParams, c.TokenQuery)
+			}
+		}
+	}
+	slices.Sort(respHeaders)
+	slices.Sort(queryParams)
+	return slices.Compact(respHeaders), slices.Compact(queryParams)
+}
+
 // LogFilter renders the Caddyfile logging configuration that deletes the
 // headers from every line that prints a request: the global default log
 // (reverse_proxy, http.log.error) when site is false, a site's access log
 // directive when site is true. wrap is the encoder the lines are written
 // with (json or console).
 func LogFilter(headers []string, wrap string, site bool) string {
+	return LogFilterWith(headers, nil, nil, wrap, site)
+}
+
+// LogFilterWith is LogFilter that also deletes response headers
+// (resp_headers) and the values of query parameters in the request's uri
+// (see HandshakeSecrets).
+func LogFilterWith(headers, respHeaders, queryParams []string, wrap string, site bool) string {
 	var b strings.Builder
 	indent := "\t"
 	if site {
@@ -72,6 +108,16 @@ func LogFilter(headers []string, wrap string, site bool) string {
 	fmt.Fprintf(&b, "%sformat filter {\n%s\twrap %s\n%s\tfields {\n", indent, indent, wrap, indent)
 	for _, h := range headers {
 		fmt.Fprintf(&b, "%s\t\trequest>headers>%s delete\n", indent, h)
+	}
+	for _, h := range respHeaders {
+		fmt.Fprintf(&b, "%s\t\tresp_headers>%s delete\n", indent, h)
+	}
+	if len(queryParams) > 0 {
+		fmt.Fprintf(&b, "%s\t\trequest>uri query {\n", indent)
+		for _, q := range queryParams {
+			fmt.Fprintf(&b, "%s\t\t\tdelete %s\n", indent, q)
+		}
+		fmt.Fprintf(&b, "%s\t\t}\n", indent)
 	}
 	fmt.Fprintf(&b, "%s\t}\n%s}\n", indent, indent)
 	if !site {
@@ -117,7 +163,8 @@ adds names (provider hmac's configured header, a renamed header).
 			if err != nil {
 				return err
 			}
-			_, err = fmt.Fprint(cmd.OutOrStdout(), LogFilter(hs, wrap, site))
+			resp, query := HandshakeSecrets(providers)
+			_, err = fmt.Fprint(cmd.OutOrStdout(), LogFilterWith(hs, resp, query, wrap, site))
 			return err
 		},
 	}

@@ -141,7 +141,7 @@ func TestSecurity_NoSecretsSignaturesOrBodiesInLogs(t *testing.T) {
 	requireRelayed(t, serve(sw, swReq("msg_log_1", swKey(t, swSecret))))
 	requireRefused(t, serve(sw, swReq("msg_log_2", []byte(swSecret))), http.StatusBadRequest, "no matching")
 
-	sl := newGateway(t, "webhook_idempotency {\n provider slack\n secret "+slackSecret+"\n on_missing_id forward\n}", withUpstream(up))
+	sl := newGateway(t, "webhook_idempotency {\n provider slack\n secret "+slackSecret+"\n on_missing_id forward\n handshake forward\n}", withUpstream(up))
 	gateways = append(gateways, sl)
 	for _, b := range [][]byte{
 		[]byte(`{"type":"url_verification","challenge":"` + canary + `"}`),

@@ -32,6 +32,9 @@ const cacheTTL = time.Minute
 type backend struct {
 	store.Store
 	completed *cache.Completed
+	// secrets keeps the secrets learned in handshakes (handshake.go); nil
+	// when the store has none.
+	secrets store.Secrets
 }
 
 // Destruct implements caddy.Destructor: the last handler using the store is
@@ -80,7 +83,9 @@ func openBackend(c Storage, cacheEntries int) (*backend, bool, error) {
 			_ = s.Close()
 			return nil, err
 		}
-		return &backend{Store: s, completed: comp}, nil
+		b := &backend{Store: s, completed: comp}
+		b.secrets, _ = s.(store.Secrets)
+		return b, nil
 	})
 	if err != nil {
 		return nil, false, err

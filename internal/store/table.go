@@ -11,7 +11,7 @@ import (
 const DefaultTable = "webhook_events"
 
 // MaxTableLen is the most bytes of a table name (without its schema): it
-// leaves room for the longest derived name, <table>_queue_goose_version,
+// leaves room for the longest derived name, <table>_secrets_goose_version,
 // within PostgreSQL's 63-byte identifier limit.
 const MaxTableLen = 40
 

@@ -71,6 +71,7 @@ type Store struct {
 	pool  *pgxpool.Pool
 	table store.Table
 	q     queries
+	sq    secretQueries
 }
 
 var _ store.Store = (*Store)(nil)
@@ -123,11 +124,15 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 			redact(opts.DSN, describeTarget(cfg)), redact(opts.DSN, err.Error()))
 	}
 
-	s := &Store{pool: pool, table: table, q: buildQueries(ident)}
+	s := &Store{pool: pool, table: table, q: buildQueries(ident), sq: buildSecretQueries(ident)}
 	s.Rules = store.NewRules(driver{db: pool, q: &s.q, pool: pool})
 	if err := s.migrate(ctx, ident, opts); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("migrating postgres table %s: %s", table, redact(opts.DSN, err.Error()))
+	}
+	if err := s.migrateSecrets(ctx, ident, opts); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("migrating postgres table %s_secrets: %s", table, redact(opts.DSN, err.Error()))
 	}
 	return s, nil
 }

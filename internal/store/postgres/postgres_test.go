@@ -68,7 +68,7 @@ func dropTable(t *testing.T, dsn, table string) {
 	pool, err := pgxpool.New(ctx, dsn)
 	require.NoError(t, err)
 	defer pool.Close()
-	for _, name := range []string{table, table + "_goose_version"} {
+	for _, name := range []string{table, table + "_goose_version", table + "_secrets", table + "_secrets_goose_version"} {
 		_, err := pool.Exec(ctx, "DROP TABLE IF EXISTS "+pgx.Identifier(strings.Split(name, ".")).Sanitize())
 		require.NoError(t, err)
 	}
@@ -176,7 +176,7 @@ func TestSchemaQualifiedTable(t *testing.T) {
 	var n int
 	require.NoError(t, pool.QueryRow(ctx,
 		"SELECT count(*) FROM pg_tables WHERE schemaname = $1", schema).Scan(&n))
-	require.Equal(t, 2, n, "events table and goose history in the schema")
+	require.Equal(t, 4, n, "events table, learned secrets and their goose histories in the schema")
 }
 
 func TestNewInvalidOptions(t *testing.T) {
@@ -273,4 +273,18 @@ func unwrapAll(err error) error {
 		}
 		err = u.Unwrap()
 	}
+}
+
+func TestSecretsConformance(t *testing.T) {
+	t.Parallel()
+	dsn := testDSN(t)
+	storetest.RunSecrets(t, func(t *testing.T) store.Store {
+		return newStore(t, postgres.Options{})
+	}, func(t *testing.T, s store.Store) store.Store {
+		// A second instance on the same database and table.
+		other, err := postgres.New(t.Context(), postgres.Options{DSN: dsn, Table: s.(*postgres.Store).Table().String()})
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, other.Close()) })
+		return other
+	})
 }

@@ -50,6 +50,7 @@ type Store struct {
 	db    *sql.DB
 	table string
 	q     queries
+	sq    secretQueries
 }
 
 var _ store.Store = (*Store)(nil)
@@ -94,7 +95,7 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("sqlite: opening %s: %w", path, interpretError(err))
 	}
-	s := &Store{db: db, table: opts.Table, q: buildQueries(quoteIdent(opts.Table))}
+	s := &Store{db: db, table: opts.Table, q: buildQueries(quoteIdent(opts.Table)), sq: buildSecretQueries(opts.Table)}
 	s.Rules = store.NewRules(driver{db: db, q: &s.q})
 	if err := s.migrate(ctx, opts); err != nil {
 		_ = db.Close()
@@ -144,6 +145,16 @@ func (s *Store) migrate(ctx context.Context, opts Options) error {
 		options = append(options, goose.WithLogger(goose.NopLogger()))
 	}
 	provider, err := goose.NewProvider(goose.DialectSQLite3, s.db, nil, options...)
+	if err != nil {
+		return fmt.Errorf("setting up goose: %w", err)
+	}
+	if _, err = provider.Up(ctx); err != nil {
+		return err
+	}
+	// The learned-secrets table has a history of its own (secrets.go).
+	options[0] = goose.WithTableName(s.table + "_secrets_goose_version")
+	options[1] = goose.WithGoMigrations(secretMigrations(s.table)...)
+	provider, err = goose.NewProvider(goose.DialectSQLite3, s.db, nil, options...)
 	if err != nil {
 		return fmt.Errorf("setting up goose: %w", err)
 	}

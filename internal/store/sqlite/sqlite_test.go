@@ -165,3 +165,29 @@ func TestManyTablesOneFile(t *testing.T) {
 		require.Equal(t, store.Claimed, c.Outcome, "tables are independent")
 	}
 }
+
+func TestSecretsConformance(t *testing.T) {
+	t.Parallel()
+	var (
+		mu    sync.Mutex
+		paths = map[store.Store]string{}
+	)
+	storetest.RunSecrets(t, func(t *testing.T) store.Store {
+		path := filepath.Join(t.TempDir(), "events.db")
+		s := newStore(t, sqlite.Options{Path: path})
+		mu.Lock()
+		paths[s] = path
+		mu.Unlock()
+		return s
+	}, func(t *testing.T, s store.Store) store.Store {
+		mu.Lock()
+		path := paths[s]
+		mu.Unlock()
+		// A restart: the first store is closed before the second opens.
+		require.NoError(t, s.Close())
+		reopened, err := sqlite.New(t.Context(), sqlite.Options{Path: path})
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, reopened.Close()) })
+		return reopened
+	})
+}

@@ -1,0 +1,252 @@
+package caddymodule
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/tidwall/gjson"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/eventid"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
+)
+
+// Batches: deliveries that carry several events, each with its own ID
+// (signature.Batch). Under batch set the delivery is one claim keyed on the
+// set of its item IDs (signature.SetKey) and goes through the ordinary
+// path; under batch split each item not yet completed is forwarded alone,
+// under its own claim, and the provider gets 2xx only when every item is
+// completed.
+
+// maxEventIDLen is the store's limit on an event ID, in bytes.
+const maxEventIDLen = 255
+
+// provisionBatch resolves the route's batch policy. A route with its own
+// event_id keys each delivery as configured, unbatched.
+func (h *Handler) provisionBatch() error {
+	b := h.preset.Batch
+	switch {
+	case h.Batch != "" && h.Batch != string(signature.BatchSet) && h.Batch != string(signature.BatchSplit):
+		return fmt.Errorf("batch: want set or split, got %q", h.Batch)
+	case h.Batch != "" && b == nil:
+		return fmt.Errorf("batch: provider %s sends one event per delivery", h.Provider)
+	case b == nil:
+		h.batch = nil
+		return nil
+	case len(h.EventID) > 0:
+		if h.Batch != "" {
+			return errors.New("batch: keys on the provider's item IDs; it cannot be combined with event_id")
+		}
+		h.batch = nil
+		return nil
+	}
+	bb := *b
+	if h.Batch != "" {
+		bb.Policy = signature.BatchPolicy(h.Batch)
+	}
+	if bb.Policy == signature.BatchSplit && h.Mode == "async" {
+		return errors.New("batch: split is not available in mode async; use batch set")
+	}
+	h.batch = &bb
+	return nil
+}
+
+// eventID returns the delivery's event ID: the configured or default
+// source's, or under batch set the key of the set of its item IDs. A body
+// without a usable items array wraps eventid.ErrMissing.
+func (h *Handler) eventID(body []byte, hdr http.Header) (string, error) {
+	if !h.batched(body) {
+		return h.extractor.Extract(body, hdr)
+	}
+	items, err := h.batchItems(body)
+	if err != nil {
+		return "", err
+	}
+	return signature.SetKey(items), nil
+}
+
+// batchItems splits a batch body; errors wrap eventid.ErrMissing and name
+// the item's position, never its content.
+func (h *Handler) batchItems(body []byte) ([]signature.BatchItem, error) {
+	items, err := h.batch.Split(body)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", eventid.ErrMissing, err)
+	}
+	for i, it := range items {
+		if len(it.ID) > maxEventIDLen {
+			return nil, fmt.Errorf("%w: item %d's %s is longer than %d bytes", eventid.ErrTooLong, i+1, h.batch.ItemID, maxEventIDLen)
+		}
+	}
+	return items, nil
+}
+
+// batched reports whether a delivery is keyed as a batch: the route has a
+// batch policy and the body has the items array, or the preset has no
+// event ID of its own to fall back on (Okta's eventId names the whole
+// delivery; a body without data.events is keyed on it).
+func (h *Handler) batched(body []byte) bool {
+	if h.batch == nil {
+		return false
+	}
+	return len(h.preset.EventID) == 0 || gjson.GetBytes(body, h.batch.Items).IsArray()
+}
+
+// splitting reports whether the delivery is split into its items.
+func (h *Handler) splitting(body []byte) bool {
+	return h.batch != nil && h.batch.Policy == signature.BatchSplit && h.batched(body)
+}
+
+// serveSplit forwards each item of a verified batch that is not yet
+// completed as its own request (the delivery with its items array reduced
+// to that item; Content-Encoding dropped, as the item is built from the
+// decoded body), one after the other, each under its own claim with the
+// ordinary lease, heartbeat and settle (forward). The provider's answer:
+//
+//   - every item completed now or before: 200 {"received":true,"items":n,
+//     "forwarded":k,"duplicates":m} (or the duplicate answer when k is 0);
+//   - an item the store could not claim, or held: 503 with Retry-After;
+//   - an item in flight in another delivery: 409 with Retry-After;
+//   - an item the upstream did not accept: 502.
+//
+// Items completed before a failure stay completed, so the provider's retry
+// forwards only the rest. The upstream's own answers are not relayed.
+func (h *Handler) serveSplit(w http.ResponseWriter, r *http.Request, body []byte, next caddyhttp.Handler, d *delivery) error {
+	items, err := h.batchItems(body)
+	if err != nil {
+		d.outcome, d.reason = outcomeBadRequest, eventIDReason(err)
+		respondError(w, http.StatusBadRequest, d.reason, 0)
+		return nil
+	}
+	var (
+		forwarded, dups, failed int
+		worst                   int // the answer's status when an item failed
+		retry                   time.Duration
+	)
+	rank := map[int]int{http.StatusBadGateway: 1, http.StatusConflict: 2, http.StatusServiceUnavailable: 3}
+	for i, it := range items {
+		outcome, status, after := h.forwardItem(r, it, i, len(items), next)
+		if c := h.logger.Check(zapcore.DebugLevel, "batch item"); c != nil {
+			c.Write(zap.String("scope", h.Scope), zap.String("event_id", it.ID), zap.String("outcome", outcome), zap.Int("status", status))
+		}
+		switch outcome {
+		case outcomeCompleted:
+			forwarded++
+		case outcomeDuplicate:
+			dups++
+		default:
+			failed++
+			code := http.StatusBadGateway
+			switch outcome {
+			case outcomeStoreError, outcomeHeld:
+				code = http.StatusServiceUnavailable
+			case outcomeInFlight:
+				code = http.StatusConflict
+			}
+			// 503 outranks 409 outranks 502: the answer names the reason
+			// the provider must wait for.
+			if rank[code] > rank[worst] {
+				worst = code
+			}
+			retry = max(retry, after)
+		}
+	}
+	// The delivery's log line has no event ID: each item's debug line has
+	// its own.
+	switch {
+	case failed > 0:
+		d.outcome, d.status = outcomeReleased, worst
+		d.reason = fmt.Sprintf("%d of %d items not completed", failed, len(items))
+		msg := d.reason + "; items already completed are skipped on retry"
+		switch worst {
+		case http.StatusServiceUnavailable:
+			d.outcome = outcomeStoreError
+			retry = max(retry, unavailableRetryAfter)
+		case http.StatusConflict:
+			d.outcome = outcomeInFlight
+		}
+		respondError(w, worst, msg, retry)
+	case forwarded == 0:
+		d.outcome, d.status = outcomeDuplicate, http.StatusOK
+		respondDuplicate(w)
+	default:
+		d.outcome, d.status = outcomeCompleted, http.StatusOK
+		b, _ := json.Marshal(map[string]any{"received": true, "items": len(items), "forwarded": forwarded, "duplicates": dups})
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(append(b, '\n'))
+	}
+	return nil
+}
+
+// forwardItem claims one batch item and, when claimed, forwards it alone
+// and settles its claim. It returns the item's outcome, the upstream's
+// status and, for an item in flight, the lease left.
+func (h *Handler) forwardItem(r *http.Request, it signature.BatchItem, i, n int, next caddyhttp.Handler) (string, int, time.Duration) {
+	if h.completed != nil {
+		if status, ok := h.completed.Has(h.Scope, it.ID); ok {
+			h.cacheHit.Inc()
+			return outcomeDuplicate, status, 0
+		}
+		h.cacheMiss.Inc()
+	}
+	claim, err := h.claim(r.Context(), h.Scope, it.ID)
+	if err != nil {
+		h.logger.Warn("claiming batch item failed; nothing forwarded",
+			zap.String("scope", h.Scope), zap.String("event_id", it.ID), zap.Error(err))
+		return outcomeStoreError, 0, unavailableRetryAfter
+	}
+	switch claim.Outcome {
+	case store.Duplicate:
+		h.completed.Add(h.Scope, it.ID, claim.Status)
+		return outcomeDuplicate, claim.Status, 0
+	case store.InFlight:
+		return outcomeInFlight, 0, claim.RetryAfter
+	case store.Held:
+		return outcomeHeld, 0, unavailableRetryAfter
+	case store.Claimed:
+	default:
+		return outcomeStoreError, 0, unavailableRetryAfter
+	}
+	ir := r.Clone(r.Context())
+	ir.Body = io.NopCloser(bytes.NewReader(it.Body))
+	ir.ContentLength = int64(len(it.Body))
+	ir.Header.Del("Content-Length")
+	ir.Header.Del("Content-Encoding")
+	// Which item of which batch, for the upstream's logs.
+	ir.Header.Set("Webhook-Batch-Item", strconv.Itoa(i+1)+"/"+strconv.Itoa(n))
+	cw := &itemWriter{header: http.Header{}}
+	id := delivery{h: h, start: time.Now(), eventID: it.ID}
+	_ = h.forward(cw, ir, next, []claimRef{{scope: h.Scope, id: it.ID, token: claim.Token}}, &id)
+	return id.outcome, id.status, 0
+}
+
+// itemWriter takes the upstream's answer to one batch item: the
+// provider gets the gateway's summary instead.
+type itemWriter struct {
+	header http.Header
+	status int
+}
+
+func (w *itemWriter) Header() http.Header { return w.header }
+
+func (w *itemWriter) WriteHeader(status int) {
+	if w.status == 0 {
+		w.status = status
+	}
+}
+
+func (w *itemWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return len(b), nil
+}

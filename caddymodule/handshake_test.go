@@ -1,0 +1,247 @@
+package caddymodule
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/stretchr/testify/require"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
+)
+
+// Handshakes, learned secrets and batches on a provisioned handler (the
+// real SQLite store); protocol_integration_test.go runs them through Caddy.
+
+func TestProtocolConfigErrors(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, snippet, want string
+	}{
+		{"handshake value", "provider slack\n secret s\n handshake maybe", `handshake: want edge or forward, got "maybe"`},
+		{"handshake no value", "provider slack\n secret s\n handshake", "wrong argument count"},
+		{"handshake twice", "provider slack\n secret s\n handshake edge\n handshake forward", "handshake already specified"},
+		{"batch value", "provider sendgrid\n secret s\n batch each", `batch: want set or split, got "each"`},
+		{"learned_secret value", "provider asana\n event_id json id\n learned_secret always", `learned_secret: want keep or replace, got "always"`},
+		{"verify_token without handshake token", "provider stripe\n secret s\n verify_token t", "verify_token: provider stripe has no handshake with a verify token"},
+		{"batch on a provider that does not batch", "provider stripe\n secret s\n batch split", "batch: provider stripe sends one event per delivery"},
+		{"batch with event_id", "provider sendgrid\n secret MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEvAx7xa0OLwU1Q2WttEgrJV5GccH4scnhiJ4VosX845E1ASs0l3-U0GchE1eU4WFljd4eKrYrhWlfRSZ45Q0F6o0\n event_id json 0.sg_event_id\n batch set", "cannot be combined with event_id"},
+		{"learned_secret on a provider that learns none", "provider stripe\n secret s\n learned_secret replace", "learned_secret: provider stripe learns no secret"},
+		{"a secret is required unless learned", "provider stripe", "secret: at least one secret is required"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			err := provisionErr(t, "webhook_idempotency {\n "+tc.snippet+"\n}")
+			require.Error(t, err)
+			require.Contains(t, err.Error(), tc.want)
+		})
+	}
+	// Asana and Notion need no secret of their own: they learn it.
+	for _, snippet := range []string{"provider asana\n event_id json id", "provider notion"} {
+		h := new(Handler)
+		require.NoError(t, h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("webhook_idempotency {\n "+snippet+"\n}")))
+		require.NoError(t, provisionErr(t, "webhook_idempotency {\n "+snippet+"\n}"))
+	}
+}
+
+// asanaHandshake is Asana's first POST of a new webhook.
+func asanaHandshake(secret string) *http.Request {
+	return newDelivery("http://gateway.test/asana", nil, "X-Hook-Secret", secret)
+}
+
+// asanaDelivery is an Asana event signed with secret.
+func asanaDelivery(t *testing.T, secret, id string) *http.Request {
+	t.Helper()
+	d, err := buildDelivery(signParams{Provider: "asana", Secret: secret, EventIDFrom: "json id", EventID: id})
+	require.NoError(t, err)
+	req := newDelivery("http://gateway.test/asana", d.Body)
+	req.Header = d.Header
+	return req
+}
+
+func TestLearnedSecretReplace(t *testing.T) {
+	t.Parallel()
+	g := newGateway(t, "webhook_idempotency {\n provider asana\n event_id json id\n learned_secret replace\n scope "+uniqueScope("asana")+"\n}")
+	a := g.serve(asanaHandshake("first-secret"))
+	require.Equal(t, http.StatusOK, a.status)
+	require.Equal(t, "first-secret", a.header.Get("X-Hook-Secret"))
+	requireRelayed(t, g.serve(asanaDelivery(t, "first-secret", "e1")))
+
+	// The webhook is registered again: the new secret replaces the old.
+	a = g.serve(asanaHandshake("second-secret"))
+	require.Equal(t, http.StatusOK, a.status)
+	require.Equal(t, "second-secret", a.header.Get("X-Hook-Secret"))
+	requireRelayed(t, g.serve(asanaDelivery(t, "second-secret", "e2")))
+	requireRefused(t, g.serve(asanaDelivery(t, "first-secret", "e3")), http.StatusBadRequest, "no matching signature")
+	require.Equal(t, 2, g.up.count())
+	require.Equal(t, 2.0, g.outcomes(outcomeHandshake))
+
+	// Neither secret reaches a log line.
+	for _, e := range g.logs.All() {
+		text := e.Message
+		for _, f := range e.Context {
+			text += " " + f.String
+		}
+		require.NotContains(t, text, "first-secret")
+		require.NotContains(t, text, "second-secret")
+	}
+	require.Len(t, g.logged("learned the route's signing secret from the provider's handshake"), 2)
+}
+
+func TestLearnedSecretKeepRefusesReplacement(t *testing.T) {
+	t.Parallel()
+	g := newGateway(t, "webhook_idempotency {\n provider notion\n scope "+uniqueScope("notion")+"\n}")
+	hs := func(token string) answer {
+		return g.serve(newDelivery("http://gateway.test/notion", []byte(`{"verification_token":"`+token+`"}`), "Content-Type", "application/json"))
+	}
+	require.Equal(t, http.StatusOK, hs("secret_first").status)
+	// The same token again (a repeated handshake) is accepted.
+	require.Equal(t, http.StatusOK, hs("secret_first").status)
+	requireRefused(t, hs("secret_forged"), http.StatusBadRequest, "a different secret was learned before")
+	require.Zero(t, g.up.count())
+	// Deliveries verify with the first token only.
+	sign := func(token, id string) *http.Request {
+		d, err := buildDelivery(signParams{Provider: "notion", Secret: token, EventID: id})
+		require.NoError(t, err)
+		req := newDelivery("http://gateway.test/notion", d.Body)
+		req.Header = d.Header
+		return req
+	}
+	requireRelayed(t, g.serve(sign("secret_first", "n1")))
+	requireRefused(t, g.serve(sign("secret_forged", "n2")), http.StatusBadRequest, "no matching signature")
+	require.Equal(t, 2.0, g.outcomes(outcomeInvalidSignature), "the forged handshake and the forged delivery")
+}
+
+func TestHandshakeForwardLearnsOnUpstream2xx(t *testing.T) {
+	t.Parallel()
+	up := newUpstream()
+	up.respond = func(w http.ResponseWriter, r *http.Request, n int) error {
+		switch {
+		case r.Header.Get("X-Hook-Secret") == "":
+			return answerWith(http.StatusOK, "text/plain", "ok")(w, r, n)
+		case n == 1:
+			w.WriteHeader(http.StatusServiceUnavailable) // the application is not ready
+			return nil
+		}
+		w.Header().Set("X-Hook-Secret", r.Header.Get("X-Hook-Secret"))
+		w.WriteHeader(http.StatusOK)
+		return nil
+	}
+	g := newGateway(t, "webhook_idempotency {\n provider asana\n event_id json id\n handshake forward\n scope "+uniqueScope("asana")+"\n}", withUpstream(up))
+	a := g.serve(asanaHandshake("fw-secret"))
+	require.Equal(t, http.StatusServiceUnavailable, a.status)
+	requireRefused(t, g.serve(asanaDelivery(t, "fw-secret", "f0")), http.StatusBadRequest, "no matching signature")
+	a = g.serve(asanaHandshake("fw-secret"))
+	require.Equal(t, http.StatusOK, a.status)
+	require.Equal(t, "fw-secret", a.header.Get("X-Hook-Secret"), "the upstream's answer")
+	require.Equal(t, 2, up.count(), "both handshakes reached the upstream, unclaimed")
+	requireRelayed(t, g.serve(asanaDelivery(t, "fw-secret", "f1")))
+	require.Len(t, g.rows(), 2, "the event and its body hash (dedupe_body); no handshake row")
+}
+
+func TestVerifyTokenMissingRefusesHandshakeOnly(t *testing.T) {
+	t.Parallel()
+	g := newGateway(t, "webhook_idempotency {\n provider meta\n secret meta_app\n event_id json id\n}")
+	req := newDelivery("http://gateway.test/meta?hub.mode=subscribe&hub.challenge=42&hub.verify_token=anything", nil)
+	req.Method = http.MethodGet
+	a := g.serve(req)
+	requireRefused(t, a, http.StatusBadRequest, "verify token does not match")
+	// A meta route with handshake forward passes it on, token unchecked.
+	f := newGateway(t, "webhook_idempotency {\n provider meta\n secret meta_app\n event_id json id\n handshake forward\n}")
+	req = newDelivery("http://gateway.test/meta?hub.mode=subscribe&hub.challenge=42&hub.verify_token=anything", nil)
+	req.Method = http.MethodGet
+	a = f.serve(req)
+	require.Equal(t, http.StatusOK, a.status)
+	require.Equal(t, 1, f.up.count())
+	require.Contains(t, f.up.call(t, 0).URL, "hub.challenge=42")
+	require.Empty(t, f.rows())
+}
+
+// gocardlessBatch is a GoCardless delivery of events ids, signed.
+func gocardlessBatch(t *testing.T, secret string, ids ...string) *http.Request {
+	t.Helper()
+	items := make([]string, len(ids))
+	for i, id := range ids {
+		items[i] = `{"id":"` + id + `","action":"confirmed"}`
+	}
+	d, err := buildDelivery(signParams{Provider: "gocardless", Secret: secret, Body: []byte(`{"events":[` + strings.Join(items, ",") + `]}`)})
+	require.NoError(t, err)
+	req := newDelivery("http://gateway.test/gc", d.Body)
+	req.Header = d.Header
+	return req
+}
+
+func TestBatchSplitItemInFlight(t *testing.T) {
+	t.Parallel()
+	scope := uniqueScope("gc")
+	g := newGateway(t, "webhook_idempotency {\n provider gocardless\n secret gc_secret\n batch split\n scope "+scope+"\n}")
+	// Another delivery holds EV2's claim.
+	c, err := g.h.backend.Claim(t.Context(), store.ClaimParams{Scope: scope, EventID: "EV2", Lease: time.Minute})
+	require.NoError(t, err)
+	require.Equal(t, store.Claimed, c.Outcome)
+
+	a := g.serve(gocardlessBatch(t, "gc_secret", "EV1", "EV2", "EV3"))
+	require.Equal(t, http.StatusConflict, a.status, "not 2xx: the provider must retry")
+	require.NotEmpty(t, a.header.Get("Retry-After"))
+	require.Contains(t, string(a.body), "1 of 3 items not completed")
+	require.Equal(t, 2, g.up.count(), "EV1 and EV3 forwarded alone")
+	g.requireRow(scope, "EV1", store.StateCompleted)
+	g.requireRow(scope, "EV3", store.StateCompleted)
+
+	require.NoError(t, g.h.backend.Release(t.Context(), scope, "EV2", c.Token))
+	a = g.serve(gocardlessBatch(t, "gc_secret", "EV1", "EV2", "EV3"))
+	require.Equal(t, http.StatusOK, a.status, string(a.body))
+	require.JSONEq(t, `{"received":true,"items":3,"forwarded":1,"duplicates":2}`, string(a.body))
+	require.Equal(t, 3, g.up.count())
+	require.Contains(t, string(g.up.call(t, 2).Body), `"EV2"`)
+	require.NotContains(t, string(g.up.call(t, 2).Body), `"EV1"`)
+	g.requireRow(scope, "EV2", store.StateCompleted)
+
+	// A batch without items, or an item without an ID: 400, nothing claimed.
+	for _, ids := range [][]string{{}, {""}} {
+		requireRefused(t, g.serve(gocardlessBatch(t, "gc_secret", ids...)), http.StatusBadRequest, "batch")
+	}
+	require.Equal(t, 3, g.up.count())
+}
+
+func TestBatchSetOktaKeysOnItems(t *testing.T) {
+	t.Parallel()
+	g := newGateway(t, "webhook_idempotency {\n provider okta\n secret okta_secret\n scope "+uniqueScope("okta")+"\n}")
+	send := func(eventID string, uuids ...string) answer {
+		items := make([]string, len(uuids))
+		for i, u := range uuids {
+			items[i] = `{"uuid":"` + u + `","eventType":"user.session.start"}`
+		}
+		d, err := buildDelivery(signParams{Provider: "okta", Secret: "okta_secret",
+			Body: []byte(`{"eventId":"` + eventID + `","data":{"events":[` + strings.Join(items, ",") + `]}}`)})
+		require.NoError(t, err)
+		req := newDelivery("http://gateway.test/okta", d.Body)
+		req.Header = d.Header
+		return g.serve(req)
+	}
+	requireRelayed(t, send("hook-1", "u1", "u2"))
+	requireDuplicate(t, send("hook-1", "u2", "u1"))
+	requireRelayed(t, send("hook-1", "u1", "u2", "u3"))
+	require.Equal(t, 2, g.up.count())
+}
+
+// log-filter also removes what a handshake carries as a secret: Asana's
+// X-Hook-Secret in the request and the answer, Meta's verify token in the
+// uri; and Caddy accepts the result.
+func TestLogFilterHandshakeSecrets(t *testing.T) {
+	out, err := runCLI(t, "log-filter", "--provider", "asana,meta", "--site")
+	require.NoError(t, err)
+	require.Contains(t, out, "\t\t\trequest>headers>X-Hook-Secret delete\n")
+	require.Contains(t, out, "\t\t\tresp_headers>X-Hook-Secret delete\n")
+	require.Contains(t, out, "\t\t\trequest>uri query {\n\t\t\t\tdelete hub.verify_token\n\t\t\t}\n")
+	site := ":8080 {\n" + out + "respond 200\n}\n"
+	_, err = adaptJSON(site)
+	require.NoError(t, err, site)
+	global, err := runCLI(t, "log-filter", "--provider", "asana,meta")
+	require.NoError(t, err)
+	_, err = adaptJSON(global + ":8080 {\nrespond 200\n}\n")
+	require.NoError(t, err, global)
+}
