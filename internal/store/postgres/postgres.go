@@ -56,6 +56,10 @@ type Options struct {
 	MaxConns int32
 	// Logger receives the migration log. Nil discards it.
 	Logger *slog.Logger
+	// Batch configures group commit: concurrent claims, completes and
+	// releases are written together, one pipelined transaction (one
+	// commit, one WAL flush) per batch. See store.BatchOptions.
+	Batch store.BatchOptions
 }
 
 // Store is a store.Store backed by PostgreSQL: store.Rules over this
@@ -117,11 +121,13 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 	}
 
 	s := &Store{pool: pool, table: table, q: buildQueries(ident)}
-	s.Rules = store.NewRules(driver{db: pool, q: &s.q, pool: pool})
+	d := driver{db: pool, q: &s.q, pool: pool}
+	s.Rules = store.NewRules(d)
 	if err := s.migrate(ctx, ident, opts); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("migrating postgres table %s: %s", table, redact(opts.DSN, err.Error()))
 	}
+	s.Rules = store.NewBatchedRules(d, opts.Batch)
 	return s, nil
 }
 
