@@ -35,6 +35,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	exerciseOperator(t, newStore)
 	exerciseRetention(t, newStore)
 	exerciseKeys(t, newStore)
+	exerciseConcurrent(t, newStore)
 }
 
 // claim claims (scope, id) with the suite's lease.
