@@ -34,20 +34,23 @@ import (
 
 // config is what the flags set.
 type config struct {
-	mode      string
-	caddyBin  string
-	dsn       string
-	workers   int
-	duration  time.Duration
-	warmup    time.Duration
-	rounds    int
-	only      map[string]bool
-	out       string
-	dupEvents int
-	workdir   string
-	keep      bool
-	pprof     bool
-	poolConns int
+	mode     string
+	caddyBin string
+	// caddyBefore, when set, is a second binary (the code before a change)
+	// whose gateways run as "<scenario>@before" in the same groups.
+	caddyBefore string
+	dsn         string
+	workers     int
+	duration    time.Duration
+	warmup      time.Duration
+	rounds      int
+	only        map[string]bool
+	out         string
+	dupEvents   int
+	workdir     string
+	keep        bool
+	pprof       bool
+	poolConns   int
 
 	growthRows     int
 	growthDuration time.Duration
@@ -71,6 +74,7 @@ func main() {
 	var only string
 	flag.StringVar(&c.mode, "mode", "load", "load | growth | memory")
 	flag.StringVar(&c.caddyBin, "caddy", "bin/caddy", "the custom Caddy binary (go build -o bin/caddy ./xcaddy)")
+	flag.StringVar(&c.caddyBefore, "caddy-before", "", "a second binary (say, of the commit before a change): its gateways run as <scenario>@before, interleaved with the others")
 	flag.StringVar(&c.dsn, "dsn", envOr("BENCH_DATABASE_URL", envOr("TEST_DATABASE_URL",
 		"postgres://postgres@127.0.0.1:5432/test?sslmode=disable")), "PostgreSQL DSN ($BENCH_DATABASE_URL, $TEST_DATABASE_URL)")
 	flag.IntVar(&c.workers, "workers", 32, "concurrent workers (vegeta workers, store goroutines)")
