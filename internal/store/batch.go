@@ -32,6 +32,12 @@ type BatchOptions struct {
 	// natural batching only (what queued while the previous batch was
 	// written), so a lone delivery never waits.
 	MaxWait time.Duration
+	// Writers is how many batches may be written at once: while one
+	// waits for its commit, the next is written on another connection
+	// (PostgreSQL then flushes their commits together). Defaults to 1;
+	// the postgres store defaults it to its DefaultBatchWriters. A single
+	// writer makes the biggest batches; several, the shortest waits.
+	Writers int
 	// Timeout bounds the writing of one batch (its statements and commit).
 	// Defaults to DefaultBatchTimeout (5s).
 	Timeout time.Duration
@@ -73,9 +79,13 @@ func newBatcher(d BatchDriver, opts BatchOptions) *batcher {
 	if opts.Timeout <= 0 {
 		opts.Timeout = DefaultBatchTimeout
 	}
+	if opts.Writers <= 0 {
+		opts.Writers = 1
+	}
 	b := &batcher{d: d, opts: opts, ops: make(chan *op, opts.MaxBatch), quit: make(chan struct{})}
-	b.wg.Add(1)
-	go b.run()
+	for range opts.Writers {
+		b.wg.Go(b.run)
+	}
 	return b
 }
 
@@ -118,7 +128,6 @@ func (b *batcher) close() {
 }
 
 func (b *batcher) run() {
-	defer b.wg.Done()
 	batch := make([]*op, 0, b.opts.MaxBatch)
 	for {
 		select {

@@ -27,6 +27,13 @@ import (
 // twice each (BENCHMARKS.md: 2x the new deliveries per second with 16).
 const DefaultMaxConns = 16
 
+// DefaultBatchWriters is how many batches of claims and settles one store
+// writes at once unless Options.Batch.Writers says otherwise (see
+// store.BatchOptions.Writers). One: in BENCHMARKS.md four writers gave the
+// same deliveries per second (1.04x, within the rounds' noise) for 2.7x
+// PostgreSQL's CPU and 1.7x the WAL flushes, their batches being smaller.
+const DefaultBatchWriters = 1
+
 const (
 	defaultConnectTimeout   = 5 * time.Second
 	defaultMigrationTimeout = time.Minute
@@ -126,6 +133,9 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 	if err := s.migrate(ctx, ident, opts); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("migrating postgres table %s: %s", table, redact(opts.DSN, err.Error()))
+	}
+	if opts.Batch.Writers <= 0 {
+		opts.Batch.Writers = DefaultBatchWriters
 	}
 	s.Rules = store.NewBatchedRules(d, opts.Batch)
 	return s, nil
