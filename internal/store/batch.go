@@ -58,6 +58,10 @@ type batcher struct {
 	quit chan struct{}
 	wg   sync.WaitGroup
 	once sync.Once
+	// mu orders queuing against close: once closed is set, nothing more is
+	// queued, so close's drain answers every op the writers left.
+	mu     sync.RWMutex
+	closed bool
 }
 
 // op is one caller's claim or settle; done receives the batch's error.
@@ -95,13 +99,18 @@ func newBatcher(d BatchDriver, opts BatchOptions) *batcher {
 func (b *batcher) do(ctx context.Context, o *op) error {
 	o.ctx = ctx
 	o.done = make(chan error, 1)
-	select {
-	case b.ops <- o:
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-b.quit:
+	b.mu.RLock()
+	if b.closed {
+		b.mu.RUnlock()
 		return ErrClosed
 	}
+	select {
+	case b.ops <- o: // the writers run until closed is set, so this cannot block close
+	case <-ctx.Done():
+		b.mu.RUnlock()
+		return ctx.Err()
+	}
+	b.mu.RUnlock()
 	select {
 	case err := <-o.done:
 		return err
@@ -114,6 +123,9 @@ func (b *batcher) do(ctx context.Context, o *op) error {
 // with ErrClosed.
 func (b *batcher) close() {
 	b.once.Do(func() {
+		b.mu.Lock()
+		b.closed = true
+		b.mu.Unlock()
 		close(b.quit)
 		b.wg.Wait()
 		for {
