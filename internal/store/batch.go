@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 )
@@ -48,20 +49,22 @@ type BatchOptions struct {
 	Observe func(op string, n int)
 }
 
-// batcher is the coalescer: callers queue ops on ops, one writer goroutine
-// takes the first, then everything else queued (up to MaxBatch), and
-// writes them with one WriteBatch.
+// batcher is the coalescer, by flat combining: a caller queues its op;
+// when fewer than Writers batches are being written, it becomes a writer
+// itself, takes what is queued (up to MaxBatch, its own op first) and
+// writes it with one WriteBatch, on its own goroutine, so a lone delivery
+// pays no hand-off to another goroutine. Ops queued meanwhile wait for the
+// next batch; a writer whose own op is done hands what is left to a new
+// goroutine, so no caller waits for batches that are not its own.
 type batcher struct {
 	d    BatchDriver
 	opts BatchOptions
-	ops  chan *op
-	quit chan struct{}
-	wg   sync.WaitGroup
-	once sync.Once
-	// mu orders queuing against close: once closed is set, nothing more is
-	// queued, so close's drain answers every op the writers left.
-	mu     sync.RWMutex
-	closed bool
+
+	mu      sync.Mutex
+	queue   []*op
+	writers int  // batches being written
+	closed  bool // no more ops are queued
+	wg      sync.WaitGroup
 }
 
 // op is one caller's claim or settle; done receives the batch's error.
@@ -86,31 +89,30 @@ func newBatcher(d BatchDriver, opts BatchOptions) *batcher {
 	if opts.Writers <= 0 {
 		opts.Writers = 1
 	}
-	b := &batcher{d: d, opts: opts, ops: make(chan *op, opts.MaxBatch), quit: make(chan struct{})}
-	for range opts.Writers {
-		b.wg.Go(b.run)
-	}
-	return b
+	return &batcher{d: d, opts: opts}
 }
 
-// do queues o and waits for its batch to be committed. It returns the
-// batch's error, ctx's when ctx ends first (the op may still be written),
-// or ErrClosed.
+// do queues o and waits for its batch to be committed, writing batches
+// itself when no writer is free. It returns the batch's error, ctx's when
+// ctx ends first (the op may still be written), or ErrClosed.
 func (b *batcher) do(ctx context.Context, o *op) error {
 	o.ctx = ctx
 	o.done = make(chan error, 1)
-	b.mu.RLock()
+	b.mu.Lock()
 	if b.closed {
-		b.mu.RUnlock()
+		b.mu.Unlock()
 		return ErrClosed
 	}
-	select {
-	case b.ops <- o: // the writers run until closed is set, so this cannot block close
-	case <-ctx.Done():
-		b.mu.RUnlock()
-		return ctx.Err()
+	b.queue = append(b.queue, o)
+	lead := b.writers < b.opts.Writers
+	if lead {
+		b.writers++
+		b.wg.Add(1)
 	}
-	b.mu.RUnlock()
+	b.mu.Unlock()
+	if lead {
+		b.lead(o)
+	}
 	select {
 	case err := <-o.done:
 		return err
@@ -119,69 +121,85 @@ func (b *batcher) do(ctx context.Context, o *op) error {
 	}
 }
 
-// close stops the writer after the batch it is writing; queued ops fail
-// with ErrClosed.
-func (b *batcher) close() {
-	b.once.Do(func() {
-		b.mu.Lock()
-		b.closed = true
-		b.mu.Unlock()
-		close(b.quit)
-		b.wg.Wait()
-		for {
-			select {
-			case o := <-b.ops:
-				o.done <- ErrClosed
-			default:
-				return
-			}
-		}
-	})
-}
-
-func (b *batcher) run() {
-	batch := make([]*op, 0, b.opts.MaxBatch)
+// lead writes batches until own is answered, then hands what is queued to
+// a new goroutine (or stops when nothing is).
+func (b *batcher) lead(own *op) {
 	for {
-		select {
-		case o := <-b.ops:
-			batch = append(batch[:0], o)
-		case <-b.quit:
+		batch := b.take()
+		if batch == nil {
 			return
 		}
-		batch = b.gather(batch)
 		b.write(batch)
-		clear(batch)
+		select {
+		case err := <-own.done:
+			own.done <- err // put back for do
+			b.mu.Lock()
+			if len(b.queue) == 0 {
+				b.writers--
+				b.wg.Done()
+				b.mu.Unlock()
+				return
+			}
+			b.mu.Unlock()
+			go b.drain()
+			return
+		default:
+		}
 	}
 }
 
-// gather adds to batch what is queued, up to MaxBatch; with MaxWait, it
-// waits that long for the batch to fill.
-func (b *batcher) gather(batch []*op) []*op {
-	for len(batch) < b.opts.MaxBatch {
-		select {
-		case o := <-b.ops:
-			batch = append(batch, o)
-			continue
-		default:
+// drain writes batches until the queue is empty.
+func (b *batcher) drain() {
+	for {
+		batch := b.take()
+		if batch == nil {
+			return
 		}
-		break
+		b.write(batch)
 	}
-	if b.opts.MaxWait <= 0 || len(batch) >= b.opts.MaxBatch {
-		return batch
-	}
-	t := time.NewTimer(b.opts.MaxWait)
-	defer t.Stop()
-	for len(batch) < b.opts.MaxBatch {
-		select {
-		case o := <-b.ops:
-			batch = append(batch, o)
-		case <-t.C:
-			return batch
-		case <-b.quit:
-			return batch
+}
+
+// take removes the next batch from the queue (waiting MaxWait for it to
+// fill, if set), or, when the queue is empty, retires the writer and
+// returns nil.
+func (b *batcher) take() []*op {
+	if b.opts.MaxWait > 0 {
+		b.mu.Lock()
+		n := len(b.queue)
+		b.mu.Unlock()
+		if n > 0 && n < b.opts.MaxBatch {
+			time.Sleep(b.opts.MaxWait)
 		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.queue) == 0 {
+		b.writers--
+		b.wg.Done()
+		return nil
+	}
+	n := min(len(b.queue), b.opts.MaxBatch)
+	batch := slices.Clone(b.queue[:n])
+	clear(b.queue[:n])
+	b.queue = b.queue[n:]
+	if len(b.queue) == 0 {
+		b.queue = nil
 	}
 	return batch
+}
+
+// close fails the queued ops with ErrClosed and waits for the batches
+// being written.
+func (b *batcher) close() {
+	b.mu.Lock()
+	b.closed = true
+	queued := b.queue
+	b.queue = nil
+	b.mu.Unlock()
+	for _, o := range queued {
+		o.done <- ErrClosed
+	}
+	b.wg.Wait()
 }
 
 // write writes one batch and answers its ops. Ops whose caller has given

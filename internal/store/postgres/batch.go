@@ -15,6 +15,8 @@ import (
 // as arrays, unnested WITH ORDINALITY so results come back by position.
 type batchQueries struct {
 	claim, complete, release string
+	// claimOne is claim for a batch of one, on scalars: cheaper to plan.
+	claimOne string
 }
 
 // buildBatchQueries builds the batch statements on the quoted table t.
@@ -59,6 +61,32 @@ func buildBatchQueries(t string) batchQueries {
 			FROM i JOIN cur ON cur.ord = i.ord
 			LEFT JOIN ins ON ins.scope = i.scope AND ins.event_id = i.event_id
 			ORDER BY i.ord`,
+		// claim for one row: $1 scope, $2 event ID, $3 token, $4 lease in
+		// microseconds, $5 hold; the same columns.
+		claimOne: `WITH cur AS (
+				SELECT e.state, e.attempts, e.status,
+					COALESCE(GREATEST(0, CEIL(EXTRACT(EPOCH FROM (e.lease_until - now())) * 1000000)), 0)::bigint AS lease_left,
+					(` + store.ClaimableSQL("now()", "$5::boolean") + `) AS claimable
+				FROM ` + t + ` e WHERE e.scope = $1 AND e.event_id = $2
+			), ins AS (
+				INSERT INTO ` + t + ` AS e
+					(scope, event_id, state, token, attempts, lease_until, first_seen, updated_at)
+				SELECT $1, $2, 'processing', $3, 1, now() + $4::bigint * interval '1 microsecond', now(), now()
+				WHERE COALESCE((SELECT claimable FROM cur), true)
+				ON CONFLICT (scope, event_id) DO UPDATE SET
+					state        = 'processing',
+					token        = EXCLUDED.token,
+					attempts     = e.attempts + 1,
+					lease_until  = EXCLUDED.lease_until,
+					updated_at   = EXCLUDED.updated_at,
+					completed_at = NULL,
+					status       = 0
+				WHERE ` + store.ClaimableSQL("now()", "$5::boolean") + `
+				RETURNING e.attempts
+			)
+			SELECT ins.attempts IS NOT NULL, COALESCE(ins.attempts, cur.attempts, 0),
+				COALESCE(cur.state, ''), COALESCE(cur.status, 0), COALESCE(cur.lease_left, 0)
+			FROM (SELECT 1) one LEFT JOIN cur ON true LEFT JOIN ins ON true`,
 		// $1 scopes, $2 event IDs, $3 tokens, $4 statuses; returns the
 		// positions of the rows changed.
 		complete: `UPDATE ` + t + ` AS e SET state = 'completed', status = i.status, token = '', lease_until = NULL,
@@ -89,9 +117,32 @@ func compareKeys(scopeA, idA, scopeB, idB string) int {
 // value, one complete, one release) as one pipelined pgx batch: a single
 // round trip and one implicit transaction (one Sync), so one commit.
 func (d driver) WriteBatch(ctx context.Context, b *store.Batch) error {
+	if len(b.Claims) == 0 && len(b.Settles) == 1 {
+		// A lone settle: the one-row statement, cheaper to plan and run.
+		s := &b.Settles[0]
+		args := []any{s.Scope, s.EventID, s.Token}
+		if s.Stmt == store.StmtComplete {
+			args = append(args, s.Status)
+		}
+		changed, err := d.Exec(ctx, s.Stmt, args...)
+		s.Changed = changed
+		return err
+	}
+	if len(b.Claims) == 1 && len(b.Settles) == 0 {
+		// A lone claim: the one-row statement, cheaper to plan and run.
+		c := &b.Claims[0]
+		var (
+			state  string
+			micros int64
+		)
+		err := d.db.QueryRow(ctx, d.q.batch.claimOne, c.Scope, c.EventID, c.Token, leaseMicros(c.Lease), c.Hold).
+			Scan(&c.Claimed, &c.Attempts, &state, &c.Status, &micros)
+		c.State, c.LeaseLeft = store.State(state), time.Duration(micros)*time.Microsecond
+		return interpretError(err)
+	}
 	var (
 		pb     pgx.Batch
-		reads  []func(pgx.BatchResults) error
+		reads  []func(pgx.Rows) error
 		groups [2][]int // claim positions by hold
 	)
 	for n, c := range b.Claims {
@@ -115,11 +166,7 @@ func (d driver) WriteBatch(ctx context.Context, b *store.Batch) error {
 			scopes[k], ids[k], tokens[k], leases[k] = c.Scope, c.EventID, c.Token, leaseMicros(c.Lease)
 		}
 		pb.Queue(d.q.batch.claim, scopes, ids, tokens, leases, h == 1)
-		reads = append(reads, func(br pgx.BatchResults) error {
-			rows, err := br.Query()
-			if err != nil {
-				return err
-			}
+		reads = append(reads, func(rows pgx.Rows) error {
 			defer rows.Close()
 			k := 0
 			for rows.Next() {
@@ -164,11 +211,7 @@ func (d driver) WriteBatch(ctx context.Context, b *store.Batch) error {
 		} else {
 			pb.Queue(d.q.batch.release, scopes, ids, tokens)
 		}
-		reads = append(reads, func(br pgx.BatchResults) error {
-			rows, err := br.Query()
-			if err != nil {
-				return err
-			}
+		reads = append(reads, func(rows pgx.Rows) error {
 			defer rows.Close()
 			for rows.Next() {
 				var ord int64
@@ -182,12 +225,25 @@ func (d driver) WriteBatch(ctx context.Context, b *store.Batch) error {
 			return rows.Err()
 		})
 	}
-	if len(reads) == 0 {
+	switch len(reads) {
+	case 0:
 		return nil
+	case 1:
+		// One statement needs no pipeline: its own implicit transaction.
+		q := pb.QueuedQueries[0]
+		rows, err := d.db.Query(ctx, q.SQL, q.Arguments...)
+		if err != nil {
+			return interpretError(err)
+		}
+		return interpretError(reads[0](rows))
 	}
 	br := d.db.SendBatch(ctx, &pb)
 	for _, read := range reads {
-		if err := read(br); err != nil {
+		rows, err := br.Query()
+		if err == nil {
+			err = read(rows)
+		}
+		if err != nil {
 			_ = br.Close()
 			return interpretError(err)
 		}
