@@ -110,6 +110,10 @@ type LoadReport struct {
 	// RoundRatios are the ratios of each round's own runs.
 	RoundRatios map[string][]float64 `json:"ratios_by_round"`
 	Targets     map[string]string    `json:"targets"`
+	// BatchSizes is each gateway's caddy_webhook_idempotency_store_batch_size
+	// at the end of its group (warm-up and priming included), as exposed:
+	// read through the admin API, so only with -pprof.
+	BatchSizes map[string][]string `json:"batch_sizes,omitempty"`
 }
 
 // MachineInfo says what the numbers were measured on.
@@ -336,6 +340,19 @@ func runGroup(ctx context.Context, c config, runners []*runner, st *postgres.Sto
 			return fmt.Errorf("%s: warm-up: no successful delivery: %v", r.sc.name, warm.kinds)
 		}
 	}
+	defer func() {
+		for _, r := range runners {
+			if r.gw == nil {
+				continue
+			}
+			if lines := r.gw.batchSizes(); len(lines) > 0 {
+				if rep.BatchSizes == nil {
+					rep.BatchSizes = map[string][]string{}
+				}
+				rep.BatchSizes[r.sc.name] = lines
+			}
+		}
+	}()
 	for round := 1; round <= c.rounds; round++ {
 		for _, r := range runners {
 			if ctx.Err() != nil {
