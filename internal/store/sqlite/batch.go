@@ -25,7 +25,7 @@ func (d driver) WriteBatch(ctx context.Context, b *store.Batch) (err error) {
 		// commits by itself. (A lone claim's refusal is read after the
 		// claim's own commit; if the row changed in between, the store
 		// finds a state it cannot answer from and claims again itself.)
-		return interpretError(d.writeOps(ctx, d.db, b))
+		return interpretError(d.writeOps(ctx, dbQuerier{d.db}, b))
 	}
 	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -42,6 +42,49 @@ func (d driver) WriteBatch(ctx context.Context, b *store.Batch) (err error) {
 type querier interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	StmtContext(ctx context.Context, stmt *sql.Stmt) *sql.Stmt
+}
+
+// dbQuerier is the *sql.DB as a querier: a prepared statement is itself.
+type dbQuerier struct{ *sql.DB }
+
+func (dbQuerier) StmtContext(_ context.Context, stmt *sql.Stmt) *sql.Stmt { return stmt }
+
+// batchStmts are the statements WriteBatch runs, prepared once.
+var batchStmts = []store.Stmt{store.StmtClaim, store.StmtInspect, store.StmtComplete, store.StmtRelease}
+
+// prepare prepares batchStmts on the database (its single connection).
+func (d driver) prepare(ctx context.Context) (*[store.NumStmts]*sql.Stmt, error) {
+	var p [store.NumStmts]*sql.Stmt
+	for _, stmt := range batchStmts {
+		st, err := d.db.PrepareContext(ctx, d.q.stmts[stmt])
+		if err != nil {
+			for _, st := range p {
+				if st != nil {
+					_ = st.Close()
+				}
+			}
+			return nil, err
+		}
+		p[stmt] = st
+	}
+	return &p, nil
+}
+
+// exec runs stmt on q, prepared when it can be.
+func (d driver) exec(ctx context.Context, q querier, stmt store.Stmt, args ...any) (sql.Result, error) {
+	if d.prepared != nil && d.prepared[stmt] != nil {
+		return q.StmtContext(ctx, d.prepared[stmt]).ExecContext(ctx, args...)
+	}
+	return q.ExecContext(ctx, d.q.stmts[stmt], args...)
+}
+
+// queryRow is exec for a statement that returns a row.
+func (d driver) queryRow(ctx context.Context, q querier, stmt store.Stmt, args ...any) *sql.Row {
+	if d.prepared != nil && d.prepared[stmt] != nil {
+		return q.StmtContext(ctx, d.prepared[stmt]).QueryRowContext(ctx, args...)
+	}
+	return q.QueryRowContext(ctx, d.q.stmts[stmt], args...)
 }
 
 // writeOps runs b's statements on q.
@@ -57,7 +100,7 @@ func (d driver) writeOps(ctx context.Context, q querier, b *store.Batch) error {
 		if s.Stmt == store.StmtComplete {
 			args = append(args, s.Status)
 		}
-		res, err := q.ExecContext(ctx, d.q.stmts[s.Stmt], args...)
+		res, err := d.exec(ctx, q, s.Stmt, args...)
 		if err != nil {
 			return err
 		}
@@ -73,8 +116,7 @@ func (d driver) writeOps(ctx context.Context, q querier, b *store.Batch) error {
 // claimTx runs one claim's statement and, when it is refused, reads the
 // row that refused it.
 func (d driver) claimTx(ctx context.Context, tx querier, c *store.BatchClaim) error {
-	err := tx.QueryRowContext(ctx, d.q.stmts[store.StmtClaim],
-		c.Scope, c.EventID, c.Token, leaseMillis(c.Lease), c.Hold).Scan(&c.Attempts)
+	err := d.queryRow(ctx, tx, store.StmtClaim, c.Scope, c.EventID, c.Token, leaseMillis(c.Lease), c.Hold).Scan(&c.Attempts)
 	if err == nil {
 		c.Claimed = true
 		return nil
@@ -87,7 +129,7 @@ func (d driver) claimTx(ctx context.Context, tx querier, c *store.BatchClaim) er
 		token  string
 		micros int64
 	)
-	err = tx.QueryRowContext(ctx, d.q.stmts[store.StmtInspect], c.Scope, c.EventID).
+	err = d.queryRow(ctx, tx, store.StmtInspect, c.Scope, c.EventID).
 		Scan(&state, &token, &c.Attempts, &c.Status, &micros)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil // deleted since (a lone claim): the store claims it on its own

@@ -104,6 +104,10 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("sqlite: migrating table %s: %w", opts.Table, interpretError(err))
 	}
+	if d.prepared, err = d.prepare(ctx); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("sqlite: preparing statements: %w", interpretError(err))
+	}
 	s.Rules = store.NewBatchedRules(d, opts.Batch)
 	return s, nil
 }
