@@ -20,16 +20,16 @@ var ErrClosed = errors.New("store closed")
 // BatchOptions configure the coalescer of a store whose driver is a
 // BatchDriver (group commit, after River's batch completer): claims and
 // settles that arrive while a batch is being written wait for the next
-// one, which a single writer writes in one transaction. Zero values mean
-// the defaults.
+// one, written in one transaction by one of the waiting callers (see
+// batcher). Zero values mean the defaults.
 type BatchOptions struct {
 	// Disabled writes each operation with its own statement and commit.
 	Disabled bool
 	// MaxBatch bounds the operations (claims plus settles) of one
 	// transaction. Defaults to DefaultMaxBatch (128).
 	MaxBatch int
-	// MaxWait is how long the writer waits for more operations after the
-	// first before writing a batch that is not full. Defaults to 0:
+	// MaxWait is how long a writer waits for more operations before
+	// writing a batch that is not full. Defaults to 0:
 	// natural batching only (what queued while the previous batch was
 	// written), so a lone delivery never waits.
 	MaxWait time.Duration
@@ -44,8 +44,8 @@ type BatchOptions struct {
 	Timeout time.Duration
 	// Observe, when set, is told the size of each batch written: op is
 	// "claim", "complete" or "release" with the count of that kind, and
-	// "transaction" with the batch's total. Called on the writer goroutine:
-	// it must be quick.
+	// "transaction" with the batch's total. Called by the goroutine writing
+	// the batch, before it is written: it must be quick.
 	Observe func(op string, n int)
 }
 

@@ -120,7 +120,11 @@ type BatchDriver interface {
 	WriteBatch(ctx context.Context, b *Batch) error
 }
 
-// Batch is one transaction's worth of operations for BatchDriver.
+// Batch is one transaction's worth of operations for BatchDriver. Its
+// settles are StmtComplete and StmtRelease; another token-keyed statement
+// (holding a claim, say) joins them by a case in each driver's WriteBatch
+// and a Rules method calling settleBatched, and until then runs unbatched
+// through Exec.
 type Batch struct {
 	Claims  []BatchClaim
 	Settles []BatchSettle

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -186,6 +187,11 @@ func (d driver) WriteBatch(ctx context.Context, b *store.Batch) error {
 			}
 			return rows.Err()
 		})
+	}
+	for _, s := range b.Settles {
+		if s.Stmt != store.StmtComplete && s.Stmt != store.StmtRelease {
+			return fmt.Errorf("batch: statement %d is not a batched settle", s.Stmt)
+		}
 	}
 	for _, stmt := range [...]store.Stmt{store.StmtComplete, store.StmtRelease} {
 		var idx []int
