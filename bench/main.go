@@ -34,23 +34,24 @@ import (
 
 // config is what the flags set.
 type config struct {
-	mode     string
-	caddyBin string
+	mode      string
+	caddyBin  string
+	dsn       string
+	workers   int
+	duration  time.Duration
+	warmup    time.Duration
+	rounds    int
+	only      map[string]bool
+	out       string
+	dupEvents int
+	workdir   string
+	keep      bool
+	pprof     bool
+	poolConns int
+
 	// caddyBefore, when set, is a second binary (the code before a change)
 	// whose gateways run as "<scenario>@before" in the same groups.
 	caddyBefore string
-	dsn         string
-	workers     int
-	duration    time.Duration
-	warmup      time.Duration
-	rounds      int
-	only        map[string]bool
-	out         string
-	dupEvents   int
-	workdir     string
-	keep        bool
-	pprof       bool
-	poolConns   int
 
 	growthRows     int
 	growthDuration time.Duration
