@@ -34,6 +34,8 @@ type scenario struct {
 	dup bool
 	// async: mode async; deliveries are answered once queued.
 	async bool
+	// bin is the Caddy binary; empty: -caddy.
+	bin string
 }
 
 // asyncTable is the events table of async/ack (its queue tables are
@@ -57,7 +59,7 @@ func scenarios(c config) []scenario {
 	}
 	pg := fmt.Sprintf("storage postgres %q\n\ttable %s", c.dsn, benchTable)
 	sq := "storage sqlite " + filepath.Join(c.workdir, "sqlite-{round}", "events.db")
-	return []scenario{
+	all := []scenario{
 		{name: "respond", route: func(string, int) string { return "respond `{\"ok\":true}` 200" }},
 		{name: "proxy", route: func(up string, _ int) string { return "reverse_proxy " + up }},
 		{name: "store-limit"},
@@ -69,6 +71,29 @@ func scenarios(c config) []scenario {
 			return fmt.Sprintf("webhook_idempotency {\n\tprovider stripe\n\tsecret %s\n\tstorage postgres %q\n\ttable %s\n"+
 				"\tmode async\n\tdeliver_to http://%s\n}\nreverse_proxy %s", secret, c.dsn, asyncTable, slowUpstreamAddr, up)
 		}},
+	}
+	if c.caddyBefore != "" {
+		sqBefore := "storage sqlite " + filepath.Join(c.workdir, "sqlite-before-{round}", "events.db")
+		all = append(all,
+			scenario{name: "new/postgres" + before, route: gateway(pg, ""), bin: c.caddyBefore},
+			scenario{name: "new/sqlite" + before, route: gateway(sqBefore, ""), bin: c.caddyBefore},
+			scenario{name: "dup/store" + before, route: gateway(pg, "\tcache 0\n"), dup: true, bin: c.caddyBefore})
+	}
+	return all
+}
+
+// before suffixes the scenarios run with -caddy-before.
+const before = "@before"
+
+// groupsOf are the groups of a run: with -caddy-before, each before
+// scenario joins its own scenario's group.
+func groupsOf(c config) [][]string {
+	if c.caddyBefore == "" {
+		return groups
+	}
+	return [][]string{
+		append(slices.Clone(groups[0]), "dup/store"+before),
+		append(slices.Clone(groups[1]), "new/postgres"+before, "new/sqlite"+before),
 	}
 }
 
@@ -85,6 +110,10 @@ type LoadReport struct {
 	// RoundRatios are the ratios of each round's own runs.
 	RoundRatios map[string][]float64 `json:"ratios_by_round"`
 	Targets     map[string]string    `json:"targets"`
+	// BatchSizes is each gateway's caddy_webhook_idempotency_store_batch_size
+	// at the end of its group (warm-up and priming included), as exposed:
+	// read through the admin API, so only with -pprof.
+	BatchSizes map[string][]string `json:"batch_sizes,omitempty"`
 }
 
 // MachineInfo says what the numbers were measured on.
@@ -127,7 +156,11 @@ func runLoad(ctx context.Context, c config) (*LoadReport, error) {
 	// The store-limit scenario's store, opened like the gateway opens its own
 	// (same package, same default pool size), which also creates the table.
 	octx, cancel := context.WithTimeout(ctx, time.Minute)
-	st, err := postgres.New(octx, postgres.Options{DSN: c.dsn, Table: benchTable})
+	// Batching off: store-limit stays the one-at-a-time ceiling (a claim,
+	// then a complete, each its own statement and commit) that serial is
+	// defined by.
+	st, err := postgres.New(octx, postgres.Options{DSN: c.dsn, Table: benchTable,
+		Batch: store.BatchOptions{Disabled: true}})
 	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("store-limit needs PostgreSQL: %w", err)
@@ -171,7 +204,8 @@ func runLoad(ctx context.Context, c config) (*LoadReport, error) {
 			"rounds": c.rounds, "slice": slice.String(), "dup_events": c.dupEvents,
 			"payload_bytes": len(p.body(newIDs().next())), "pool_max_conns": st.Pool().Config().MaxConns,
 			"caddy_processes": "one per scenario, alive for its group",
-			"groups":          groups,
+			"groups":          groupsOf(c),
+			"caddy_before":    c.caddyBefore,
 		},
 		Summary: map[string]Result{},
 	}
@@ -182,7 +216,7 @@ func runLoad(ctx context.Context, c config) (*LoadReport, error) {
 	}
 	fmt.Printf("load: %d workers; per scenario %s warm-up, then %d slices of %s interleaved with the others of its group; loadavg %s\n",
 		c.workers, c.warmup, c.rounds, slice, loadavg())
-	for _, group := range groups {
+	for _, group := range groupsOf(c) {
 		var runners []*runner
 		for _, name := range group {
 			if c.only == nil || c.only[name] {
@@ -265,7 +299,11 @@ func runGroup(ctx context.Context, c config, runners []*runner, st *postgres.Sto
 		if r.sc.route == nil {
 			continue // store-limit
 		}
-		gw, url, err := startCaddy(ctx, c, r.sc.name, r.sc.route(upAddr, 1))
+		cc := c
+		if r.sc.bin != "" {
+			cc.caddyBin = r.sc.bin
+		}
+		gw, url, err := startCaddy(ctx, cc, r.sc.name, r.sc.route(upAddr, 1))
 		if err != nil {
 			return err
 		}
@@ -302,6 +340,19 @@ func runGroup(ctx context.Context, c config, runners []*runner, st *postgres.Sto
 			return fmt.Errorf("%s: warm-up: no successful delivery: %v", r.sc.name, warm.kinds)
 		}
 	}
+	defer func() {
+		for _, r := range runners {
+			if r.gw == nil {
+				continue
+			}
+			if lines := r.gw.batchSizes(); len(lines) > 0 {
+				if rep.BatchSizes == nil {
+					rep.BatchSizes = map[string][]string{}
+				}
+				rep.BatchSizes[r.sc.name] = lines
+			}
+		}
+	}()
 	for round := 1; round <= c.rounds; round++ {
 		for _, r := range runners {
 			if ctx.Err() != nil {
@@ -489,11 +540,20 @@ func ratios(m map[string]Result) (map[string]float64, map[string]string) {
 	div("new/postgres ÷ proxy", "new/postgres", "proxy")
 	div("new/sqlite ÷ proxy", "new/sqlite", "proxy")
 	div("async/ack ÷ respond", "async/ack", "respond")
+	div("dup/store"+before+" ÷ respond", "dup/store"+before, "respond")
+	div("new/postgres"+before+" ÷ proxy", "new/postgres"+before, "proxy")
+	div("new/sqlite"+before+" ÷ proxy", "new/sqlite"+before, "proxy")
+	div("new/postgres ÷ new/postgres"+before, "new/postgres", "new/postgres"+before)
+	div("new/sqlite ÷ new/sqlite"+before, "new/sqlite", "new/sqlite"+before)
+	div("dup/store ÷ dup/store"+before, "dup/store", "dup/store"+before)
 	if px, sl := m["proxy"].RPS, m["store-limit"].RPS; px > 0 && sl > 0 {
 		serial := 1 / (1/px + 1/sl)
 		r["serial (rps)"] = serial
 		if np := m["new/postgres"].RPS; np > 0 {
 			r["new/postgres ÷ serial"] = np / serial
+		}
+		if np := m["new/postgres"+before].RPS; np > 0 {
+			r["new/postgres"+before+" ÷ serial"] = np / serial
 		}
 	}
 	targets := map[string]string{}
@@ -517,7 +577,8 @@ func printTable(rep *LoadReport) {
 		rep.Machine.LoadBefore, rep.Machine.LoadAfter)
 	fmt.Println("| scenario | req/s | p50 ms | p99 ms | errors | gateway CPU ms/req | CPU cores: gateway / upstream / postgres / load gen | machine busy | WAL flushes/req |")
 	fmt.Println("| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
-	for _, sc := range []string{"respond", "proxy", "store-limit", "new/postgres", "new/sqlite", "dup/cached", "dup/store", "async/ack"} {
+	for _, sc := range []string{"respond", "proxy", "store-limit", "new/postgres", "new/postgres" + before, "new/sqlite",
+		"new/sqlite" + before, "dup/cached", "dup/store", "dup/store" + before, "async/ack"} {
 		r, ok := rep.Summary[sc]
 		if !ok {
 			continue
@@ -530,7 +591,10 @@ func printTable(rep *LoadReport) {
 			sc, r.RPS, r.P50ms, r.P99ms, r.Errors, gwms, r.CPU.Gateway, r.CPU.Upstream, r.CPU.Postgres, r.CPU.LoadGen, r.CPU.Machine*100, r.CPU.WALSyncsPerOp)
 	}
 	fmt.Println()
-	for _, k := range []string{"dup/cached ÷ respond", "dup/store ÷ respond", "new/postgres ÷ proxy", "new/sqlite ÷ proxy", "serial (rps)", "new/postgres ÷ serial"} {
+	for _, k := range []string{"dup/cached ÷ respond", "dup/store ÷ respond", "dup/store" + before + " ÷ respond",
+		"new/postgres ÷ proxy", "new/postgres" + before + " ÷ proxy", "new/sqlite ÷ proxy", "new/sqlite" + before + " ÷ proxy",
+		"serial (rps)", "new/postgres ÷ serial", "new/postgres" + before + " ÷ serial",
+		"new/postgres ÷ new/postgres" + before, "new/sqlite ÷ new/sqlite" + before, "dup/store ÷ dup/store" + before} {
 		if v, ok := rep.Ratios[k]; ok {
 			line := fmt.Sprintf("%-24s %.3f", k, v)
 			if rs := rep.RoundRatios[k]; len(rs) > 1 {

@@ -49,6 +49,10 @@ type config struct {
 	pprof     bool
 	poolConns int
 
+	// caddyBefore, when set, is a second binary (the code before a change)
+	// whose gateways run as "<scenario>@before" in the same groups.
+	caddyBefore string
+
 	growthRows     int
 	growthDuration time.Duration
 	growthWorkers  int
@@ -71,6 +75,7 @@ func main() {
 	var only string
 	flag.StringVar(&c.mode, "mode", "load", "load | growth | memory")
 	flag.StringVar(&c.caddyBin, "caddy", "bin/caddy", "the custom Caddy binary (go build -o bin/caddy ./xcaddy)")
+	flag.StringVar(&c.caddyBefore, "caddy-before", "", "a second binary (say, of the commit before a change): its gateways run as <scenario>@before, interleaved with the others")
 	flag.StringVar(&c.dsn, "dsn", envOr("BENCH_DATABASE_URL", envOr("TEST_DATABASE_URL",
 		"postgres://postgres@127.0.0.1:5432/test?sslmode=disable")), "PostgreSQL DSN ($BENCH_DATABASE_URL, $TEST_DATABASE_URL)")
 	flag.IntVar(&c.workers, "workers", 32, "concurrent workers (vegeta workers, store goroutines)")

@@ -82,6 +82,30 @@ func (c *child) profile(du time.Duration) (string, error) {
 	return path, err
 }
 
+// batchSizes returns the gateway's store_batch_size series from its
+// admin API's /metrics (none with the admin API off).
+func (c *child) batchSizes() []string {
+	if c.admin == "" || c.admin == "off" {
+		return nil
+	}
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + c.admin + "/metrics")
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil
+	}
+	var lines []string
+	for _, l := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(l, "caddy_webhook_idempotency_store_batch_size") {
+			lines = append(lines, l)
+		}
+	}
+	return lines
+}
+
 func (c *child) pid() int { return c.cmd.Process.Pid }
 
 // stop sends SIGTERM, waits up to 10s, then kills.

@@ -22,6 +22,7 @@ import (
 //	caddy_webhook_idempotency_cache_hits_total{scope}
 //	caddy_webhook_idempotency_cache_misses_total{scope}
 //	caddy_webhook_idempotency_body_mismatch_total{scope}
+//	caddy_webhook_idempotency_store_batch_size{op}
 var metrics = struct {
 	once         sync.Once
 	deliveries   *prometheus.CounterVec
@@ -98,7 +99,33 @@ func initMetrics(reg *prometheus.Registry) error {
 		}
 	})
 	return register(reg, metrics.deliveries, metrics.store, metrics.upstream,
-		metrics.inFlight, metrics.cacheHits, metrics.cacheMiss, metrics.bodyMismatch)
+		metrics.inFlight, metrics.cacheHits, metrics.cacheMiss, metrics.bodyMismatch, batchSizes)
+}
+
+// batchSizes is the store's group commit: operations per batch written,
+// by op (claim, complete, release, and transaction: all of a batch). It
+// exists before any handler, since stores are opened (and observe) before
+// the handler's metrics are registered.
+var batchSizes = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+	Namespace: ns, Subsystem: sub, Name: "store_batch_size",
+	Help:    "Store operations written per batch (one transaction, one commit), by op: claim, complete, release, transaction.",
+	Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
+}, []string{"op"})
+
+// batchObservers are batchSizes' series, resolved once.
+var batchObservers = func() map[string]prometheus.Observer {
+	m := map[string]prometheus.Observer{}
+	for _, op := range []string{"claim", "complete", "release", "transaction"} {
+		m[op] = batchSizes.WithLabelValues(op)
+	}
+	return m
+}()
+
+// observeBatch is the stores' store.BatchOptions.Observe.
+func observeBatch(op string, n int) {
+	if o, ok := batchObservers[op]; ok {
+		o.Observe(float64(n))
+	}
 }
 
 // Every collector is named caddy_webhook_idempotency_<name>.

@@ -156,4 +156,15 @@ func TestMetricsCountOutcomes(t *testing.T) {
 	require.Equal(t, 1, g.up.count(a))
 	require.Equal(t, 2, g.up.count(b))
 	require.Equal(t, 1, g.up.count(c))
+
+	// The store's batches (process-wide, so at least this test's): four
+	// claims that reached the store (a, b twice, c twice at least), three
+	// completes, one release, each batch a transaction.
+	batches := series(scrape(t), "caddy_webhook_idempotency_store_batch_size", "op", nil)
+	for op, least := range map[string]float64{"claim": 4, "complete": 3, "release": 1} {
+		require.NotNil(t, batches[op], "store_batch_size{op=%q} not exposed", op)
+		require.GreaterOrEqual(t, batches[op].GetHistogram().GetSampleSum(), least, op)
+	}
+	require.NotNil(t, batches["transaction"])
+	require.Positive(t, batches["transaction"].GetHistogram().GetSampleCount())
 }

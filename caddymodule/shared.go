@@ -65,9 +65,11 @@ func openBackend(c Storage, cacheEntries int) (*backend, bool, error) {
 		)
 		switch c.Backend {
 		case "postgres":
-			s, err = postgres.New(ctx, postgres.Options{DSN: c.DSN, Table: c.Table})
+			s, err = postgres.New(ctx, postgres.Options{DSN: c.DSN, Table: c.Table,
+				Batch: store.BatchOptions{Observe: observeBatch}})
 		case "sqlite":
-			s, err = sqlite.New(ctx, sqlite.Options{Path: c.Path, Table: c.Table})
+			s, err = sqlite.New(ctx, sqlite.Options{Path: c.Path, Table: c.Table,
+				Batch: store.BatchOptions{Observe: observeBatch}})
 		default:
 			err = fmt.Errorf("unknown storage backend %q", c.Backend)
 		}

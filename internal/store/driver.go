@@ -115,3 +115,60 @@ func ClaimableSQL(now, hold string) string {
 func ResolvableSQL(now string) string {
 	return `(state = '` + string(StateHeld) + `' OR (state = '` + string(StateProcessing) + `' AND lease_until <= ` + now + `))`
 }
+
+// BatchDriver is a Driver that writes many claims and settles in one
+// transaction, so that they share one commit (one WAL flush): Rules'
+// coalescer (see BatchOptions) gathers the operations of concurrent
+// deliveries and hands them to WriteBatch. A Driver without it is used one
+// statement per operation.
+type BatchDriver interface {
+	Driver
+	// WriteBatch runs b in one transaction and fills in the results of its
+	// claims and settles. b.Claims name distinct (scope, event ID) pairs
+	// (Rules removes the repeats first: ON CONFLICT cannot change one row
+	// twice in one statement). A claim reads its row and writes only when
+	// the row is absent or claimable, so a completed event costs no write.
+	// An error means the batch failed as a whole (or its commit is unknown):
+	// every operation in it fails with that error.
+	WriteBatch(ctx context.Context, b *Batch) error
+}
+
+// Batch is one transaction's worth of operations for BatchDriver. Its
+// settles are StmtComplete and StmtRelease; another token-keyed statement
+// (holding a claim, say) joins them by a case in each driver's WriteBatch
+// and a Rules method calling settleBatched, and until then runs unbatched
+// through Exec.
+type Batch struct {
+	Claims  []BatchClaim
+	Settles []BatchSettle
+}
+
+// BatchClaim is one claim of a Batch: the inputs of StmtClaim, and what
+// the driver found.
+type BatchClaim struct {
+	Scope, EventID, Token string
+	Lease                 time.Duration
+	Hold                  bool // ClaimParams.HoldOnExpiry
+
+	// Claimed: the row was inserted or taken over with Token; Attempts is
+	// its attempts.
+	Claimed bool
+	// When not Claimed, the row as the statement read it: State ("" when
+	// there was none), Attempts, Status, and the lease left by the database
+	// clock (0 when expired or not processing).
+	State     State
+	Attempts  int
+	Status    int
+	LeaseLeft time.Duration
+}
+
+// BatchSettle is one settle of a Batch: Stmt is StmtComplete (with Status)
+// or StmtRelease; Changed reports whether the row was still processing
+// under Token and changed.
+type BatchSettle struct {
+	Stmt                  Stmt
+	Scope, EventID, Token string
+	Status                int
+
+	Changed bool
+}

@@ -16,12 +16,27 @@ const maxClaimRounds = 5
 // meaning of each statement's result, over a backend's Driver.
 type Rules struct {
 	d Driver
+	// b is the coalescer of claims and settles; nil writes each operation
+	// on its own.
+	b *batcher
 }
 
 var _ Store = Rules{}
 
-// NewRules returns the Store over d.
+// NewRules returns the Store over d, one statement per operation.
 func NewRules(d Driver) Rules { return Rules{d: d} }
+
+// NewBatchedRules returns the Store over d whose claims, completes and
+// releases are written in batches (see BatchOptions) when d is a
+// BatchDriver and batching is not disabled; otherwise it is NewRules(d).
+// Close stops the batch writer.
+func NewBatchedRules(d Driver, opts BatchOptions) Rules {
+	bd, ok := d.(BatchDriver)
+	if !ok || opts.Disabled {
+		return NewRules(d)
+	}
+	return Rules{d: d, b: newBatcher(bd, opts)}
+}
 
 // Claim claims (p.Scope, p.EventID) with the driver's one claim statement;
 // when the row is not claimable it reads the row to report Duplicate (with
@@ -30,10 +45,68 @@ func NewRules(d Driver) Rules { return Rules{d: d} }
 // processing row whose lease has expired is moved to held (only if it still
 // carries the token that was read) and Held is returned. p.Lease must be
 // positive. Errors are store failures.
+//
+// Batched (NewBatchedRules), the claim joins the next batch; the driver
+// reads the row and writes it only when absent or claimable, so a
+// duplicate of a completed event is answered from the read. Two claims of
+// one (scope, event ID) in a batch resolve as one after the other: the
+// first decides, the second is InFlight behind it (or reads what the first
+// read). A claim the batch could not decide (the row changed between the
+// read and the write, or an expired claim to hold) takes the one-statement
+// path below.
 func (r Rules) Claim(ctx context.Context, p ClaimParams) (Claim, error) {
 	if p.Lease <= 0 {
 		return Claim{}, fmt.Errorf("claiming event: lease must be positive, got %s", p.Lease)
 	}
+	// A claim with a request fingerprint (Idempotency-Key mode) records it
+	// and reads the holder's back to compare: the one-row statements do
+	// both; the batch statements carry neither, so such claims are not
+	// batched.
+	if r.b != nil && p.Fingerprint == "" {
+		c, ok, err := r.claimBatched(ctx, p)
+		if err != nil {
+			return Claim{}, fmt.Errorf("claiming event: %w", err)
+		}
+		if ok {
+			return c, nil
+		}
+	}
+	return r.claimOne(ctx, p)
+}
+
+// claimBatched claims through the coalescer; ok is false when the batch
+// did not decide the claim.
+func (r Rules) claimBatched(ctx context.Context, p ClaimParams) (c Claim, ok bool, err error) {
+	bc := &BatchClaim{Scope: p.Scope, EventID: p.EventID, Token: NewToken(), Lease: p.Lease, Hold: p.HoldOnExpiry}
+	o := &op{claim: bc}
+	if err := r.b.do(ctx, o); err != nil {
+		return Claim{}, false, err
+	}
+	if l := o.follows; l != nil {
+		if l.Claimed {
+			return Claim{Outcome: InFlight, Attempts: l.Attempts, RetryAfter: RetryAfter(l.Lease)}, true, nil
+		}
+		bc = l
+	}
+	if bc.Claimed {
+		return Claim{Outcome: Claimed, Token: bc.Token, Attempts: bc.Attempts}, true, nil
+	}
+	switch bc.State {
+	case StateCompleted:
+		return Claim{Outcome: Duplicate, Attempts: bc.Attempts, Status: bc.Status}, true, nil
+	case StateHeld:
+		return Claim{Outcome: Held, Attempts: bc.Attempts}, true, nil
+	case StateProcessing:
+		if bc.LeaseLeft > 0 {
+			return Claim{Outcome: InFlight, Attempts: bc.Attempts, RetryAfter: RetryAfter(bc.LeaseLeft)}, true, nil
+		}
+	}
+	return Claim{}, false, nil
+}
+
+// claimOne claims with the one-statement algorithm: the claim statement,
+// then the read that explains a refusal.
+func (r Rules) claimOne(ctx context.Context, p ClaimParams) (Claim, error) {
 	for range maxClaimRounds {
 		token := NewToken()
 		var attempts int
@@ -115,18 +188,36 @@ func (r Rules) Heartbeat(ctx context.Context, scope, eventID, token string, leas
 // Complete marks the claimed event completed with the upstream's HTTP
 // status. It returns ErrLeaseLost if the row is not processing under token.
 func (r Rules) Complete(ctx context.Context, scope, eventID, token string, status int) error {
+	if r.b != nil {
+		return leaseHeld("completing event")(r.settleBatched(ctx,
+			BatchSettle{Stmt: StmtComplete, Scope: scope, EventID: eventID, Token: token, Status: status}))
+	}
 	return leaseHeld("completing event")(r.d.Exec(ctx, StmtComplete, scope, eventID, token, status))
 }
 
 // Release marks the claimed event released, so the next delivery claims it
 // again. It returns ErrLeaseLost if the row is not processing under token.
 func (r Rules) Release(ctx context.Context, scope, eventID, token string) error {
+	if r.b != nil {
+		return leaseHeld("releasing event")(r.settleBatched(ctx,
+			BatchSettle{Stmt: StmtRelease, Scope: scope, EventID: eventID, Token: token}))
+	}
 	return leaseHeld("releasing event")(r.d.Exec(ctx, StmtRelease, scope, eventID, token))
 }
 
 // Hold parks the claimed event in StateHeld at once (see Store.Hold).
 func (r Rules) Hold(ctx context.Context, scope, eventID, token string) error {
 	return leaseHeld("holding event")(r.d.Exec(ctx, StmtHold, scope, eventID, token))
+}
+
+// settleBatched writes s in the next batch and reports whether it changed
+// its row.
+func (r Rules) settleBatched(ctx context.Context, s BatchSettle) (changed bool, err error) {
+	o := &op{settle: &s}
+	if err := r.b.do(ctx, o); err != nil {
+		return false, err
+	}
+	return s.Changed, nil
 }
 
 // leaseHeld is the rule of every statement keyed by a claim's token: no row
@@ -239,9 +330,6 @@ func (r Rules) DeleteBefore(ctx context.Context, scopes []string, cutoff time.Ti
 	return n, nil
 }
 
-// Close closes the driver.
-func (r Rules) Close() error { return r.d.Close() }
-
 // CompleteResponse marks the claimed event completed with resp.Status and
 // stores resp with it (headers as EncodeHeader writes them; the body only
 // when resp.BodyStored). It returns ErrLeaseLost if the row is not
@@ -288,4 +376,13 @@ func (r Rules) Response(ctx context.Context, scope, eventID string) (Response, e
 		resp.Body = nil
 	}
 	return resp, nil
+}
+
+// Close stops the batch writer, if any (operations still queued fail with
+// ErrClosed), and closes the driver.
+func (r Rules) Close() error {
+	if r.b != nil {
+		r.b.close()
+	}
+	return r.d.Close()
 }

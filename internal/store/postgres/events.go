@@ -17,6 +17,7 @@ import (
 type queries struct {
 	stmts                  [store.NumStmts]string
 	get, list, deleteBatch string
+	batch                  batchQueries
 }
 
 const columns = `scope, event_id, state, attempts, first_seen, updated_at, lease_until, completed_at, status,
@@ -79,8 +80,9 @@ func buildQueries(ident pgx.Identifier) queries {
 					response_sha256, fingerprint
 				FROM ` + t + ` WHERE scope = $1 AND event_id = $2 AND state = 'completed' AND response_headers IS NOT NULL`,
 		},
-		get:  `SELECT ` + columns + ` FROM ` + t + ` WHERE scope = $1 AND event_id = $2`,
-		list: `SELECT ` + columns + ` FROM ` + t,
+		batch: buildBatchQueries(t),
+		get:   `SELECT ` + columns + ` FROM ` + t + ` WHERE scope = $1 AND event_id = $2`,
+		list:  `SELECT ` + columns + ` FROM ` + t,
 		// Bounded: at most $2 rows of the scopes $3, skipping rows other
 		// sessions hold (a claim in progress), never a processing row.
 		deleteBatch: `DELETE FROM ` + t + ` WHERE (scope, event_id) IN (
@@ -98,6 +100,7 @@ type dbtx interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 // driver is the store.Driver of PostgreSQL: the statements of queries on

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/e2e"
@@ -140,6 +141,17 @@ func TestFailoverFromFencedPrimary(t *testing.T) {
 	defer s.Close()
 	failed, errs := claimConcurrently(s, 8)
 	require.Zero(t, failed, "claims on the primary: %v", errs)
+	// Claims are group-committed through one connection; open several so
+	// the fence meets more than one.
+	var conns []*pgxpool.Conn
+	for range 4 {
+		conn, err := s.Pool().Acquire(ctx)
+		require.NoError(t, err)
+		conns = append(conns, conn)
+	}
+	for _, conn := range conns {
+		conn.Release()
+	}
 	require.GreaterOrEqual(t, s.Pool().Stat().IdleConns(), int32(4), "the pool holds several connections")
 
 	require.NoError(t, c.Primary.Exec(ctx, "postgres", "ALTER SYSTEM SET default_transaction_read_only = on"))

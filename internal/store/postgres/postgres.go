@@ -28,6 +28,13 @@ import (
 // twice each (BENCHMARKS.md: 2x the new deliveries per second with 16).
 const DefaultMaxConns = 16
 
+// DefaultBatchWriters is how many batches of claims and settles one store
+// writes at once unless Options.Batch.Writers says otherwise (see
+// store.BatchOptions.Writers). One: in BENCHMARKS.md four writers gave the
+// same deliveries per second (1.04x, within the rounds' noise) for 2.7x
+// PostgreSQL's CPU and 1.7x the WAL flushes, their batches being smaller.
+const DefaultBatchWriters = 1
+
 const (
 	defaultConnectTimeout   = 5 * time.Second
 	defaultMigrationTimeout = time.Minute
@@ -61,6 +68,10 @@ type Options struct {
 	MaxConns int32
 	// Logger receives the migration log. Nil discards it.
 	Logger *slog.Logger
+	// Batch configures group commit: concurrent claims, completes and
+	// releases are written together, one pipelined transaction (one
+	// commit, one WAL flush) per batch. See store.BatchOptions.
+	Batch store.BatchOptions
 }
 
 // Store is a store.Store backed by PostgreSQL: store.Rules over this
@@ -125,7 +136,8 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 	}
 
 	s := &Store{pool: pool, table: table, q: buildQueries(ident), sq: buildSecretQueries(ident)}
-	s.Rules = store.NewRules(driver{db: pool, q: &s.q, pool: pool})
+	d := driver{db: pool, q: &s.q, pool: pool}
+	s.Rules = store.NewRules(d)
 	if err := s.migrate(ctx, ident, opts); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("migrating postgres table %s: %s", table, redact(opts.DSN, err.Error()))
@@ -134,6 +146,10 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 		pool.Close()
 		return nil, fmt.Errorf("migrating postgres table %s_secrets: %s", table, redact(opts.DSN, err.Error()))
 	}
+	if opts.Batch.Writers <= 0 {
+		opts.Batch.Writers = DefaultBatchWriters
+	}
+	s.Rules = store.NewBatchedRules(d, opts.Batch)
 	return s, nil
 }
 

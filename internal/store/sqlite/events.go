@@ -88,6 +88,10 @@ func buildQueries(t string) queries {
 type driver struct {
 	db *sql.DB
 	q  *queries
+	// prepared are the statements of a batch, prepared once on the single
+	// connection (modernc.org/sqlite keeps none: each would be parsed again
+	// per call); nil entries are prepared per call.
+	prepared *[store.NumStmts]*sql.Stmt
 }
 
 var _ store.Driver = driver{}
@@ -154,7 +158,16 @@ func (d driver) DeleteRows(ctx context.Context, scopes []string, cutoff time.Tim
 	return int(n), interpretError(err)
 }
 
-func (d driver) Close() error { return interpretError(d.db.Close()) }
+func (d driver) Close() error {
+	if d.prepared != nil {
+		for _, st := range d.prepared {
+			if st != nil {
+				_ = st.Close()
+			}
+		}
+	}
+	return interpretError(d.db.Close())
+}
 
 // QueryRow runs a statement that returns one row; see args.
 func (d driver) QueryRow(ctx context.Context, stmt store.Stmt, args ...any) store.Row {

@@ -41,6 +41,10 @@ type Options struct {
 	Table string
 	// Logger receives the migration log. Nil discards it.
 	Logger *slog.Logger
+	// Batch configures group commit: concurrent claims, completes and
+	// releases are written in one transaction (one commit, one fsync) per
+	// batch. See store.BatchOptions.
+	Batch store.BatchOptions
 }
 
 // Store is a store.Store backed by an SQLite file: store.Rules over this
@@ -96,11 +100,17 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("sqlite: opening %s: %w", path, interpretError(err))
 	}
 	s := &Store{db: db, table: opts.Table, q: buildQueries(quoteIdent(opts.Table)), sq: buildSecretQueries(opts.Table)}
-	s.Rules = store.NewRules(driver{db: db, q: &s.q})
+	d := driver{db: db, q: &s.q}
+	s.Rules = store.NewRules(d)
 	if err := s.migrate(ctx, opts); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("sqlite: migrating table %s: %w", opts.Table, interpretError(err))
 	}
+	if d.prepared, err = d.prepare(ctx); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("sqlite: preparing statements: %w", interpretError(err))
+	}
+	s.Rules = store.NewBatchedRules(d, opts.Batch)
 	return s, nil
 }
 

@@ -36,6 +36,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	exerciseRetention(t, newStore)
 	exerciseKeys(t, newStore)
 	exerciseResponse(t, newStore)
+	exerciseConcurrent(t, newStore)
 }
 
 // claim claims (scope, id) with the suite's lease.

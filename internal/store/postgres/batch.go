@@ -1,0 +1,258 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
+)
+
+// batchQueries are the statements of WriteBatch: each takes a whole batch
+// as arrays, unnested WITH ORDINALITY so results come back by position.
+type batchQueries struct {
+	claim, complete, release string
+	// claimOne is claim for a batch of one, on scalars: cheaper to plan.
+	claimOne string
+}
+
+// buildBatchQueries builds the batch statements on the quoted table t.
+func buildBatchQueries(t string) batchQueries {
+	return batchQueries{
+		// $1 scopes, $2 event IDs, $3 tokens, $4 leases in microseconds, $5
+		// hold (the batch is split by it). cur reads each row first; only
+		// the rows that read as absent or claimable enter the INSERT, so a
+		// completed (held, live) row is answered from the read: no row lock,
+		// no WAL, and a statement that writes nothing commits without a
+		// flush. The INSERT still decides by the primary key: a row that
+		// changed since the read is judged again by ON CONFLICT ... WHERE,
+		// and a refused one comes back unclaimed for the store to explain.
+		claim: `WITH i AS (
+				SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[])
+					WITH ORDINALITY AS i(scope, event_id, token, lease, ord)
+			), cur AS (
+				SELECT i.ord, e.state, e.attempts, e.status,
+					COALESCE(GREATEST(0, CEIL(EXTRACT(EPOCH FROM (e.lease_until - now())) * 1000000)), 0)::bigint AS lease_left,
+					(e.state IS NULL OR (` + store.ClaimableSQL("now()", "$5::boolean") + `)) AS claimable
+				FROM i LEFT JOIN ` + t + ` e ON e.scope = i.scope AND e.event_id = i.event_id
+			), ins AS (
+				INSERT INTO ` + t + ` AS e
+					(scope, event_id, state, token, attempts, lease_until, first_seen, updated_at)
+				SELECT i.scope, i.event_id, 'processing', i.token, 1, now() + i.lease * interval '1 microsecond', now(), now()
+				FROM i JOIN cur ON cur.ord = i.ord
+				WHERE cur.claimable
+				ORDER BY i.ord
+				ON CONFLICT (scope, event_id) DO UPDATE SET
+					state        = 'processing',
+					token        = EXCLUDED.token,
+					attempts     = e.attempts + 1,
+					lease_until  = EXCLUDED.lease_until,
+					updated_at   = EXCLUDED.updated_at,
+					completed_at = NULL,
+					status       = 0
+				WHERE ` + store.ClaimableSQL("now()", "$5::boolean") + `
+				RETURNING e.scope, e.event_id, e.attempts
+			)
+			SELECT ins.attempts IS NOT NULL, COALESCE(ins.attempts, cur.attempts, 0),
+				COALESCE(cur.state, ''), COALESCE(cur.status, 0), cur.lease_left
+			FROM i JOIN cur ON cur.ord = i.ord
+			LEFT JOIN ins ON ins.scope = i.scope AND ins.event_id = i.event_id
+			ORDER BY i.ord`,
+		// claim for one row: $1 scope, $2 event ID, $3 token, $4 lease in
+		// microseconds, $5 hold; the same columns.
+		claimOne: `WITH cur AS (
+				SELECT e.state, e.attempts, e.status,
+					COALESCE(GREATEST(0, CEIL(EXTRACT(EPOCH FROM (e.lease_until - now())) * 1000000)), 0)::bigint AS lease_left,
+					(` + store.ClaimableSQL("now()", "$5::boolean") + `) AS claimable
+				FROM ` + t + ` e WHERE e.scope = $1 AND e.event_id = $2
+			), ins AS (
+				INSERT INTO ` + t + ` AS e
+					(scope, event_id, state, token, attempts, lease_until, first_seen, updated_at)
+				SELECT $1, $2, 'processing', $3, 1, now() + $4::bigint * interval '1 microsecond', now(), now()
+				WHERE COALESCE((SELECT claimable FROM cur), true)
+				ON CONFLICT (scope, event_id) DO UPDATE SET
+					state        = 'processing',
+					token        = EXCLUDED.token,
+					attempts     = e.attempts + 1,
+					lease_until  = EXCLUDED.lease_until,
+					updated_at   = EXCLUDED.updated_at,
+					completed_at = NULL,
+					status       = 0
+				WHERE ` + store.ClaimableSQL("now()", "$5::boolean") + `
+				RETURNING e.attempts
+			)
+			SELECT ins.attempts IS NOT NULL, COALESCE(ins.attempts, cur.attempts, 0),
+				COALESCE(cur.state, ''), COALESCE(cur.status, 0), COALESCE(cur.lease_left, 0)
+			FROM (SELECT 1) one LEFT JOIN cur ON true LEFT JOIN ins ON true`,
+		// $1 scopes, $2 event IDs, $3 tokens, $4 statuses; returns the
+		// positions of the rows changed.
+		complete: `UPDATE ` + t + ` AS e SET state = 'completed', status = i.status, token = '', lease_until = NULL,
+				completed_at = now(), updated_at = now()
+			FROM unnest($1::text[], $2::text[], $3::text[], $4::int[]) WITH ORDINALITY AS i(scope, event_id, token, status, ord)
+			WHERE e.scope = i.scope AND e.event_id = i.event_id AND e.token = i.token AND e.state = 'processing'
+			RETURNING i.ord`,
+		release: `UPDATE ` + t + ` AS e SET state = 'released', token = '', lease_until = NULL, updated_at = now()
+			FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS i(scope, event_id, token, ord)
+			WHERE e.scope = i.scope AND e.event_id = i.event_id AND e.token = i.token AND e.state = 'processing'
+			RETURNING i.ord`,
+	}
+}
+
+var _ store.BatchDriver = driver{}
+
+// compareKeys orders rows by (scope, event ID): every batch takes its row
+// locks in this order, so two gateways' batches wait for each other
+// instead of deadlocking.
+func compareKeys(scopeA, idA, scopeB, idB string) int {
+	if c := strings.Compare(scopeA, scopeB); c != 0 {
+		return c
+	}
+	return strings.Compare(idA, idB)
+}
+
+// WriteBatch sends b's statements (at most one claim statement per hold
+// value, one complete, one release) as one pipelined pgx batch: a single
+// round trip and one implicit transaction (one Sync), so one commit.
+func (d driver) WriteBatch(ctx context.Context, b *store.Batch) error {
+	if len(b.Claims) == 0 && len(b.Settles) == 1 {
+		// A lone settle: the one-row statement, cheaper to plan and run.
+		s := &b.Settles[0]
+		args := []any{s.Scope, s.EventID, s.Token}
+		if s.Stmt == store.StmtComplete {
+			args = append(args, s.Status)
+		}
+		changed, err := d.Exec(ctx, s.Stmt, args...)
+		s.Changed = changed
+		return err
+	}
+	if len(b.Claims) == 1 && len(b.Settles) == 0 {
+		// A lone claim: the one-row statement, cheaper to plan and run.
+		c := &b.Claims[0]
+		var (
+			state  string
+			micros int64
+		)
+		err := d.db.QueryRow(ctx, d.q.batch.claimOne, c.Scope, c.EventID, c.Token, leaseMicros(c.Lease), c.Hold).
+			Scan(&c.Claimed, &c.Attempts, &state, &c.Status, &micros)
+		c.State, c.LeaseLeft = store.State(state), time.Duration(micros)*time.Microsecond
+		return interpretError(err)
+	}
+	var (
+		pb     pgx.Batch
+		reads  []func(pgx.Rows) error
+		groups [2][]int // claim positions by hold
+	)
+	for n, c := range b.Claims {
+		h := 0
+		if c.Hold {
+			h = 1
+		}
+		groups[h] = append(groups[h], n)
+	}
+	for h, idx := range groups {
+		if len(idx) == 0 {
+			continue
+		}
+		slices.SortFunc(idx, func(x, y int) int {
+			return compareKeys(b.Claims[x].Scope, b.Claims[x].EventID, b.Claims[y].Scope, b.Claims[y].EventID)
+		})
+		scopes, ids, tokens := make([]string, len(idx)), make([]string, len(idx)), make([]string, len(idx))
+		leases := make([]int64, len(idx))
+		for k, n := range idx {
+			c := &b.Claims[n]
+			scopes[k], ids[k], tokens[k], leases[k] = c.Scope, c.EventID, c.Token, leaseMicros(c.Lease)
+		}
+		pb.Queue(d.q.batch.claim, scopes, ids, tokens, leases, h == 1)
+		reads = append(reads, func(rows pgx.Rows) error {
+			defer rows.Close()
+			k := 0
+			for rows.Next() {
+				if k >= len(idx) {
+					break
+				}
+				c := &b.Claims[idx[k]]
+				var (
+					state  string
+					micros int64
+				)
+				if err := rows.Scan(&c.Claimed, &c.Attempts, &state, &c.Status, &micros); err != nil {
+					return err
+				}
+				c.State, c.LeaseLeft = store.State(state), time.Duration(micros)*time.Microsecond
+				k++
+			}
+			return rows.Err()
+		})
+	}
+	for _, s := range b.Settles {
+		if s.Stmt != store.StmtComplete && s.Stmt != store.StmtRelease {
+			return fmt.Errorf("batch: statement %d is not a batched settle", s.Stmt)
+		}
+	}
+	for _, stmt := range [...]store.Stmt{store.StmtComplete, store.StmtRelease} {
+		var idx []int
+		for n, s := range b.Settles {
+			if s.Stmt == stmt {
+				idx = append(idx, n)
+			}
+		}
+		if len(idx) == 0 {
+			continue
+		}
+		slices.SortFunc(idx, func(x, y int) int {
+			return compareKeys(b.Settles[x].Scope, b.Settles[x].EventID, b.Settles[y].Scope, b.Settles[y].EventID)
+		})
+		scopes, ids, tokens := make([]string, len(idx)), make([]string, len(idx)), make([]string, len(idx))
+		statuses := make([]int32, len(idx))
+		for k, n := range idx {
+			s := &b.Settles[n]
+			scopes[k], ids[k], tokens[k], statuses[k] = s.Scope, s.EventID, s.Token, int32(s.Status)
+		}
+		if stmt == store.StmtComplete {
+			pb.Queue(d.q.batch.complete, scopes, ids, tokens, statuses)
+		} else {
+			pb.Queue(d.q.batch.release, scopes, ids, tokens)
+		}
+		reads = append(reads, func(rows pgx.Rows) error {
+			defer rows.Close()
+			for rows.Next() {
+				var ord int64
+				if err := rows.Scan(&ord); err != nil {
+					return err
+				}
+				if ord >= 1 && int(ord) <= len(idx) {
+					b.Settles[idx[ord-1]].Changed = true
+				}
+			}
+			return rows.Err()
+		})
+	}
+	switch len(reads) {
+	case 0:
+		return nil
+	case 1:
+		// One statement needs no pipeline: its own implicit transaction.
+		q := pb.QueuedQueries[0]
+		rows, err := d.db.Query(ctx, q.SQL, q.Arguments...)
+		if err != nil {
+			return interpretError(err)
+		}
+		return interpretError(reads[0](rows))
+	}
+	br := d.db.SendBatch(ctx, &pb)
+	for _, read := range reads {
+		rows, err := br.Query()
+		if err == nil {
+			err = read(rows)
+		}
+		if err != nil {
+			_ = br.Close()
+			return interpretError(err)
+		}
+	}
+	return interpretError(br.Close())
+}

@@ -1,0 +1,134 @@
+package storetest
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
+)
+
+// exerciseConcurrent covers claims and settles of many concurrent
+// deliveries, repeats of one event ID among them: what a store's batching
+// (group commit) must leave exactly as one statement per operation would.
+func exerciseConcurrent(t *testing.T, newStore func(t *testing.T) store.Store) {
+	t.Helper()
+
+	t.Run("ConcurrentDuplicatesOneClaimEach", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		const (
+			workers = 16 // goroutines per event ID
+			events  = 40
+		)
+		type result struct {
+			id string
+			c  store.Claim
+		}
+		var (
+			wg      sync.WaitGroup
+			results = make(chan result, workers*events)
+			start   = make(chan struct{})
+		)
+		for w := range workers {
+			wg.Go(func() {
+				<-start
+				for e := range events {
+					// Each worker walks the IDs from its own offset, so repeats
+					// of an ID arrive together and apart.
+					id := fmt.Sprintf("evt_c%d", (e+w)%events)
+					c, err := s.Claim(t.Context(), store.ClaimParams{Scope: "stripe", EventID: id, Lease: lease})
+					if err != nil {
+						t.Errorf("claim %s: %v", id, err)
+						return
+					}
+					results <- result{id, c}
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		close(results)
+
+		winners := map[string]store.Claim{}
+		n := 0
+		for r := range results {
+			n++
+			switch r.c.Outcome {
+			case store.Claimed:
+				_, dup := winners[r.id]
+				require.False(t, dup, "%s claimed twice", r.id)
+				require.NotEmpty(t, r.c.Token)
+				require.Equal(t, 1, r.c.Attempts)
+				winners[r.id] = r.c
+			case store.InFlight:
+				require.Equal(t, 1, r.c.Attempts, "%s", r.id)
+				require.GreaterOrEqual(t, r.c.RetryAfter.Seconds(), 1.0)
+				require.LessOrEqual(t, r.c.RetryAfter, lease)
+				require.Empty(t, r.c.Token)
+			default:
+				t.Fatalf("%s: outcome %s, want claimed or in_flight", r.id, r.c.Outcome)
+			}
+		}
+		require.Equal(t, workers*events, n)
+		require.Len(t, winners, events, "every event ID claimed exactly once")
+
+		// Settle them all at once: half completed, half released.
+		var settle sync.WaitGroup
+		for id, c := range winners {
+			settle.Go(func() {
+				var err error
+				if id[len(id)-1]%2 == 0 {
+					err = s.Complete(t.Context(), "stripe", id, c.Token, 200)
+				} else {
+					err = s.Release(t.Context(), "stripe", id, c.Token)
+				}
+				if err != nil {
+					t.Errorf("settling %s: %v", id, err)
+				}
+			})
+		}
+		settle.Wait()
+		for id, c := range winners {
+			require.ErrorIs(t, s.Complete(t.Context(), "stripe", id, c.Token, 200), store.ErrLeaseLost, id)
+		}
+
+		// Again all together: completed IDs are duplicates, released ones
+		// are claimed once more (attempt 2), exactly once.
+		var (
+			again   sync.WaitGroup
+			mu      sync.Mutex
+			claimed = map[string]int{}
+		)
+		for range 4 {
+			for id := range winners {
+				again.Go(func() {
+					c, err := s.Claim(t.Context(), store.ClaimParams{Scope: "stripe", EventID: id, Lease: lease})
+					if err != nil {
+						t.Errorf("claim %s: %v", id, err)
+						return
+					}
+					mu.Lock()
+					defer mu.Unlock()
+					completed := id[len(id)-1]%2 == 0
+					switch {
+					case completed && c.Outcome == store.Duplicate && c.Status == 200:
+					case !completed && c.Outcome == store.Claimed && c.Attempts == 2:
+						claimed[id]++
+					case !completed && c.Outcome == store.InFlight && c.Attempts == 2:
+					default:
+						t.Errorf("%s (completed %v): %+v", id, completed, c)
+					}
+				})
+			}
+		}
+		again.Wait()
+		for id := range winners {
+			if id[len(id)-1]%2 != 0 {
+				require.Equal(t, 1, claimed[id], "%s claimed again exactly once", id)
+			}
+		}
+	})
+}
