@@ -446,19 +446,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	d := delivery{h: h, start: start}
 	defer d.log()
 
-	// The body buffer is pooled for deliveries answered at the edge. Once a
-	// request is forwarded the transport may still read its body after the
-	// next handler returns, so that buffer is left to the garbage collector.
-	buf := bufPool.Get().(*bytes.Buffer)
-	buf.Reset()
-	forwarded := false
-	defer func() {
-		if !forwarded && buf.Cap() <= maxPooledBuf {
-			bufPool.Put(buf)
-		}
-	}()
+	buf := getBodyBuf()
+	defer buf.release()
 
-	raw, signed, status, reason := h.readBody(w, r, buf)
+	raw, signed, status, reason := h.readBody(w, r, buf.Buffer)
 	if status != 0 {
 		d.outcome, d.reason = outcomeFor(status), reason
 		respondError(w, status, reason, 0)
@@ -466,7 +457,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	// The upstream gets the bytes exactly as they arrived.
 	forwardable := func() *http.Request {
-		forwarded = true
+		buf.forwarded = true
 		r.Body = io.NopCloser(bytes.NewReader(raw))
 		r.ContentLength = int64(len(raw))
 		return r
@@ -994,6 +985,29 @@ func (h *Handler) sweepOnce(ctx context.Context, now time.Time) (int, error) {
 var retentionInterval = 10 * time.Minute
 
 const maxPooledBuf = 1 << 20
+
+// bodyBuf is a pooled buffer for a request body. The body buffer is pooled
+// for deliveries answered at the edge. Once a request is forwarded the
+// transport may still read its body after the next handler returns, so
+// that buffer is left to the garbage collector.
+type bodyBuf struct {
+	*bytes.Buffer
+	forwarded bool // set when the body is handed to the next handler
+}
+
+func getBodyBuf() *bodyBuf {
+	b := bufPool.Get().(*bytes.Buffer)
+	b.Reset()
+	return &bodyBuf{Buffer: b}
+}
+
+// release returns the buffer to the pool unless it was forwarded or grew
+// past maxPooledBuf.
+func (b *bodyBuf) release() {
+	if !b.forwarded && b.Cap() <= maxPooledBuf {
+		bufPool.Put(b.Buffer)
+	}
+}
 
 var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 

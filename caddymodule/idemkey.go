@@ -293,15 +293,9 @@ func (h *Handler) serveIdempotencyKey(w http.ResponseWriter, r *http.Request, ne
 		return nil
 	}
 
-	buf := bufPool.Get().(*bytes.Buffer)
-	buf.Reset()
-	forwarded := false
-	defer func() {
-		if !forwarded && buf.Cap() <= maxPooledBuf {
-			bufPool.Put(buf)
-		}
-	}()
-	raw, _, status, reason := h.readBody(w, r, buf)
+	buf := getBodyBuf()
+	defer buf.release()
+	raw, _, status, reason := h.readBody(w, r, buf.Buffer)
 	if status != 0 {
 		d.outcome, d.reason = outcomeFor(status), reason
 		respondProblem(w, status, http.StatusText(status), reason, 0)
@@ -359,7 +353,7 @@ func (h *Handler) serveIdempotencyKey(w http.ResponseWriter, r *http.Request, ne
 	default:
 		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("unexpected claim outcome %v", claim.Outcome))
 	}
-	forwarded = true
+	buf.forwarded = true
 	r.Body = io.NopCloser(bytes.NewReader(raw))
 	r.ContentLength = int64(len(raw))
 	return h.forward(w, r, next, []claimRef{{scope: h.Scope, id: id, token: claim.Token}}, &d)
