@@ -12,6 +12,6 @@ bin/upstream -listen 127.0.0.1:9000 &
 up=$!
 trap 'kill $up 2>/dev/null || true' EXIT INT TERM
 
-echo "gateway: http://127.0.0.1:8080/webhooks/stripe  (secret \$STRIPE_WEBHOOK_SECRET=$STRIPE_WEBHOOK_SECRET)"
+echo "gateway: http://127.0.0.1:8080/webhooks/stripe  (secret from \$STRIPE_WEBHOOK_SECRET; its value is never printed)"
 echo "in another terminal:  make demo   (delivers one event five times; the upstream counts one)"
 bin/caddy run --config examples/demo.Caddyfile --adapter caddyfile
