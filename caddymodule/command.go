@@ -456,7 +456,9 @@ func sendSigned(ctx context.Context, out io.Writer, p signParams, to string, tim
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return false, fmt.Errorf("reading the answer: %w", err)
+		// The status line arrived (the upstream may have done the work):
+		// say which, so a cut answer is not mistaken for no answer.
+		return false, fmt.Errorf("reading the answer (status %d received, body cut after %d bytes): %w", resp.StatusCode, len(body), err)
 	}
 	id := d.EventID
 	if id == "" {

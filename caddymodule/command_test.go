@@ -289,3 +289,23 @@ func TestCommandEndToEnd(t *testing.T) {
 	require.Contains(t, out, "status: 400\n")
 	require.Contains(t, out, "no matching signature")
 }
+
+// A cut answer is reported with the status that arrived, so an operator can
+// tell "the upstream answered 200, then the body was cut" from "no answer".
+func TestSendSignedReportsStatusOfCutAnswer(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Length", "10000")
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, strings.Repeat("x", 100))
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler) // the connection is closed mid-body
+	}))
+	t.Cleanup(srv.Close)
+	var out bytes.Buffer
+	ok, err := sendSigned(t.Context(), &out, signParams{Provider: "stripe", Secret: "whsec_cut"}, srv.URL, 5*time.Second)
+	require.False(t, ok)
+	require.ErrorContains(t, err, "status 200 received, body cut after 100 bytes")
+	require.NotContains(t, err.Error(), "whsec_cut")
+}
