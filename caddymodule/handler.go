@@ -949,6 +949,9 @@ func (h *Handler) readWithDeadline(w http.ResponseWriter, buf *bytes.Buffer, bod
 
 // isTimeout reports a read that ended on a deadline.
 func isTimeout(err error) bool {
+	if err == nil {
+		return false // the common case, without errors.As's allocation
+	}
 	var ne net.Error
 	return errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
@@ -995,10 +998,12 @@ type bodyBuf struct {
 	forwarded bool // set when the body is handed to the next handler
 }
 
-func getBodyBuf() *bodyBuf {
+// getBodyBuf takes a buffer from the pool. It returns a value, not a
+// pointer, so a delivery costs no allocation for it.
+func getBodyBuf() bodyBuf {
 	b := bufPool.Get().(*bytes.Buffer)
 	b.Reset()
-	return &bodyBuf{Buffer: b}
+	return bodyBuf{Buffer: b}
 }
 
 // release returns the buffer to the pool unless it was forwarded or grew
