@@ -42,6 +42,23 @@ func adminDo(t *testing.T, method, path string) adminAnswer {
 	return a
 }
 
+// adminSettled reads an event through the admin API once it is no longer
+// processing: the gateway completes an event just after its answer
+// (settle.go), so a read right after a delivery may see it in flight. At most
+// 50 reads, 20 ms apart.
+func adminSettled(t *testing.T, scope, id string) adminAnswer {
+	t.Helper()
+	var a adminAnswer
+	for range 50 {
+		a = adminDo(t, http.MethodGet, eventPath(scope, id))
+		if a.status != http.StatusOK || a.body["state"] != "processing" {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return a
+}
+
 func eventPath(scope, id string) string {
 	return adminPrefix + "events/" + url.PathEscape(scope) + "/" + url.PathEscape(id)
 }
@@ -70,7 +87,7 @@ func TestAdminAPI(t *testing.T) {
 	id := "evt_" + randomHex(8)
 	t.Run("get, forget, and the next delivery is forwarded", func(t *testing.T) {
 		require.Equal(t, 200, deliver(id).status)
-		a := adminDo(t, http.MethodGet, eventPath(g.scope, id))
+		a := adminSettled(t, g.scope, id)
 		require.Equal(t, http.StatusOK, a.status, a.raw)
 		require.Equal(t, g.scope, a.body["scope"])
 		require.Equal(t, id, a.body["event_id"])
@@ -99,7 +116,7 @@ func TestAdminAPI(t *testing.T) {
 		require.Equal(t, 200, r.status)
 		require.False(t, r.replayed, "forgotten: forwarded again, not answered from the cache")
 		require.Equal(t, 2, g.up.count(id))
-		a = adminDo(t, http.MethodGet, eventPath(g.scope, id))
+		a = adminSettled(t, g.scope, id)
 		require.Equal(t, "completed", a.body["state"])
 		require.EqualValues(t, 1, a.body["attempts"], "a new row")
 	})

@@ -211,7 +211,8 @@ type Handler struct {
 	upstreamTime   prometheus.Observer
 	ctx            caddy.Context
 	wg             *sync.WaitGroup
-	busy           *tracker // forwards and settles in flight
+	busy           *tracker        // forwards and settles in flight
+	pending        *pendingSettles // completions written after their answers (settle.go)
 	stopSweep      context.CancelFunc
 	// now is the verifier's clock for signed timestamps; nil means
 	// time.Now. Tests set it before Provision.
@@ -266,6 +267,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.ctx = ctx
 	h.logger = ctx.Logger()
 	h.busy = new(tracker)
+	h.pending = new(pendingSettles)
 	repl := caddy.NewReplacer()
 
 	if err := h.prepareConfig(); err != nil {
@@ -389,6 +391,7 @@ func (h *Handler) Validate() error {
 
 // Cleanup releases this handler's use of the shared store.
 func (h *Handler) Cleanup() error {
+	h.drainCompletions()
 	if h.scopeUsed {
 		releaseScopeStorage(h.app, h.Scope)
 		forgetHostWarnings(h.app)
@@ -579,12 +582,23 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // claim claims (scope, key) in the store with the route's lease and
 // on_ambiguous policy, bounded by storeTimeout, and times it.
 func (h *Handler) claim(parent context.Context, scope, key string) (store.Claim, error) {
+	return h.claimWith(parent, store.ClaimParams{
+		Scope: scope, EventID: key, Lease: time.Duration(h.Lease), HoldOnExpiry: h.OnAmbiguous == "hold",
+	})
+}
+
+// claimWith claims p in the store, bounded by storeTimeout, and times it.
+// A claim this handler is completing after its answer (completeAfterAnswer)
+// is waited for and claimed again, so a duplicate sent once the provider
+// has its answer finds the event completed, not in flight.
+func (h *Handler) claimWith(parent context.Context, p store.ClaimParams) (store.Claim, error) {
 	ctx, cancel := context.WithTimeout(parent, storeTimeout)
 	defer cancel()
 	t0 := time.Now()
-	c, err := h.backend.Claim(ctx, store.ClaimParams{
-		Scope: scope, EventID: key, Lease: time.Duration(h.Lease), HoldOnExpiry: h.OnAmbiguous == "hold",
-	})
+	c, err := h.backend.Claim(ctx, p)
+	if err == nil && c.Outcome == store.InFlight && h.awaitCompletion(ctx, p.Scope, p.EventID) {
+		c, err = h.backend.Claim(ctx, p)
+	}
 	observe(metrics.storeTime.claim, t0)
 	return c, err
 }
@@ -690,8 +704,10 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 		if tee != nil {
 			claims[0].resp = h.storedResponse(tee, end, d)
 		}
-		h.settle(r.Context(), claims, end.status, "complete")
+		// Cached first: from now on a duplicate on this instance is
+		// answered from the cache, or waits for the completion (claimWith).
 		h.remember(claims[0], end.status)
+		h.completeAfterAnswer(r.Context(), claims, end.status)
 	case v == verdictAmbiguous && h.OnAmbiguous == "hold":
 		// The upstream may or may not have done the work: park the event
 		// as held now, so its retries get 503 and an operator can decide

@@ -324,7 +324,13 @@ func (g *gateway) serve(req *http.Request) answer {
 }
 
 // row returns the stored event, or store.ErrNotFound.
+// It first waits for the completions the handler writes after its answers
+// (settle.go), as a caller that reads the store after a delivery's answer
+// must.
 func (g *gateway) row(scope, id string) (store.Event, error) {
+	if g.h.pending != nil {
+		g.h.pending.wg.Wait()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	return g.h.backend.Get(ctx, scope, id)

@@ -362,15 +362,10 @@ func (h *Handler) serveIdempotencyKey(w http.ResponseWriter, r *http.Request, ne
 // claimKey claims a key with the request's fingerprint, bounded by
 // storeTimeout, and times it.
 func (h *Handler) claimKey(parent context.Context, id, fingerprint string) (store.Claim, error) {
-	ctx, cancel := context.WithTimeout(parent, storeTimeout)
-	defer cancel()
-	t0 := time.Now()
-	c, err := h.backend.Claim(ctx, store.ClaimParams{
+	return h.claimWith(parent, store.ClaimParams{
 		Scope: h.Scope, EventID: id, Lease: time.Duration(h.Lease), HoldOnExpiry: h.OnAmbiguous == "hold",
 		Fingerprint: fingerprint,
 	})
-	observe(metrics.storeTime.claim, t0)
-	return c, err
 }
 
 // refuseReused answers a key reused with another request: 422.
