@@ -89,15 +89,20 @@ func buildBatchQueries(t string) batchQueries {
 				COALESCE(cur.state, ''), COALESCE(cur.status, 0), COALESCE(cur.lease_left, 0)
 			FROM (SELECT 1) one LEFT JOIN cur ON true LEFT JOIN ins ON true`,
 		// $1 scopes, $2 event IDs, $3 tokens, $4 statuses; returns the
-		// positions of the rows changed.
+		// positions of the rows changed. The settles find their rows by
+		// primary key: "e.state || ''" keeps the planner off the (state,
+		// updated_at) index, which it otherwise picks for a batch of 30 or
+		// more on an unanalyzed table and then reads every dead
+		// 'processing' entry since the last vacuum (7 ms instead of 0.5 ms
+		// for 30 rows on a table of 30,000, in EXPLAIN ANALYZE).
 		complete: `UPDATE ` + t + ` AS e SET state = 'completed', status = i.status, token = '', lease_until = NULL,
 				completed_at = now(), updated_at = now()
 			FROM unnest($1::text[], $2::text[], $3::text[], $4::int[]) WITH ORDINALITY AS i(scope, event_id, token, status, ord)
-			WHERE e.scope = i.scope AND e.event_id = i.event_id AND e.token = i.token AND e.state = 'processing'
+			WHERE e.scope = i.scope AND e.event_id = i.event_id AND e.token = i.token AND e.state || '' = 'processing'
 			RETURNING i.ord`,
 		release: `UPDATE ` + t + ` AS e SET state = 'released', token = '', lease_until = NULL, updated_at = now()
 			FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS i(scope, event_id, token, ord)
-			WHERE e.scope = i.scope AND e.event_id = i.event_id AND e.token = i.token AND e.state = 'processing'
+			WHERE e.scope = i.scope AND e.event_id = i.event_id AND e.token = i.token AND e.state || '' = 'processing'
 			RETURNING i.ord`,
 	}
 }
