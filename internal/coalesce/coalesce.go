@@ -204,6 +204,14 @@ func (c *Coalescer[T]) writeBatch(batch []*item[T]) {
 	}
 }
 
+// Queued reports how many operations wait for a batch to be taken (for
+// tests and diagnostics).
+func (c *Coalescer[T]) Queued() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.queue)
+}
+
 // Close fails the queued operations with err, makes Do refuse new ones
 // with err, and waits for the batches being written. err must not be nil.
 func (c *Coalescer[T]) Close(err error) {

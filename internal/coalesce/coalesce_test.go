@@ -61,10 +61,7 @@ func (g *gated) sizes() []int {
 func queued[T any](t *testing.T, c *Coalescer[T], n int) {
 	t.Helper()
 	for range 1_000_000 {
-		c.mu.Lock()
-		got := len(c.queue)
-		c.mu.Unlock()
-		if got == n {
+		if c.Queued() == n {
 			return
 		}
 		runtime.Gosched()
