@@ -177,7 +177,8 @@ func runLoad(ctx context.Context, c config) (*LoadReport, error) {
 	defer func() {
 		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		_, _ = st.Pool().Exec(dctx, `DROP TABLE IF EXISTS `+benchTable+`, `+benchTable+`_goose_version`)
+		_, _ = st.Pool().Exec(dctx, `DROP TABLE IF EXISTS `+benchTable+`, `+benchTable+`_goose_version, `+
+			benchTable+`_secrets, `+benchTable+`_secrets_goose_version`)
 		_ = st.Close()
 	}()
 	if _, err := st.Pool().Exec(ctx, `TRUNCATE `+benchTable); err != nil {
