@@ -39,8 +39,12 @@ type scenario struct {
 }
 
 // asyncTable is the events table of async/ack (its queue tables are
-// <asyncTable>_queue and _attempts); dropped at the end.
-const asyncTable = "bench_async"
+// <asyncTable>_queue and _attempts), asyncBeforeTable async/ack@before's;
+// dropped at the end.
+const (
+	asyncTable       = "bench_async"
+	asyncBeforeTable = "bench_async_before"
+)
 
 // slowUpstreamDelay is how long the upstream that async/ack's dispatcher
 // delivers to takes per event: the slow legacy handler async mode is for.
@@ -58,6 +62,12 @@ func scenarios(c config) []scenario {
 		}
 	}
 	pg := fmt.Sprintf("storage postgres %q\n\ttable %s", c.dsn, benchTable)
+	async := func(table string) func(string, int) string {
+		return func(up string, _ int) string {
+			return fmt.Sprintf("webhook_idempotency {\n\tprovider stripe\n\tsecret %s\n\tstorage postgres %q\n\ttable %s\n"+
+				"\tmode async\n\tdeliver_to http://%s\n}\nreverse_proxy %s", secret, c.dsn, table, slowUpstreamAddr, up)
+		}
+	}
 	sq := "storage sqlite " + filepath.Join(c.workdir, "sqlite-{round}", "events.db")
 	all := []scenario{
 		{name: "respond", route: func(string, int) string { return "respond `{\"ok\":true}` 200" }},
@@ -67,17 +77,16 @@ func scenarios(c config) []scenario {
 		{name: "new/sqlite", route: gateway(sq, "")},
 		{name: "dup/cached", route: gateway(pg, ""), dup: true},
 		{name: "dup/store", route: gateway(pg, "\tcache 0\n"), dup: true},
-		{name: "async/ack", async: true, route: func(up string, round int) string {
-			return fmt.Sprintf("webhook_idempotency {\n\tprovider stripe\n\tsecret %s\n\tstorage postgres %q\n\ttable %s\n"+
-				"\tmode async\n\tdeliver_to http://%s\n}\nreverse_proxy %s", secret, c.dsn, asyncTable, slowUpstreamAddr, up)
-		}},
+		{name: "async/ack", async: true, route: async(asyncTable)},
 	}
 	if c.caddyBefore != "" {
 		sqBefore := "storage sqlite " + filepath.Join(c.workdir, "sqlite-before-{round}", "events.db")
 		all = append(all,
 			scenario{name: "new/postgres" + before, route: gateway(pg, ""), bin: c.caddyBefore},
 			scenario{name: "new/sqlite" + before, route: gateway(sqBefore, ""), bin: c.caddyBefore},
-			scenario{name: "dup/store" + before, route: gateway(pg, "\tcache 0\n"), dup: true, bin: c.caddyBefore})
+			scenario{name: "dup/store" + before, route: gateway(pg, "\tcache 0\n"), dup: true, bin: c.caddyBefore},
+			// Its own tables: the two binaries' queue migrations may differ.
+			scenario{name: "async/ack" + before, async: true, route: async(asyncBeforeTable), bin: c.caddyBefore})
 	}
 	return all
 }
@@ -92,7 +101,7 @@ func groupsOf(c config) [][]string {
 		return groups
 	}
 	return [][]string{
-		append(slices.Clone(groups[0]), "dup/store"+before),
+		append(slices.Clone(groups[0]), "dup/store"+before, "async/ack"+before),
 		append(slices.Clone(groups[1]), "new/postgres"+before, "new/sqlite"+before),
 	}
 }
@@ -168,7 +177,8 @@ func runLoad(ctx context.Context, c config) (*LoadReport, error) {
 	defer func() {
 		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		_, _ = st.Pool().Exec(dctx, `DROP TABLE IF EXISTS `+benchTable+`, `+benchTable+`_goose_version`)
+		_, _ = st.Pool().Exec(dctx, `DROP TABLE IF EXISTS `+benchTable+`, `+benchTable+`_goose_version, `+
+			benchTable+`_secrets, `+benchTable+`_secrets_goose_version`)
 		_ = st.Close()
 	}()
 	if _, err := st.Pool().Exec(ctx, `TRUNCATE `+benchTable); err != nil {
@@ -190,8 +200,10 @@ func runLoad(ctx context.Context, c config) (*LoadReport, error) {
 	defer func() {
 		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		_, _ = st.Pool().Exec(dctx, `DROP TABLE IF EXISTS `+asyncTable+`_attempts, `+asyncTable+`_queue, `+
-			asyncTable+`_queue_goose_version, `+asyncTable+`, `+asyncTable+`_goose_version`)
+		for _, t := range []string{asyncTable, asyncBeforeTable} {
+			_, _ = st.Pool().Exec(dctx, `DROP TABLE IF EXISTS `+t+`_attempts, `+t+`_queue, `+t+`_queue_goose_version, `+
+				t+`, `+t+`_goose_version, `+t+`_secrets, `+t+`_secrets_goose_version`)
+		}
 	}()
 
 	slice := c.duration / time.Duration(c.rounds)
@@ -546,6 +558,7 @@ func ratios(m map[string]Result) (map[string]float64, map[string]string) {
 	div("new/postgres ÷ new/postgres"+before, "new/postgres", "new/postgres"+before)
 	div("new/sqlite ÷ new/sqlite"+before, "new/sqlite", "new/sqlite"+before)
 	div("dup/store ÷ dup/store"+before, "dup/store", "dup/store"+before)
+	div("async/ack ÷ async/ack"+before, "async/ack", "async/ack"+before)
 	if px, sl := m["proxy"].RPS, m["store-limit"].RPS; px > 0 && sl > 0 {
 		serial := 1 / (1/px + 1/sl)
 		r["serial (rps)"] = serial
@@ -578,7 +591,7 @@ func printTable(rep *LoadReport) {
 	fmt.Println("| scenario | req/s | p50 ms | p99 ms | errors | gateway CPU ms/req | CPU cores: gateway / upstream / postgres / load gen | machine busy | WAL flushes/req |")
 	fmt.Println("| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
 	for _, sc := range []string{"respond", "proxy", "store-limit", "new/postgres", "new/postgres" + before, "new/sqlite",
-		"new/sqlite" + before, "dup/cached", "dup/store", "dup/store" + before, "async/ack"} {
+		"new/sqlite" + before, "dup/cached", "dup/store", "dup/store" + before, "async/ack", "async/ack" + before} {
 		r, ok := rep.Summary[sc]
 		if !ok {
 			continue
@@ -594,7 +607,8 @@ func printTable(rep *LoadReport) {
 	for _, k := range []string{"dup/cached ÷ respond", "dup/store ÷ respond", "dup/store" + before + " ÷ respond",
 		"new/postgres ÷ proxy", "new/postgres" + before + " ÷ proxy", "new/sqlite ÷ proxy", "new/sqlite" + before + " ÷ proxy",
 		"serial (rps)", "new/postgres ÷ serial", "new/postgres" + before + " ÷ serial",
-		"new/postgres ÷ new/postgres" + before, "new/sqlite ÷ new/sqlite" + before, "dup/store ÷ dup/store" + before} {
+		"new/postgres ÷ new/postgres" + before, "new/sqlite ÷ new/sqlite" + before, "dup/store ÷ dup/store" + before,
+		"async/ack ÷ async/ack" + before} {
 		if v, ok := rep.Ratios[k]; ok {
 			line := fmt.Sprintf("%-24s %.3f", k, v)
 			if rs := rep.RoundRatios[k]; len(rs) > 1 {

@@ -346,6 +346,7 @@ func TestAsyncQueuesAndDelivers(t *testing.T) {
 	u.entered = make(chan string, 1)
 	table := asyncTable(t)
 	g := newAsyncGateway(t, table, "a", asyncSnippet(uniqueScope("stripe"), u, "cache 0"))
+	enqueued := enqueueBatchSum(t)
 
 	requireQueued(t, g.send(asyncEvent{ID: "evt_1"}))
 	require.Equal(t, "evt_1", <-u.entered, "delivered from the queue")
@@ -385,6 +386,19 @@ func TestAsyncQueuesAndDelivers(t *testing.T) {
 	require.Equal(t, http.StatusAccepted, row.Status)
 	require.Equal(t, 1.0, counterValue(t, metrics.deliveries.WithLabelValues(g.h.Scope, "stripe", outcomeQueued)))
 	require.Equal(t, 2.0, counterValue(t, metrics.deliveries.WithLabelValues(g.h.Scope, "stripe", outcomeDuplicate)))
+	// The three deliveries reached the queue (cache 0) in its batches.
+	require.GreaterOrEqual(t, enqueueBatchSum(t)-enqueued, 3.0)
+}
+
+// enqueueBatchSum is store_batch_size{op="enqueue"}'s sum: the enqueues
+// the queues of this process wrote in batches.
+func enqueueBatchSum(t *testing.T) float64 {
+	t.Helper()
+	var m dto.Metric
+	h, ok := batchSizes.WithLabelValues("enqueue").(prometheus.Metric)
+	require.True(t, ok)
+	require.NoError(t, h.Write(&m))
+	return m.GetHistogram().GetSampleSum()
 }
 
 // TestAsyncUpstreamDownThenBack: 1,000 events accepted while the upstream

@@ -103,25 +103,27 @@ func initMetrics(reg *prometheus.Registry) error {
 }
 
 // batchSizes is the store's group commit: operations per batch written,
-// by op (claim, complete, release, and transaction: all of a batch). It
+// by op (claim, complete, release, and transaction: all of a batch of the
+// store's; enqueue: the async queue's deliveries per transaction). It
 // exists before any handler, since stores are opened (and observe) before
 // the handler's metrics are registered.
 var batchSizes = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 	Namespace: ns, Subsystem: sub, Name: "store_batch_size",
-	Help:    "Store operations written per batch (one transaction, one commit), by op: claim, complete, release, transaction.",
+	Help:    "Store operations written per batch (one transaction, one commit), by op: claim, complete, release, transaction (a store batch's total), enqueue (async deliveries queued together).",
 	Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
 }, []string{"op"})
 
 // batchObservers are batchSizes' series, resolved once.
 var batchObservers = func() map[string]prometheus.Observer {
 	m := map[string]prometheus.Observer{}
-	for _, op := range []string{"claim", "complete", "release", "transaction"} {
+	for _, op := range []string{"claim", "complete", "release", "transaction", "enqueue"} {
 		m[op] = batchSizes.WithLabelValues(op)
 	}
 	return m
 }()
 
-// observeBatch is the stores' store.BatchOptions.Observe.
+// observeBatch is the stores' store.BatchOptions.Observe and the queues'
+// pgqueue.BatchOptions.Observe.
 func observeBatch(op string, n int) {
 	if o, ok := batchObservers[op]; ok {
 		o.Observe(float64(n))

@@ -110,14 +110,16 @@ var queues = caddy.NewUsagePool()
 // queueBackend is the pooled value: the queue of one storage and its
 // dispatcher.
 type queueBackend struct {
-	q queue.Queue
-	d *dispatch.Dispatcher
+	q     queue.Queue
+	d     *dispatch.Dispatcher
+	close func() // stops the queue's batch writer
 }
 
 // Destruct implements caddy.Destructor: the last handler using the queue is
 // gone. Deliveries in flight get the dispatcher's grace period to finish.
 func (qb *queueBackend) Destruct() error {
 	qb.d.Stop()
+	qb.close()
 	return nil
 }
 
@@ -133,7 +135,7 @@ func openQueue(key string, b *backend) (*queueBackend, error) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		q, err := pgqueue.New(ctx, ps, pgqueue.Options{})
+		q, err := pgqueue.New(ctx, ps, pgqueue.Options{Batch: pgqueue.BatchOptions{Observe: observeBatch}})
 		if err != nil {
 			return nil, err
 		}
@@ -145,7 +147,7 @@ func openQueue(key string, b *backend) (*queueBackend, error) {
 			SweepBatch:    retentionBatch,
 			StoreTimeout:  storeTimeout,
 		})
-		return &queueBackend{q: q, d: d}, nil
+		return &queueBackend{q: q, d: d, close: q.Close}, nil
 	})
 	if err != nil {
 		return nil, err

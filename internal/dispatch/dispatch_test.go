@@ -28,7 +28,7 @@ import (
 
 func newQueue(t *testing.T) *pgqueue.Queue {
 	t.Helper()
-	return queuetest.New(t, "dt_", pgstore.Options{}).Queue
+	return queuetest.New(t, "dt_", pgstore.Options{}, pgqueue.Options{}).Queue
 }
 
 // upstream answers each event (by the "id" of its JSON body) with the

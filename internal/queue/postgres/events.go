@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -16,84 +15,8 @@ import (
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
 
-// claimLease is the lease of a claim the queue records: never seen by
-// anyone, since the claim is completed in the transaction that takes it.
-const claimLease = time.Minute
-
 // batch is the most rows one bulk statement (retry all, purge) touches.
 const batch = 1000
-
-// Enqueue records e.Claims in the events table and e in the queue table in
-// one transaction. A refused claim rolls everything back; a queue row that
-// already exists makes the outcome Duplicate (the claims are kept: they
-// only confirm the event was accepted). With an order key, enqueues of that
-// key are serialised by a transaction advisory lock, so queue IDs follow
-// commit order within a key.
-func (q *Queue) Enqueue(ctx context.Context, e queue.Entry) (queue.Enqueued, error) {
-	header := e.Request.Header
-	if header == nil {
-		header = http.Header{}
-	}
-	hjson, err := json.Marshal(header)
-	if err != nil {
-		return queue.Enqueued{}, fmt.Errorf("enqueueing event: encoding headers: %w", err)
-	}
-	tx, err := q.pool.Begin(ctx)
-	if err != nil {
-		return queue.Enqueued{}, fmt.Errorf("enqueueing event: %w", interpretError(err))
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-
-	if e.OrderKey != "" {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, lockKey("order", q.lockBase, e.Scope, e.OrderKey)); err != nil {
-			return queue.Enqueued{}, fmt.Errorf("enqueueing event: %w", interpretError(err))
-		}
-	}
-	claims := q.store.InTx(tx)
-	for i, k := range e.Claims {
-		out, retry, err := claim(ctx, claims, k, e.ClaimStatus, e.HoldOnExpiry)
-		if err != nil {
-			return queue.Enqueued{}, fmt.Errorf("enqueueing event: %w", err)
-		}
-		if out != queue.Queued {
-			return queue.Enqueued{Outcome: out, Refused: i, RetryAfter: retry}, nil
-		}
-	}
-	var id int64
-	err = tx.QueryRow(ctx, q.sql.insert, e.Scope, e.EventID, e.OrderKey, e.Request.Method, e.Request.URI,
-		hjson, e.Request.Body).Scan(&id)
-	out := queue.Enqueued{Outcome: queue.Queued, ID: id, Refused: -1}
-	if errors.Is(err, pgx.ErrNoRows) {
-		out = queue.Enqueued{Outcome: queue.Duplicate, Refused: -1}
-	} else if err != nil {
-		return queue.Enqueued{}, fmt.Errorf("enqueueing event: %w", interpretError(err))
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return queue.Enqueued{}, fmt.Errorf("enqueueing event: committing: %w", interpretError(err))
-	}
-	return out, nil
-}
-
-// claim records one claim in the events table through the store's rules
-// (st runs in the enqueue's transaction): claimed, then completed with
-// status at once, so the event reads as accepted; else why not.
-func claim(ctx context.Context, st store.Store, k queue.Key, status int, hold bool) (queue.Outcome, time.Duration, error) {
-	c, err := st.Claim(ctx, store.ClaimParams{Scope: k.Scope, EventID: k.EventID, Lease: claimLease, HoldOnExpiry: hold})
-	if err != nil {
-		return 0, 0, err
-	}
-	switch c.Outcome {
-	case store.Claimed:
-		return queue.Queued, 0, st.Complete(ctx, k.Scope, k.EventID, c.Token, status)
-	case store.Duplicate:
-		return queue.Duplicate, 0, nil
-	case store.InFlight:
-		return queue.InFlight, c.RetryAfter, nil
-	case store.Held:
-		return queue.Held, 0, nil
-	}
-	return 0, 0, fmt.Errorf("claiming event: unexpected outcome %v", c.Outcome)
-}
 
 // Take takes back expired leases, then hands out due events within the
 // caps. With a cap, the whole take runs under the scope's transaction

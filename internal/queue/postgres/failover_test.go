@@ -37,6 +37,7 @@ func TestQueueFailover(t *testing.T) {
 	defer s.Close()
 	q, err := pgqueue.New(ctx, s, pgqueue.Options{})
 	require.NoError(t, err)
+	defer q.Close()
 
 	enqueue := func(id string) (queue.Enqueued, error) {
 		ectx, ecancel := context.WithTimeout(ctx, 5*time.Second)

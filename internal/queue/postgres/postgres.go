@@ -7,10 +7,11 @@
 //	                  the upstream's status, duration and error
 //
 // Enqueueing writes the event's claims into <table> (the events table) and
-// the request into <table>_queue in one transaction. Work is taken with
-// FOR UPDATE SKIP LOCKED under a per-scope transaction advisory lock when a
-// concurrency or rate cap applies, so the caps hold across instances; leases
-// are judged by the database's clock.
+// the request into <table>_queue in one transaction, shared by the
+// enqueues of concurrent deliveries (group commit, see Enqueue). Work is
+// taken with FOR UPDATE SKIP LOCKED under a per-scope transaction advisory
+// lock when a concurrency or rate cap applies, so the caps hold across
+// instances; leases are judged by the database's clock.
 package postgres
 
 import (
@@ -23,6 +24,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/coalesce"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/pgschema"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
@@ -38,10 +40,12 @@ type Options struct {
 	MigrationTimeout time.Duration
 	// Logger receives the migration log. Nil discards it.
 	Logger *slog.Logger
+	// Batch configures group commit of Enqueue. See BatchOptions.
+	Batch BatchOptions
 }
 
 // Queue is a queue.Queue on PostgreSQL. It does not own its store: the
-// caller closes the store (and its pool) after the last use of the queue.
+// caller closes the queue (Close), then the store (and its pool).
 type Queue struct {
 	store *pgstore.Store
 	pool  *pgxpool.Pool
@@ -50,6 +54,10 @@ type Queue struct {
 	// lockBase is the schema-qualified queue table, the namespace of the
 	// queue's advisory lock keys.
 	lockBase string
+	// batch coalesces enqueues (nil: one transaction each); observe is
+	// BatchOptions.Observe.
+	batch   *coalesce.Coalescer[*enqueueOp]
+	observe func(op string, n int)
 }
 
 var _ queue.Queue = (*Queue)(nil)
@@ -94,6 +102,7 @@ func New(ctx context.Context, s *pgstore.Store, opts Options) (*Queue, error) {
 		schema = n.queue[0]
 	}
 	q.lockBase = schema + "." + n.queue[len(n.queue)-1]
+	q.batch = newBatcher(q, opts.Batch)
 	return q, nil
 }
 

@@ -31,7 +31,7 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	tt := queuetest.New(t, "qt_", pgstore.Options{MaxConns: 20})
+	tt := queuetest.New(t, "qt_", pgstore.Options{MaxConns: 20}, pgqueue.Options{})
 	return &fixture{t: t, store: tt.Store, q: tt.Queue, table: tt.Name}
 }
 

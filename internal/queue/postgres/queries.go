@@ -1,9 +1,12 @@
 package postgres
 
+import "github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
+
 // queries are the queue's statements, built once from the validated,
 // quoted table names. Durations travel as microseconds ($n::bigint *
 // interval '1 microsecond'); every time is the database's.
 type queries struct {
+	lockOrder, enqueue                     string
 	insert                                 string
 	reap, loseAttempts, budget, take       string
 	startAttempts, nextDue                 string
@@ -21,8 +24,82 @@ const eventColumns = `id, scope, event_id, COALESCE(order_key, ''), state, attem
 	delivered_at, last_status, last_error`
 
 func buildQueries(n names) queries {
-	q, a := n.queue.Sanitize(), n.attempts.Sanitize()
+	q, a, ev := n.queue.Sanitize(), n.attempts.Sanitize(), n.events.Sanitize()
 	return queries{
+		// The order keys' transaction advisory locks ($1, ascending: taken
+		// one after the other in array order).
+		lockOrder: `SELECT pg_advisory_xact_lock(k) FROM unnest($1::bigint[]) AS k`,
+		// One round of a batch of enqueues (writeBatch). c: the claims ($1
+		// entry, $2 scope, $3 event ID, $4 hold on expiry, $5 status),
+		// sorted by (scope, event ID) so that every batch takes its row
+		// locks in one order. q: the entries ($6 index in the batch, $7
+		// scope, $8 event ID, $9 order key, $10 method, $11 URI, $12
+		// header JSON, $13 body, $14 its number of claims, -1 when it must
+		// not be written). cur reads each claim's row; the claims of an
+		// entry whose every claim reads claimable (store.ClaimableSQL) are
+		// written at once as Claim and then Complete leave the row
+		// (completed with the entry's status, attempts counted, token,
+		// lease, fingerprint and stored response cleared); a refused
+		// claim's entry writes nothing. ON CONFLICT ... WHERE judges a row
+		// that changed since the read again: a claim refused there comes
+		// back unwritten though read claimable (the batch is then rolled
+		// back). An entry whose claims were all written gets its queue
+		// row, in batch order, so queue IDs follow arrival order.
+		// One row per claim (false, its position in c, claimable, written,
+		// the state and lease left in microseconds it read, 0) and per
+		// queue row inserted (true, the entry's index, true, true, '', 0,
+		// its ID).
+		enqueue: `WITH c AS (
+				SELECT * FROM unnest($1::int[], $2::text[], $3::text[], $4::boolean[], $5::int[])
+					WITH ORDINALITY AS c(entry, scope, event_id, hold, status, ord)
+			), cur AS (
+				SELECT c.ord, c.entry, e.state,
+					COALESCE(GREATEST(0, CEIL(EXTRACT(EPOCH FROM (e.lease_until - now())) * 1000000)), 0)::bigint AS lease_left,
+					(e.state IS NULL OR (` + store.ClaimableSQL("now()", "c.hold") + `)) AS claimable
+				FROM c LEFT JOIN ` + ev + ` e ON e.scope = c.scope AND e.event_id = c.event_id
+			), q AS (
+				SELECT * FROM unnest($6::int[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[],
+					$12::text[], $13::bytea[], $14::int[])
+					AS q(entry, scope, event_id, order_key, method, uri, header, body, claims)
+			), ok AS (
+				SELECT q.entry, q.claims FROM q
+				WHERE q.claims >= 0 AND NOT EXISTS (SELECT 1 FROM cur WHERE cur.entry = q.entry AND NOT cur.claimable)
+			), ins AS (
+				INSERT INTO ` + ev + ` AS e
+					(scope, event_id, state, token, attempts, lease_until, first_seen, updated_at, completed_at, status, fingerprint)
+				SELECT c.scope, c.event_id, 'completed', '', 1, NULL, now(), now(), now(), c.status, ''
+				FROM c JOIN ok ON ok.entry = c.entry
+				ORDER BY c.ord
+				ON CONFLICT (scope, event_id) DO UPDATE SET
+					state        = 'completed',
+					token        = '',
+					attempts     = e.attempts + 1,
+					lease_until  = NULL,
+					updated_at   = EXCLUDED.updated_at,
+					completed_at = EXCLUDED.completed_at,
+					status       = EXCLUDED.status,
+					fingerprint  = '',
+					response_headers = NULL, response_body = NULL, response_size = 0, response_sha256 = ''
+				WHERE ` + store.ClaimableSQL("now()",
+			"(SELECT c.hold FROM c WHERE c.scope = EXCLUDED.scope AND c.event_id = EXCLUDED.event_id)") + `
+				RETURNING e.scope, e.event_id
+			), done AS (
+				SELECT c.entry, count(*)::int AS n FROM c JOIN ins ON ins.scope = c.scope AND ins.event_id = c.event_id
+				GROUP BY c.entry
+			), qins AS (
+				INSERT INTO ` + q + ` (scope, event_id, state, order_key, method, uri, header, body)
+				SELECT q.scope, q.event_id, 'queued', NULLIF(q.order_key, ''), q.method, q.uri, q.header::jsonb, q.body
+				FROM q JOIN ok ON ok.entry = q.entry LEFT JOIN done ON done.entry = q.entry
+				WHERE COALESCE(done.n, 0) = ok.claims
+				ORDER BY q.entry
+				ON CONFLICT (scope, event_id) DO NOTHING
+				RETURNING id, scope, event_id
+			)
+			SELECT false, cur.ord::int, cur.claimable, ins.scope IS NOT NULL, COALESCE(cur.state, ''), cur.lease_left, 0::bigint
+			FROM cur JOIN c ON c.ord = cur.ord LEFT JOIN ins ON ins.scope = c.scope AND ins.event_id = c.event_id
+			UNION ALL
+			SELECT true, q.entry, true, true, '', 0, qins.id
+			FROM qins JOIN q ON q.scope = qins.scope AND q.event_id = qins.event_id`,
 		insert: `INSERT INTO ` + q + `
 				(scope, event_id, state, order_key, method, uri, header, body)
 			VALUES ($1, $2, 'queued', NULLIF($3::text, ''), $4, $5, $6, $7)

@@ -36,10 +36,11 @@ type Table struct {
 }
 
 // New opens a store (opts, with DSN and Table filled in when empty) and its
-// queue on a fresh table named prefix + 12 random characters, and drops the
-// table, its queue and attempts tables and their goose histories when the
-// test ends. An unreachable server fails the test, or skips it under -short.
-func New(t testing.TB, prefix string, opts pgstore.Options) *Table {
+// queue (qopts) on a fresh table named prefix + 12 random characters, and
+// closes the queue and drops the table, its queue and attempts tables and
+// their goose histories when the test ends. An unreachable server fails
+// the test, or skips it under -short.
+func New(t testing.TB, prefix string, opts pgstore.Options, qopts pgqueue.Options) *Table {
 	t.Helper()
 	if opts.DSN == "" {
 		opts.DSN = DSN()
@@ -48,6 +49,7 @@ func New(t testing.TB, prefix string, opts pgstore.Options) *Table {
 		opts.Table = prefix + store.NewToken()[:12]
 	}
 	table := opts.Table
+	var q *pgqueue.Queue
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	s, err := pgstore.New(ctx, opts)
@@ -58,6 +60,9 @@ func New(t testing.TB, prefix string, opts pgstore.Options) *Table {
 		t.Fatalf("PostgreSQL unreachable (set TEST_DATABASE_URL): %v", err)
 	}
 	t.Cleanup(func() {
+		if q != nil {
+			q.Close()
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		for _, n := range []string{table + "_attempts", table + "_queue", table + "_queue_goose_version", table, table + "_goose_version", table + "_secrets", table + "_secrets_goose_version"} {
@@ -65,7 +70,7 @@ func New(t testing.TB, prefix string, opts pgstore.Options) *Table {
 		}
 		_ = s.Close()
 	})
-	q, err := pgqueue.New(ctx, s, pgqueue.Options{})
+	q, err = pgqueue.New(ctx, s, qopts)
 	require.NoError(t, err)
 	return &Table{Store: s, Queue: q, Name: table}
 }
