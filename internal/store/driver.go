@@ -83,7 +83,8 @@ const (
 	// StmtCompleteResponse (scope, event ID, token, status int, headers
 	// string, body []byte or nil, size int64, sha256 string) is
 	// StmtComplete that also stores the response: headers as EncodeHeader
-	// writes them, body NULL when not stored.
+	// writes them, body NULL when not stored, size -1 and sha256 "" when
+	// the body was cut (see Response.Cut).
 	StmtCompleteResponse
 	// StmtResponse (scope, event ID) returns, for a completed row with a
 	// stored response, status, headers (text), body (bytes, nil when not

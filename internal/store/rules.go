@@ -332,15 +332,19 @@ func (r Rules) DeleteBefore(ctx context.Context, scopes []string, cutoff time.Ti
 
 // CompleteResponse marks the claimed event completed with resp.Status and
 // stores resp with it (headers as EncodeHeader writes them; the body only
-// when resp.BodyStored). It returns ErrLeaseLost if the row is not
-// processing under token.
+// when resp.BodyStored; a cut body as cutSize, with no hash). It returns
+// ErrLeaseLost if the row is not processing under token.
 func (r Rules) CompleteResponse(ctx context.Context, scope, eventID, token string, resp Response) error {
 	hdr, err := EncodeHeader(resp.Header)
 	if err != nil {
 		return fmt.Errorf("completing event: %w", err)
 	}
 	var body any // NULL: not stored
-	if resp.BodyStored {
+	size, sum := resp.Size, resp.SHA256
+	switch {
+	case resp.Cut:
+		size, sum = cutSize, ""
+	case resp.BodyStored:
 		b := resp.Body
 		if b == nil {
 			b = []byte{}
@@ -348,7 +352,7 @@ func (r Rules) CompleteResponse(ctx context.Context, scope, eventID, token strin
 		body = b
 	}
 	return leaseHeld("completing event")(r.d.Exec(ctx, StmtCompleteResponse, scope, eventID, token,
-		resp.Status, hdr, body, resp.Size, resp.SHA256))
+		resp.Status, hdr, body, size, sum))
 }
 
 // Response returns the answer stored with a completed event, or
@@ -370,8 +374,9 @@ func (r Rules) Response(ctx context.Context, scope, eventID string) (Response, e
 		return Response{}, fmt.Errorf("reading stored response: %w", err)
 	}
 	// An empty body is stored whole; a longer one is stored only when
-	// complete (see Response.BodyStored).
-	resp.BodyStored = resp.Size == 0 || int64(len(resp.Body)) == resp.Size
+	// complete (see Response.BodyStored); a cut one never.
+	info := NewResponseInfo(true, int64(len(resp.Body)), resp.Size, resp.SHA256)
+	resp.BodyStored, resp.Cut, resp.Size, resp.SHA256 = info.BodyStored, info.Cut, info.Size, info.SHA256
 	if !resp.BodyStored {
 		resp.Body = nil
 	}

@@ -222,11 +222,14 @@ func scanEvent(row pgx.CollectableRow) (store.Event, error) {
 		ev                    store.Event
 		state                 string
 		leaseUntil, completed *time.Time
+		// the stored response's columns (store.NewResponseInfo)
+		hasResponse  bool
+		stored, size int64
+		sum          string
 	)
-	var stored int64
 	err := row.Scan(&ev.Scope, &ev.EventID, &state, &ev.Attempts, &ev.FirstSeen, &ev.UpdatedAt,
 		&leaseUntil, &completed, &ev.Status,
-		&ev.Fingerprint, &ev.Response.Stored, &stored, &ev.Response.Size, &ev.Response.SHA256)
+		&ev.Fingerprint, &hasResponse, &stored, &size, &sum)
 	if err != nil {
 		return store.Event{}, err
 	}
@@ -239,7 +242,7 @@ func scanEvent(row pgx.CollectableRow) (store.Event, error) {
 	if completed != nil {
 		ev.CompletedAt = completed.UTC()
 	}
-	ev.Response.BodyStored = ev.Response.Stored && stored == ev.Response.Size
+	ev.Response = store.NewResponseInfo(hasResponse, stored, size, sum)
 	return ev, nil
 }
 

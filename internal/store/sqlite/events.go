@@ -220,11 +220,14 @@ func scanEvent(row scanner) (store.Event, error) {
 		state                 string
 		firstSeen, updatedAt  int64
 		leaseUntil, completed sql.NullInt64
+		// the stored response's columns (store.NewResponseInfo)
+		hasResponse  bool
+		stored, size int64
+		sum          string
 	)
-	var stored int64
 	err := row.Scan(&ev.Scope, &ev.EventID, &state, &ev.Attempts, &firstSeen, &updatedAt,
 		&leaseUntil, &completed, &ev.Status,
-		&ev.Fingerprint, &ev.Response.Stored, &stored, &ev.Response.Size, &ev.Response.SHA256)
+		&ev.Fingerprint, &hasResponse, &stored, &size, &sum)
 	if err != nil {
 		return store.Event{}, err
 	}
@@ -237,7 +240,7 @@ func scanEvent(row scanner) (store.Event, error) {
 	if completed.Valid {
 		ev.CompletedAt = fromMillis(completed.Int64)
 	}
-	ev.Response.BodyStored = ev.Response.Stored && stored == ev.Response.Size
+	ev.Response = store.NewResponseInfo(hasResponse, stored, size, sum)
 	return ev, nil
 }
 
