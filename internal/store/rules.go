@@ -159,7 +159,7 @@ func (r Rules) explain(ctx context.Context, p ClaimParams) (c Claim, ok bool, er
 		if !p.HoldOnExpiry {
 			return Claim{}, false, nil
 		}
-		err := r.d.QueryRow(ctx, StmtHoldExpired, p.Scope, p.EventID, token).Scan(&attempts)
+		err := r.d.QueryRow(ctx, StmtHoldExpired, p.Scope, p.EventID, token, HoldLeaseExpired).Scan(&attempts)
 		if err != nil {
 			return Claim{}, false, gone(err) // renewed or settled meanwhile: try again
 		}
@@ -205,9 +205,10 @@ func (r Rules) Release(ctx context.Context, scope, eventID, token string) error 
 	return leaseHeld("releasing event")(r.d.Exec(ctx, StmtRelease, scope, eventID, token))
 }
 
-// Hold parks the claimed event in StateHeld at once (see Store.Hold).
-func (r Rules) Hold(ctx context.Context, scope, eventID, token string) error {
-	return leaseHeld("holding event")(r.d.Exec(ctx, StmtHold, scope, eventID, token))
+// Hold parks the claimed event in StateHeld at once, with reason (see
+// Store.Hold).
+func (r Rules) Hold(ctx context.Context, scope, eventID, token, reason string) error {
+	return leaseHeld("holding event")(r.d.Exec(ctx, StmtHold, scope, eventID, token, reason))
 }
 
 // settleBatched writes s in the next batch and reports whether it changed
