@@ -486,10 +486,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if handshake {
 		return h.serveHandshake(w, r, hs, forwardable, next, &d)
 	}
-	if h.preset.Handshake != nil && h.preset.Handshake(signed, r.Header) {
-		d.outcome = outcomeHandshake
-		return h.passOn(w, forwardable(), next, &d)
-	}
 
 	if h.splitting(signed) {
 		return h.serveSplit(w, r, signed, next, &d)

@@ -266,10 +266,12 @@ func (h *Handler) matchHandshake(r *http.Request, body []byte) (signature.Handsh
 // serveHandshake answers a recognised handshake. Those authenticated by a
 // signature have been verified by the caller; the others are checked here
 // (a verify token) or need nothing. At the edge the answer is the
-// provider's documented one; with handshake forward (or a challenge the
-// preset forwards) the upstream answers, without a claim. A secret the
-// handshake teaches is stored before it is answered (at the edge) or once
-// the upstream answered 2xx (forward).
+// provider's documented one, and a handshake without the value it echoes
+// or teaches (signature.HandshakeAnswer.Incomplete) is refused 400; with
+// handshake forward (or a challenge the preset forwards) the upstream
+// answers, without a claim. A secret the handshake teaches is stored
+// before it is answered (at the edge) or once the upstream answered 2xx
+// (forward).
 func (h *Handler) serveHandshake(w http.ResponseWriter, r *http.Request, a signature.HandshakeAnswer,
 	forwardable func() *http.Request, next caddyhttp.Handler, d *delivery,
 ) error {
@@ -288,6 +290,14 @@ func (h *Handler) serveHandshake(w http.ResponseWriter, r *http.Request, a signa
 	if a.Challenge.Auth == signature.AuthVerifyToken && !a.CheckToken(h.verifyTokens) {
 		d.outcome, d.reason = outcomeInvalidSignature, "verify token does not match"
 		respondError(w, h.RefuseStatus, d.reason, 0)
+		return nil
+	}
+	if a.Incomplete != "" {
+		// Never claimed nor forwarded: it has the handshake's shape, and the
+		// upstream of a route that answers handshakes at the edge does not
+		// know them.
+		d.outcome, d.reason = outcomeBadRequest, a.Challenge.Name+" handshake without its "+a.Incomplete
+		respondError(w, http.StatusBadRequest, d.reason, 0)
 		return nil
 	}
 	if a.Secret != "" {
