@@ -30,34 +30,45 @@ import (
 // maxEventIDLen is the store's limit on an event ID, in bytes.
 const maxEventIDLen = 255
 
-// provisionBatch resolves the route's batch policy. A route with its own
-// event_id keys each delivery as configured, unbatched.
-func (h *Handler) provisionBatch() error {
-	b := h.preset.Batch
+// checkBatch checks the batch field against the preset (part of
+// checkConfig): a policy only for a provider that batches, never with the
+// route's own event_id, split not in async mode.
+func (h *Handler) checkBatch(preset signature.Preset) error {
+	b := preset.Batch
 	switch {
 	case h.Batch != "" && h.Batch != string(signature.BatchSet) && h.Batch != string(signature.BatchSplit):
 		return fmt.Errorf("batch: want set or split, got %q", h.Batch)
 	case h.Batch != "" && b == nil:
 		return fmt.Errorf("batch: provider %s sends one event per delivery", h.Provider)
 	case b == nil:
-		h.batch = nil
 		return nil
-	case len(h.EventID) > 0:
-		if h.Batch != "" {
-			return errors.New("batch: keys on the provider's item IDs; it cannot be combined with event_id")
-		}
+	case len(h.EventID) > 0 && h.Batch != "":
+		return errors.New("batch: keys on the provider's item IDs; it cannot be combined with event_id")
+	}
+	policy := b.Policy
+	if h.Batch != "" {
+		policy = signature.BatchPolicy(h.Batch)
+	}
+	if policy == signature.BatchSplit && h.Mode == "async" && len(h.EventID) == 0 {
+		return errors.New("batch: split is not available in mode async; use batch set")
+	}
+	return nil
+}
+
+// provisionBatch resolves the route's batch policy (checkBatch has
+// accepted it). A route with its own event_id keys each delivery as
+// configured, unbatched.
+func (h *Handler) provisionBatch() {
+	b := h.preset.Batch
+	if b == nil || len(h.EventID) > 0 {
 		h.batch = nil
-		return nil
+		return
 	}
 	bb := *b
 	if h.Batch != "" {
 		bb.Policy = signature.BatchPolicy(h.Batch)
 	}
-	if bb.Policy == signature.BatchSplit && h.Mode == "async" {
-		return errors.New("batch: split is not available in mode async; use batch set")
-	}
 	h.batch = &bb
-	return nil
 }
 
 // eventID returns the delivery's event ID: the configured or default

@@ -323,7 +323,7 @@ func (h *Handler) provisionVerifier(repl *caddy.Replacer) error {
 	if err != nil {
 		return err
 	}
-	if err := h.provisionProtocol(repl); err != nil {
+	if err := h.provisionProtocol(); err != nil {
 		return err
 	}
 	opts := signature.Options{

@@ -106,35 +106,31 @@ func learnsSecret(provider string) bool {
 	return slices.ContainsFunc(p.Challenges, func(c signature.Challenge) bool { return c.LearnSecret != "" })
 }
 
-// provisionProtocol checks the protocol fields against the preset and
-// applies their defaults. It does no I/O: it runs before the store opens.
-func (h *Handler) provisionProtocol(repl *caddy.Replacer) error {
+// protocolDefaults applies the protocol fields' defaults (part of
+// applyDefaults).
+func (h *Handler) protocolDefaults() {
 	if h.Handshake == "" {
 		h.Handshake = "edge"
 	}
+	if h.LearnedSecret == "" {
+		h.LearnedSecret = "keep"
+	}
+}
+
+// checkProtocol checks the protocol fields against the preset (part of
+// checkConfig): the handshake and learned_secret values, verify tokens
+// only where a handshake carries one and none empty, and the batch policy
+// (checkBatch).
+func (h *Handler) checkProtocol(preset signature.Preset) error {
 	if h.Handshake != "edge" && h.Handshake != "forward" {
 		return fmt.Errorf("handshake: want edge or forward, got %q", h.Handshake)
 	}
-	tokenAuth := slices.ContainsFunc(h.preset.Challenges, func(c signature.Challenge) bool {
-		return c.Auth == signature.AuthVerifyToken
-	})
-	h.verifyTokens = nil
-	for _, t := range h.VerifyTokens {
-		if t = repl.ReplaceAll(t, ""); t == "" {
-			return errors.New("verify_token: a verify token is empty (is its environment variable set?)")
-		}
-		h.verifyTokens = append(h.verifyTokens, t)
+	tokens, err := h.expandedVerifyTokens()
+	if err != nil {
+		return err
 	}
-	if len(h.verifyTokens) > 0 && !tokenAuth {
+	if len(tokens) > 0 && !tokenAuth(preset) {
 		return fmt.Errorf("verify_token: provider %s has no handshake with a verify token", h.Provider)
-	}
-	if len(h.verifyTokens) == 0 && tokenAuth && h.Handshake == "edge" {
-		// Deliveries still pass; only the handshake is refused.
-		h.logger.Warn("no verify_token configured: the provider's handshake will be refused until one is (or set handshake forward)",
-			zap.String("provider", h.Provider))
-	}
-	if h.LearnedSecret == "" {
-		h.LearnedSecret = "keep"
 	}
 	if h.LearnedSecret != "keep" && h.LearnedSecret != "replace" {
 		return fmt.Errorf("learned_secret: want keep or replace, got %q", h.LearnedSecret)
@@ -142,7 +138,47 @@ func (h *Handler) provisionProtocol(repl *caddy.Replacer) error {
 	if h.LearnedSecret == "replace" && !learnsSecret(h.Provider) {
 		return fmt.Errorf("learned_secret: provider %s learns no secret in a handshake", h.Provider)
 	}
-	return h.provisionBatch()
+	return h.checkBatch(preset)
+}
+
+// tokenAuth reports whether one of the preset's handshakes is
+// authenticated by a verify token.
+func tokenAuth(p signature.Preset) bool {
+	return slices.ContainsFunc(p.Challenges, func(c signature.Challenge) bool {
+		return c.Auth == signature.AuthVerifyToken
+	})
+}
+
+// expandedVerifyTokens returns the verify tokens with their placeholders
+// expanded, refusing any that expands to nothing.
+func (h *Handler) expandedVerifyTokens() ([]string, error) {
+	repl := caddy.NewReplacer()
+	var tokens []string
+	for _, t := range h.VerifyTokens {
+		if t = repl.ReplaceAll(t, ""); t == "" {
+			return nil, errors.New("verify_token: a verify token is empty (is its environment variable set?)")
+		}
+		tokens = append(tokens, t)
+	}
+	return tokens, nil
+}
+
+// provisionProtocol sets up the protocol fields checkConfig has accepted:
+// the expanded verify tokens and the batch policy. It does no I/O: it runs
+// before the store opens.
+func (h *Handler) provisionProtocol() error {
+	tokens, err := h.expandedVerifyTokens()
+	if err != nil {
+		return err
+	}
+	h.verifyTokens = tokens
+	if len(tokens) == 0 && tokenAuth(h.preset) && h.Handshake == "edge" {
+		// Deliveries still pass; only the handshake is refused.
+		h.logger.Warn("no verify_token configured: the provider's handshake will be refused until one is (or set handshake forward)",
+			zap.String("provider", h.Provider))
+	}
+	h.provisionBatch()
+	return nil
 }
 
 // newVerifier builds the route's verifier. A provider that learns its
