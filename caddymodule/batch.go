@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -26,9 +25,6 @@ import (
 // path; under batch split each item not yet completed is forwarded alone,
 // under its own claim, and the provider gets 2xx only when every item is
 // completed.
-
-// maxEventIDLen is the store's limit on an event ID, in bytes.
-const maxEventIDLen = 255
 
 // checkBatch checks the batch field against the preset (part of
 // checkConfig): a policy only for a provider that batches, never with the
@@ -85,30 +81,32 @@ func (h *Handler) eventID(body []byte, hdr http.Header) (string, error) {
 	return signature.SetKey(items), nil
 }
 
-// batchItems splits a batch body; errors wrap eventid.ErrMissing and name
-// the item's position, never its content.
+// batchItems splits a batch body. Its items and their IDs are read as a
+// top-level event ID is (signature.Batch.Split): an items array or item ID
+// named twice wraps eventid.ErrAmbiguous, refused whatever on_missing_id
+// says; other errors wrap eventid.ErrMissing. Errors name the item's
+// position, never its content.
 func (h *Handler) batchItems(body []byte) ([]signature.BatchItem, error) {
 	items, err := h.batch.Split(body)
-	if err != nil {
+	switch {
+	case errors.Is(err, eventid.ErrAmbiguous):
+		return nil, err
+	case err != nil:
 		return nil, fmt.Errorf("%w: %w", eventid.ErrMissing, err)
-	}
-	for i, it := range items {
-		if len(it.ID) > maxEventIDLen {
-			return nil, fmt.Errorf("%w: item %d's %s is longer than %d bytes", eventid.ErrTooLong, i+1, h.batch.ItemID, maxEventIDLen)
-		}
 	}
 	return items, nil
 }
 
 // batched reports whether a delivery is keyed as a batch: the route has a
-// batch policy and the body has the items array, or the preset has no
-// event ID of its own to fall back on (Okta's eventId names the whole
-// delivery; a body without data.events is keyed on it).
+// batch policy and the body has the items array (or names it twice, which
+// batchItems refuses), or the preset has no event ID of its own to fall
+// back on (Okta's eventId names the whole delivery; a body without
+// data.events is keyed on it).
 func (h *Handler) batched(body []byte) bool {
 	if h.batch == nil {
 		return false
 	}
-	return len(h.preset.EventID) == 0 || gjson.GetBytes(body, h.batch.Items).IsArray()
+	return len(h.preset.EventID) == 0 || h.batch.Present(body)
 }
 
 // splitting reports whether the delivery is split into its items.
