@@ -26,7 +26,7 @@ func init() {
 // Admin is the admin API of the gateway, on Caddy's admin endpoint
 // (module admin.api.webhook_idempotency, loaded with the admin endpoint):
 //
-//	GET    /webhook_idempotency/events/{scope}/{id}           one event: state, attempts, first seen, completed at, status
+//	GET    /webhook_idempotency/events/{scope}/{id}           one event: state, attempts, first seen, completed at, status, why it is held
 //	GET    /webhook_idempotency/events?state=processing&older_than=5m&scope=stripe&limit=100
 //	       [&after_updated_at=..&after_scope=..&after_id=..]  a page of events, oldest update first; "next" is the next page's cursor
 //	DELETE /webhook_idempotency/events/{scope}/{id}           forget the event: the provider's next delivery is forwarded again
@@ -97,6 +97,10 @@ type EventJSON struct {
 	LeaseUntil  *time.Time `json:"lease_until,omitempty"`
 	CompletedAt *time.Time `json:"completed_at,omitempty"`
 	Status      int        `json:"status,omitempty"`
+	// HoldReason says why a held event is held (on_ambiguous hold): how
+	// its forward ended, or that its claim's lease expired. Omitted unless
+	// held, and for events held by a version that recorded no reason.
+	HoldReason string `json:"hold_reason,omitempty"`
 	// Response describes the stored answer (replay response, provider
 	// idempotency_key): its size and SHA-256, never its content.
 	Response *ResponseJSON `json:"response,omitempty"`
@@ -104,19 +108,34 @@ type EventJSON struct {
 
 // ResponseJSON is a stored answer as the admin API shows it.
 type ResponseJSON struct {
-	// BodyStored is false when only status and headers were stored (the
-	// body was larger than replay_max, or cut).
-	BodyStored bool   `json:"body_stored"`
-	Size       int64  `json:"size"`
-	SHA256     string `json:"sha256"`
+	// BodyStored is false when only status and headers were stored.
+	BodyStored bool `json:"body_stored"`
+	// BodyNotStored says why the body is not stored: "cut" (cut before its
+	// end: what arrived of it is not the upstream's answer, so it has no
+	// size or hash either) or "too_large" (larger than replay_max).
+	// Omitted when the body is stored.
+	BodyNotStored string `json:"body_not_stored,omitempty"`
+	// Size (bytes) and SHA256 (hex) describe the upstream's whole body,
+	// stored or not; omitted when it was cut.
+	Size   *int64 `json:"size,omitempty"`
+	SHA256 string `json:"sha256,omitempty"`
 }
 
 func toJSON(e store.Event) EventJSON {
 	out := EventJSON{Scope: e.Scope, EventID: e.EventID, State: string(e.State), Attempts: e.Attempts,
-		FirstSeen: e.FirstSeen.UTC(), UpdatedAt: e.UpdatedAt.UTC(), Status: e.Status,
+		FirstSeen: e.FirstSeen.UTC(), UpdatedAt: e.UpdatedAt.UTC(), Status: e.Status, HoldReason: e.HoldReason,
 		LeaseUntil: timePtr(e.LeaseUntil), CompletedAt: timePtr(e.CompletedAt)}
-	if e.Response.Stored {
-		out.Response = &ResponseJSON{BodyStored: e.Response.BodyStored, Size: e.Response.Size, SHA256: e.Response.SHA256}
+	if r := e.Response; r.Stored {
+		out.Response = &ResponseJSON{BodyStored: r.BodyStored}
+		switch {
+		case r.Cut:
+			out.Response.BodyNotStored = "cut"
+		case !r.BodyStored:
+			out.Response.BodyNotStored = "too_large"
+		}
+		if !r.Cut {
+			out.Response.Size, out.Response.SHA256 = &r.Size, r.SHA256
+		}
 	}
 	return out
 }

@@ -174,12 +174,20 @@ func TestAdminAPI(t *testing.T) {
 		require.Equal(t, 0, g.up.count(held))
 		a := adminDo(t, http.MethodGet, eventPath(g.scope, held))
 		require.Equal(t, "held", a.body["state"])
+		require.Equal(t, store.HoldLeaseExpired, a.body["hold_reason"], "why it is held")
 		require.Equal(t, []string{held}, listIDs(t, adminDo(t, http.MethodGet, adminPrefix+"events?state=held&scope="+g.scope)))
+		// The CLI shows it too.
+		out, err := runCLI(t, "event", "get", "--admin", "localhost:2999", "--scope", g.scope, "--id", held)
+		require.NoError(t, err, out)
+		var ev EventJSON
+		require.NoError(t, json.Unmarshal([]byte(out), &ev), out)
+		require.Equal(t, store.HoldLeaseExpired, ev.HoldReason)
 
 		a = adminDo(t, http.MethodPost, eventPath(g.scope, held)+"/complete")
 		require.Equal(t, http.StatusOK, a.status, a.raw)
 		require.Equal(t, "completed", a.body["state"])
 		require.NotEmpty(t, a.body["completed_at"])
+		require.NotContains(t, a.body, "hold_reason", "the reason goes with the hold")
 
 		r = deliver(held)
 		require.Equal(t, 200, r.status)

@@ -106,3 +106,79 @@ func TestAmbiguousEventIDRefused(t *testing.T) {
 		})
 	})
 }
+
+// A batch that names its items, or an item its ID, twice is refused 400
+// with nothing recorded and the upstream not called, under batch set and
+// split and also under on_missing_id forward: as for a top-level event ID,
+// the gateway would key on one ID while the upstream reads the other.
+func TestAmbiguousBatchRefused(t *testing.T) {
+	t.Parallel()
+	gocardless := func(t *testing.T, body string) *http.Request {
+		t.Helper()
+		d, err := buildDelivery(signParams{Provider: "gocardless", Secret: "gc_amb", Body: []byte(body)})
+		require.NoError(t, err)
+		req := newDelivery("http://gateway.test/gc", d.Body)
+		req.Header = d.Header
+		return req
+	}
+	okta := func(t *testing.T, body string) *http.Request {
+		t.Helper()
+		d, err := buildDelivery(signParams{Provider: "okta", Secret: "okta_amb", Body: []byte(body)})
+		require.NoError(t, err)
+		req := newDelivery("http://gateway.test/okta", d.Body)
+		req.Header = d.Header
+		return req
+	}
+	eachBackend(t, func(t *testing.T, backend gatewayOption) {
+		for _, policy := range []string{"set", "split"} {
+			for _, onMissing := range []string{"reject", "forward"} {
+				t.Run("gocardless "+policy+" on_missing_id "+onMissing, func(t *testing.T) {
+					g := newGateway(t, `webhook_idempotency {
+						provider gocardless
+						secret gc_amb
+						scope `+uniqueScope("amb_gc")+`
+						batch `+policy+`
+						on_missing_id `+onMissing+`
+					}`, backend)
+					for _, body := range []string{
+						`{"events":[{"id":"EV1"},{"id":"EV2","id":"EV3"}]}`,
+						`{"events":[{"id":"EV1","ID":"EV3"}]}`,
+						`{"events":[{"i\u0064":"EV1","id":"EV3"}]}`,
+						`{"events":[{"id":"EV1"}],"events":[{"id":"EV3"}]}`,
+					} {
+						requireRefused(t, g.serve(gocardless(t, body)), http.StatusBadRequest, "event id given more than once")
+					}
+					require.Zero(t, g.up.count(), "upstream calls")
+					require.Empty(t, g.rows(), "nothing recorded")
+					require.Equal(t, 4.0, g.outcomes(outcomeBadRequest))
+					// The unambiguous batch is forwarded once.
+					requireRelayedOrSummary(t, g.serve(gocardless(t, `{"events":[{"id":"EV1"},{"id":"EV3"}]}`)))
+					require.NotZero(t, g.up.count())
+				})
+			}
+		}
+
+		t.Run("okta items named twice", func(t *testing.T) {
+			g := newGateway(t, "webhook_idempotency {\n provider okta\n secret okta_amb\n scope "+uniqueScope("amb_okta")+"\n}", backend)
+			for _, body := range []string{
+				`{"eventId":"hook-1","data":{"events":[{"uuid":"u1"}]},"data":{"events":[{"uuid":"u2"}]}}`,
+				// The first data has no events: keyed on eventId, the
+				// upstream would process the second data's events.
+				`{"eventId":"hook-1","data":{},"data":{"events":[{"uuid":"u2"}]}}`,
+				`{"eventId":"hook-1","data":{"events":[{"uuid":"u1","uuid":"u2"}]}}`,
+			} {
+				requireRefused(t, g.serve(okta(t, body)), http.StatusBadRequest, "event id given more than once")
+			}
+			require.Zero(t, g.up.count())
+			require.Empty(t, g.rows())
+		})
+	})
+}
+
+// requireRelayedOrSummary asserts a batch accepted: the upstream's answer
+// (batch set) or the gateway's summary of the items forwarded (split).
+func requireRelayedOrSummary(t *testing.T, a answer) {
+	t.Helper()
+	require.Equal(t, http.StatusOK, a.status, "body %s", a.body)
+	require.Empty(t, a.header.Get("Idempotent-Replayed"))
+}

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -27,37 +26,45 @@ import (
 // under its own claim, and the provider gets 2xx only when every item is
 // completed.
 
-// maxEventIDLen is the store's limit on an event ID, in bytes.
-const maxEventIDLen = 255
-
-// provisionBatch resolves the route's batch policy. A route with its own
-// event_id keys each delivery as configured, unbatched.
-func (h *Handler) provisionBatch() error {
-	b := h.preset.Batch
+// checkBatch checks the batch field against the preset (part of
+// checkConfig): a policy only for a provider that batches, never with the
+// route's own event_id, split not in async mode.
+func (h *Handler) checkBatch(preset signature.Preset) error {
+	b := preset.Batch
 	switch {
 	case h.Batch != "" && h.Batch != string(signature.BatchSet) && h.Batch != string(signature.BatchSplit):
 		return fmt.Errorf("batch: want set or split, got %q", h.Batch)
 	case h.Batch != "" && b == nil:
 		return fmt.Errorf("batch: provider %s sends one event per delivery", h.Provider)
 	case b == nil:
-		h.batch = nil
 		return nil
-	case len(h.EventID) > 0:
-		if h.Batch != "" {
-			return errors.New("batch: keys on the provider's item IDs; it cannot be combined with event_id")
-		}
+	case len(h.EventID) > 0 && h.Batch != "":
+		return errors.New("batch: keys on the provider's item IDs; it cannot be combined with event_id")
+	}
+	policy := b.Policy
+	if h.Batch != "" {
+		policy = signature.BatchPolicy(h.Batch)
+	}
+	if policy == signature.BatchSplit && h.Mode == "async" && len(h.EventID) == 0 {
+		return errors.New("batch: split is not available in mode async; use batch set")
+	}
+	return nil
+}
+
+// provisionBatch resolves the route's batch policy (checkBatch has
+// accepted it). A route with its own event_id keys each delivery as
+// configured, unbatched.
+func (h *Handler) provisionBatch() {
+	b := h.preset.Batch
+	if b == nil || len(h.EventID) > 0 {
 		h.batch = nil
-		return nil
+		return
 	}
 	bb := *b
 	if h.Batch != "" {
 		bb.Policy = signature.BatchPolicy(h.Batch)
 	}
-	if bb.Policy == signature.BatchSplit && h.Mode == "async" {
-		return errors.New("batch: split is not available in mode async; use batch set")
-	}
 	h.batch = &bb
-	return nil
 }
 
 // eventID returns the delivery's event ID: the configured or default
@@ -74,30 +81,32 @@ func (h *Handler) eventID(body []byte, hdr http.Header) (string, error) {
 	return signature.SetKey(items), nil
 }
 
-// batchItems splits a batch body; errors wrap eventid.ErrMissing and name
-// the item's position, never its content.
+// batchItems splits a batch body. Its items and their IDs are read as a
+// top-level event ID is (signature.Batch.Split): an items array or item ID
+// named twice wraps eventid.ErrAmbiguous, refused whatever on_missing_id
+// says; other errors wrap eventid.ErrMissing. Errors name the item's
+// position, never its content.
 func (h *Handler) batchItems(body []byte) ([]signature.BatchItem, error) {
 	items, err := h.batch.Split(body)
-	if err != nil {
+	switch {
+	case errors.Is(err, eventid.ErrAmbiguous):
+		return nil, err
+	case err != nil:
 		return nil, fmt.Errorf("%w: %w", eventid.ErrMissing, err)
-	}
-	for i, it := range items {
-		if len(it.ID) > maxEventIDLen {
-			return nil, fmt.Errorf("%w: item %d's %s is longer than %d bytes", eventid.ErrTooLong, i+1, h.batch.ItemID, maxEventIDLen)
-		}
 	}
 	return items, nil
 }
 
 // batched reports whether a delivery is keyed as a batch: the route has a
-// batch policy and the body has the items array, or the preset has no
-// event ID of its own to fall back on (Okta's eventId names the whole
-// delivery; a body without data.events is keyed on it).
+// batch policy and the body has the items array (or names it twice, which
+// batchItems refuses), or the preset has no event ID of its own to fall
+// back on (Okta's eventId names the whole delivery; a body without
+// data.events is keyed on it).
 func (h *Handler) batched(body []byte) bool {
 	if h.batch == nil {
 		return false
 	}
-	return len(h.preset.EventID) == 0 || gjson.GetBytes(body, h.batch.Items).IsArray()
+	return len(h.preset.EventID) == 0 || h.batch.Present(body)
 }
 
 // splitting reports whether the delivery is split into its items.

@@ -132,6 +132,14 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		{name: "bad storage", input: "webhook_idempotency {\n provider stripe\n secret s\n storage redis x\n}", wantErr: "storage", config: true},
 		{name: "bad on_ambiguous", input: "webhook_idempotency {\n provider stripe\n secret s\n on_ambiguous maybe\n}", wantErr: "on_ambiguous", config: true},
 		{name: "args on directive", input: "webhook_idempotency foo {\n provider stripe\n secret s\n}", wantErr: "wrong argument count"},
+		// The protocol rules between fields (handshake.go, batch.go) are
+		// checkConfig's too.
+		{name: "verify_token without a token handshake", input: "webhook_idempotency {\n provider stripe\n secret s\n verify_token t\n}", wantErr: "verify_token: provider stripe has no handshake with a verify token", config: true},
+		{name: "verify_token unset", input: "webhook_idempotency {\n provider meta\n secret s\n event_id json id\n verify_token {env.WEBHOOK_IDEMPOTENCY_TEST_UNSET}\n}", wantErr: "verify_token: a verify token is empty", config: true},
+		{name: "learned_secret replace without a learned secret", input: "webhook_idempotency {\n provider stripe\n secret s\n learned_secret replace\n}", wantErr: "learned_secret: provider stripe learns no secret", config: true},
+		{name: "batch on a provider that does not batch", input: "webhook_idempotency {\n provider stripe\n secret s\n batch split\n}", wantErr: "batch: provider stripe sends one event per delivery", config: true},
+		{name: "batch with event_id", input: "webhook_idempotency {\n provider gocardless\n secret s\n event_id json events.0.id\n batch set\n}", wantErr: "cannot be combined with event_id", config: true},
+		{name: "batch split in async mode", input: "webhook_idempotency {\n provider gocardless\n secret s\n batch split\n mode async\n deliver_to http://127.0.0.1:9\n storage postgres \"postgres://u@127.0.0.1:1/db\"\n}", wantErr: "batch: split is not available in mode async", config: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -167,4 +175,30 @@ func FuzzUnmarshalCaddyfile(f *testing.F) {
 		var h Handler
 		_ = h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(input)) // must not panic
 	})
+}
+
+// The protocol fields' values, which only JSON can get wrong (the
+// Caddyfile parser refuses them), are checked by checkConfig before any
+// I/O; their defaults are applied with the others.
+func TestProtocolConfigChecked(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		h    Handler
+		want string
+	}{
+		{"handshake", Handler{Provider: "slack", Secrets: []string{"s"}, ProtocolConfig: ProtocolConfig{Handshake: "maybe"}}, `handshake: want edge or forward, got "maybe"`},
+		{"learned_secret", Handler{Provider: "asana", EventID: []eventid.Source{{Kind: eventid.JSON, Name: "id"}}, ProtocolConfig: ProtocolConfig{LearnedSecret: "always"}}, `learned_secret: want keep or replace, got "always"`},
+		{"batch", Handler{Provider: "sendgrid", Secrets: []string{"s"}, ProtocolConfig: ProtocolConfig{Batch: "each"}}, `batch: want set or split, got "each"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			require.ErrorContains(t, tc.h.prepareConfig(), tc.want)
+			require.ErrorContains(t, tc.h.Validate(), tc.want)
+		})
+	}
+	h := Handler{Provider: "slack", Secrets: []string{"s"}}
+	require.NoError(t, h.prepareConfig())
+	require.Equal(t, "edge", h.Handshake)
+	require.Equal(t, "keep", h.LearnedSecret)
 }

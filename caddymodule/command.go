@@ -167,7 +167,7 @@ func eventCommand() *cobra.Command {
 		Long: `
 Calls the admin API of a running Caddy (module admin.api.webhook_idempotency):
 
-  get       --scope S --id I   the event's state, attempts, first seen, status
+  get       --scope S --id I   the event's state, attempts, first seen, status; for a held event, why (hold_reason)
   forget    --scope S --id I   deletes it: the provider's next delivery is forwarded again
   release   --scope S --id I   a held event, or a claim whose gateway died: the next delivery is forwarded
   complete  --scope S --id I   the same, but later deliveries are answered as duplicates

@@ -79,6 +79,7 @@ func (h *Handler) applyDefaults() {
 	if h.Mode == "" {
 		h.Mode = "sync"
 	}
+	h.protocolDefaults()
 	h.replayDefaults()
 	if h.Mode != "async" {
 		return
@@ -135,6 +136,9 @@ func (h *Handler) checkConfig() error {
 	}
 	if len(h.EventID) == 0 && len(preset.EventID) == 0 && preset.Batch == nil { // a batch is keyed on its items (batch.go)
 		return fmt.Errorf("event_id: provider %s has no event ID of its own; configure event_id header|json|form", h.Provider)
+	}
+	if err := h.checkProtocol(preset); err != nil {
+		return err
 	}
 	return h.checkCommon()
 }

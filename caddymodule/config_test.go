@@ -43,6 +43,9 @@ func TestRefusedConfigOpensNoStore(t *testing.T) {
 		{"on_ambiguous maybe\n", "on_ambiguous: want reforward or hold"},
 		{"order_key form x\n", "order_key: want json <path> or header <name>"},
 		{"refuse_status 200\n", "refuse_status: want a 4xx status"},
+		{"verify_token t\n", "verify_token: provider stripe has no handshake with a verify token"},
+		{"learned_secret replace\n", "learned_secret: provider stripe learns no secret"},
+		{"batch split\n", "batch: provider stripe sends one event per delivery"},
 	} {
 		took, err := provision(c.extra)
 		require.ErrorContains(t, err, c.want, c.extra)

@@ -128,8 +128,13 @@ func TestEdge_OnAmbiguousHoldParksBodyToo(t *testing.T) {
 		require.NotEmpty(t, a.header.Get("Retry-After"))
 	}
 	require.Equal(t, 1, up.count())
-	g.requireRow(scope, guid, store.StateHeld)
-	g.requireRow(scope+"#body", bodyKey(body), store.StateHeld)
+	// Held with the reason the log line gives, for the admin API.
+	const why = "forward_timeout ended the forward before an upstream status arrived"
+	ev := g.requireRow(scope, guid, store.StateHeld)
+	require.Equal(t, why, ev.HoldReason)
+	require.Equal(t, why, toJSON(ev).HoldReason)
+	require.Equal(t, why, g.logged("the event is held")[0].ContextMap()["reason"])
+	require.Equal(t, why, g.requireRow(scope+"#body", bodyKey(body), store.StateHeld).HoldReason)
 	require.GreaterOrEqual(t, g.outcomes(outcomeHeld), 2.0)
 }
 

@@ -106,6 +106,9 @@ func TestForwardSurvivesPanic(t *testing.T) {
 			require.Equal(t, 1, up.count())
 			ev := g.requireRow(scope, id, tc.state)
 			require.Equal(t, 1, ev.Attempts)
+			if tc.state == store.StateHeld {
+				require.Equal(t, "the next handler panicked before an upstream status arrived", ev.HoldReason)
+			}
 			require.Equal(t, 0.0, gaugeValue(t, metrics.inFlight.WithLabelValues(scope)), "claims_in_flight balanced")
 			lines := g.deliveryLog()
 			require.Len(t, lines, 1, "one delivery line")

@@ -325,7 +325,7 @@ func (h *Handler) provisionVerifier(repl *caddy.Replacer) error {
 	if err != nil {
 		return err
 	}
-	if err := h.provisionProtocol(repl); err != nil {
+	if err := h.provisionProtocol(); err != nil {
 		return err
 	}
 	opts := signature.Options{
@@ -489,10 +489,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if handshake {
 		return h.serveHandshake(w, r, hs, forwardable, next, &d)
 	}
-	if h.preset.Handshake != nil && h.preset.Handshake(signed, r.Header) {
-		d.outcome = outcomeHandshake
-		return h.passOn(w, forwardable(), next, &d)
-	}
 
 	if h.splitting(signed) {
 		return h.serveSplit(w, r, signed, next, &d)
@@ -651,6 +647,9 @@ type claimRef struct {
 	// resp is the upstream's answer stored when the claim completes
 	// (replay response); nil stores none.
 	resp *store.Response
+	// holdReason is why the claim is held (on_ambiguous hold), stored for
+	// the admin API.
+	holdReason string
 }
 
 // forward runs the next handler with the claims held, renewing their leases,
@@ -715,6 +714,9 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 		d.outcome, d.reason = outcomeAmbiguous, end.describe()
 		h.logger.Warn("forward ended with no known outcome; the event is held (on_ambiguous hold)",
 			zap.String("scope", h.Scope), zap.String("event_id", claims[0].id), zap.String("reason", d.reason))
+		for i := range claims {
+			claims[i].holdReason = d.reason
+		}
 		h.settle(r.Context(), claims, 0, "hold")
 	default:
 		d.outcome = outcomeReleased
@@ -807,7 +809,7 @@ func (h *Handler) settleOnce(parent context.Context, c claimRef, status int, op 
 		return h.backend.Complete(ctx, c.scope, c.id, c.token, status)
 	case "hold":
 		defer observe(metrics.storeTime.hold, t0)
-		return h.backend.Hold(ctx, c.scope, c.id, c.token)
+		return h.backend.Hold(ctx, c.scope, c.id, c.token, c.holdReason)
 	}
 	defer observe(metrics.storeTime.release, t0)
 	return h.backend.Release(ctx, c.scope, c.id, c.token)

@@ -106,35 +106,31 @@ func learnsSecret(provider string) bool {
 	return slices.ContainsFunc(p.Challenges, func(c signature.Challenge) bool { return c.LearnSecret != "" })
 }
 
-// provisionProtocol checks the protocol fields against the preset and
-// applies their defaults. It does no I/O: it runs before the store opens.
-func (h *Handler) provisionProtocol(repl *caddy.Replacer) error {
+// protocolDefaults applies the protocol fields' defaults (part of
+// applyDefaults).
+func (h *Handler) protocolDefaults() {
 	if h.Handshake == "" {
 		h.Handshake = "edge"
 	}
+	if h.LearnedSecret == "" {
+		h.LearnedSecret = "keep"
+	}
+}
+
+// checkProtocol checks the protocol fields against the preset (part of
+// checkConfig): the handshake and learned_secret values, verify tokens
+// only where a handshake carries one and none empty, and the batch policy
+// (checkBatch).
+func (h *Handler) checkProtocol(preset signature.Preset) error {
 	if h.Handshake != "edge" && h.Handshake != "forward" {
 		return fmt.Errorf("handshake: want edge or forward, got %q", h.Handshake)
 	}
-	tokenAuth := slices.ContainsFunc(h.preset.Challenges, func(c signature.Challenge) bool {
-		return c.Auth == signature.AuthVerifyToken
-	})
-	h.verifyTokens = nil
-	for _, t := range h.VerifyTokens {
-		if t = repl.ReplaceAll(t, ""); t == "" {
-			return errors.New("verify_token: a verify token is empty (is its environment variable set?)")
-		}
-		h.verifyTokens = append(h.verifyTokens, t)
+	tokens, err := h.expandedVerifyTokens()
+	if err != nil {
+		return err
 	}
-	if len(h.verifyTokens) > 0 && !tokenAuth {
+	if len(tokens) > 0 && !tokenAuth(preset) {
 		return fmt.Errorf("verify_token: provider %s has no handshake with a verify token", h.Provider)
-	}
-	if len(h.verifyTokens) == 0 && tokenAuth && h.Handshake == "edge" {
-		// Deliveries still pass; only the handshake is refused.
-		h.logger.Warn("no verify_token configured: the provider's handshake will be refused until one is (or set handshake forward)",
-			zap.String("provider", h.Provider))
-	}
-	if h.LearnedSecret == "" {
-		h.LearnedSecret = "keep"
 	}
 	if h.LearnedSecret != "keep" && h.LearnedSecret != "replace" {
 		return fmt.Errorf("learned_secret: want keep or replace, got %q", h.LearnedSecret)
@@ -142,7 +138,47 @@ func (h *Handler) provisionProtocol(repl *caddy.Replacer) error {
 	if h.LearnedSecret == "replace" && !learnsSecret(h.Provider) {
 		return fmt.Errorf("learned_secret: provider %s learns no secret in a handshake", h.Provider)
 	}
-	return h.provisionBatch()
+	return h.checkBatch(preset)
+}
+
+// tokenAuth reports whether one of the preset's handshakes is
+// authenticated by a verify token.
+func tokenAuth(p signature.Preset) bool {
+	return slices.ContainsFunc(p.Challenges, func(c signature.Challenge) bool {
+		return c.Auth == signature.AuthVerifyToken
+	})
+}
+
+// expandedVerifyTokens returns the verify tokens with their placeholders
+// expanded, refusing any that expands to nothing.
+func (h *Handler) expandedVerifyTokens() ([]string, error) {
+	repl := caddy.NewReplacer()
+	var tokens []string
+	for _, t := range h.VerifyTokens {
+		if t = repl.ReplaceAll(t, ""); t == "" {
+			return nil, errors.New("verify_token: a verify token is empty (is its environment variable set?)")
+		}
+		tokens = append(tokens, t)
+	}
+	return tokens, nil
+}
+
+// provisionProtocol sets up the protocol fields checkConfig has accepted:
+// the expanded verify tokens and the batch policy. It does no I/O: it runs
+// before the store opens.
+func (h *Handler) provisionProtocol() error {
+	tokens, err := h.expandedVerifyTokens()
+	if err != nil {
+		return err
+	}
+	h.verifyTokens = tokens
+	if len(tokens) == 0 && tokenAuth(h.preset) && h.Handshake == "edge" {
+		// Deliveries still pass; only the handshake is refused.
+		h.logger.Warn("no verify_token configured: the provider's handshake will be refused until one is (or set handshake forward)",
+			zap.String("provider", h.Provider))
+	}
+	h.provisionBatch()
+	return nil
 }
 
 // newVerifier builds the route's verifier. A provider that learns its
@@ -266,10 +302,12 @@ func (h *Handler) matchHandshake(r *http.Request, body []byte) (signature.Handsh
 // serveHandshake answers a recognised handshake. Those authenticated by a
 // signature have been verified by the caller; the others are checked here
 // (a verify token) or need nothing. At the edge the answer is the
-// provider's documented one; with handshake forward (or a challenge the
-// preset forwards) the upstream answers, without a claim. A secret the
-// handshake teaches is stored before it is answered (at the edge) or once
-// the upstream answered 2xx (forward).
+// provider's documented one, and a handshake without the value it echoes
+// or teaches (signature.HandshakeAnswer.Incomplete) is refused 400; with
+// handshake forward (or a challenge the preset forwards) the upstream
+// answers, without a claim. A secret the handshake teaches is stored
+// before it is answered (at the edge) or once the upstream answered 2xx
+// (forward).
 func (h *Handler) serveHandshake(w http.ResponseWriter, r *http.Request, a signature.HandshakeAnswer,
 	forwardable func() *http.Request, next caddyhttp.Handler, d *delivery,
 ) error {
@@ -288,6 +326,14 @@ func (h *Handler) serveHandshake(w http.ResponseWriter, r *http.Request, a signa
 	if a.Challenge.Auth == signature.AuthVerifyToken && !a.CheckToken(h.verifyTokens) {
 		d.outcome, d.reason = outcomeInvalidSignature, "verify token does not match"
 		respondError(w, h.RefuseStatus, d.reason, 0)
+		return nil
+	}
+	if a.Incomplete != "" {
+		// Never claimed nor forwarded: it has the handshake's shape, and the
+		// upstream of a route that answers handshakes at the edge does not
+		// know them.
+		d.outcome, d.reason = outcomeBadRequest, a.Challenge.Name+" handshake without its "+a.Incomplete
+		respondError(w, http.StatusBadRequest, d.reason, 0)
 		return nil
 	}
 	if a.Secret != "" {

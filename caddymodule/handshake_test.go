@@ -9,6 +9,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/stretchr/testify/require"
 
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
 
@@ -244,4 +245,80 @@ func TestLogFilterHandshakeSecrets(t *testing.T) {
 	require.NoError(t, err)
 	_, err = adaptJSON(global + ":8080 {\nrespond 200\n}\n")
 	require.NoError(t, err, global)
+}
+
+// A signed body shaped like a handshake is one only when its
+// discriminator is given once: with the member twice the upstream's parser
+// may read the other value, so it is an event (claimed, forwarded once),
+// never answered at the edge. A handshake that matched its shape but has
+// nothing to answer with (Slack's url_verification without its challenge)
+// is refused 400 at the edge, neither claimed nor forwarded; under
+// handshake forward it is passed on unclaimed, as any handshake.
+func TestHandshakeAmbiguousOrIncomplete(t *testing.T) {
+	t.Parallel()
+	pub, err := signature.PublicSecret("discord", discordSeed)
+	require.NoError(t, err)
+	slack := func(t *testing.T, body string) *http.Request {
+		t.Helper()
+		d, err := buildDelivery(signParams{Provider: "slack", Secret: "slack_hs", Body: []byte(body)})
+		require.NoError(t, err)
+		req := newDelivery("http://gateway.test/slack", d.Body)
+		req.Header = d.Header
+		return req
+	}
+
+	t.Run("discord type twice", func(t *testing.T) {
+		t.Parallel()
+		scope := uniqueScope("discord_hs")
+		g := newGateway(t, "webhook_idempotency {\n provider discord\n secret "+pub+"\n scope "+scope+"\n}")
+		for _, body := range []string{
+			`{"type":1,"id":"int_1","type":2,"data":{"name":"pay"}}`,
+			`{"type":1,"id":"int_2","TYPE":2,"data":{"name":"pay"}}`,
+		} {
+			requireRelayed(t, g.serve(discordDelivery(t, discordSeed, []byte(body), g.clock.Now())))
+		}
+		require.Equal(t, 2, g.up.count(), "forwarded as events")
+		g.requireRow(scope, "int_1", store.StateCompleted)
+		g.requireRow(scope, "int_2", store.StateCompleted)
+		// A PING is still answered at the edge, unclaimed.
+		a := g.serve(discordDelivery(t, discordSeed, []byte(`{"type":1,"id":"ping_1"}`), g.clock.Now()))
+		require.Equal(t, http.StatusOK, a.status)
+		require.JSONEq(t, `{"type":1}`, string(a.body))
+		require.Equal(t, 2, g.up.count())
+		require.Len(t, g.rows(), 2)
+	})
+
+	t.Run("slack type twice", func(t *testing.T) {
+		t.Parallel()
+		scope := uniqueScope("slack_hs")
+		g := newGateway(t, "webhook_idempotency {\n provider slack\n secret slack_hs\n scope "+scope+"\n}")
+		body := `{"type":"url_verification","challenge":"c1","type":"event_callback","event_id":"Ev1"}`
+		requireRelayed(t, g.serve(slack(t, body)))
+		requireDuplicate(t, g.serve(slack(t, body)))
+		require.Equal(t, 1, g.up.count())
+		g.requireRow(scope, "Ev1", store.StateCompleted)
+	})
+
+	t.Run("nothing to echo", func(t *testing.T) {
+		t.Parallel()
+		body := `{"type":"url_verification","token":"t","event_id":"Ev2"}`
+		for _, b := range []string{body, `{"type":"url_verification","challenge":"","event_id":"Ev2"}`} {
+			g := newGateway(t, "webhook_idempotency {\n provider slack\n secret slack_hs\n scope "+uniqueScope("slack_hs")+"\n}")
+			requireRefused(t, g.serve(slack(t, b)), http.StatusBadRequest, "url_verification handshake without its json challenge")
+			require.Zero(t, g.up.count())
+			require.Empty(t, g.rows())
+			require.Equal(t, 1.0, g.outcomes(outcomeBadRequest))
+		}
+
+		f := newGateway(t, "webhook_idempotency {\n provider slack\n secret slack_hs\n handshake forward\n scope "+uniqueScope("slack_hs")+"\n}")
+		requireRelayed(t, f.serve(slack(t, body)))
+		requireRelayed(t, f.serve(slack(t, body)))
+		require.Equal(t, 2, f.up.count(), "a handshake: forwarded every time")
+		require.Empty(t, f.rows(), "never claimed")
+		require.Equal(t, 2.0, f.outcomes(outcomeHandshake))
+
+		// Unsigned, it is refused as any delivery.
+		g := newGateway(t, "webhook_idempotency {\n provider slack\n secret slack_hs\n scope "+uniqueScope("slack_hs")+"\n}")
+		requireRefused(t, g.serve(newDelivery("http://gateway.test/slack", []byte(body))), http.StatusBadRequest, "missing signature header")
+	})
 }

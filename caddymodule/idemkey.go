@@ -314,7 +314,7 @@ func (h *Handler) serveIdempotencyKey(w http.ResponseWriter, r *http.Request, ne
 				return nil
 			}
 			d.outcome, d.status = outcomeDuplicate, resp.Status
-			respondReplay(w, resp)
+			h.replay(w, resp, &d)
 			return nil
 		}
 		h.cacheMiss.Inc()
@@ -377,16 +377,28 @@ func (h *Handler) refuseReused(w http.ResponseWriter, d *delivery) {
 		"This key was used with a different request; an Idempotency-Key must not be reused across different requests.", 0)
 }
 
+// problem is an RFC 9457 problem answer of the mode.
+type problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+	// UpstreamStatus (an extension member) is the status the upstream
+	// answered the key's request with, when its stored answer is
+	// incomplete.
+	UpstreamStatus int `json:"upstream_status,omitempty"`
+}
+
 // respondProblem writes an RFC 9457 problem (application/problem+json),
 // as the Idempotency-Key draft recommends, with Retry-After (whole
 // seconds, at least 1) when retryAfter > 0.
 func respondProblem(w http.ResponseWriter, status int, title, detail string, retryAfter time.Duration) {
-	b, _ := json.Marshal(struct {
-		Type   string `json:"type"`
-		Title  string `json:"title"`
-		Status int    `json:"status"`
-		Detail string `json:"detail,omitempty"`
-	}{problemType, title, status, detail})
+	writeProblem(w, problem{Status: status, Title: title, Detail: detail}, retryAfter)
+}
+
+func writeProblem(w http.ResponseWriter, p problem, retryAfter time.Duration) {
+	p.Type = problemType
+	b, _ := json.Marshal(p)
 	b = append(b, '\n')
 	hdr := w.Header()
 	hdr.Set("Content-Type", "application/problem+json")
@@ -394,8 +406,34 @@ func respondProblem(w http.ResponseWriter, status int, title, detail string, ret
 	if retryAfter > 0 {
 		hdr.Set("Retry-After", strconv.Itoa(retrySeconds(retryAfter)))
 	}
-	w.WriteHeader(status)
+	w.WriteHeader(p.Status)
 	_, _ = w.Write(b)
+}
+
+// respondIncomplete answers a request whose key completed with an answer
+// stored without its whole body (cut before its end, or larger than
+// replay_max): 502, a problem naming the upstream's status, and
+// Idempotent-Replayed: true with Idempotent-Replay-Incomplete (cut,
+// too-large). Never the status with an empty body, which a client would
+// take for its answer. The request is not forwarded again while the key is
+// kept: the upstream did the work, and the client must look its result up
+// rather than retry under a new key.
+func respondIncomplete(w http.ResponseWriter, resp *store.Response) {
+	why := "its body was cut before its end"
+	if !resp.Cut {
+		why = "its body was larger than the gateway stores (replay_max)"
+	}
+	hdr := w.Header()
+	hdr.Set("Idempotent-Replayed", "true")
+	hdr.Set(replayIncomplete, incompleteReason(resp))
+	writeProblem(w, problem{
+		Status: http.StatusBadGateway,
+		Title:  "Stored answer is incomplete",
+		Detail: fmt.Sprintf("A request with this Idempotency-Key was processed: the upstream answered %d, but %s, "+
+			"so the answer was not stored and cannot be replayed. The request is not processed again with this key; "+
+			"do not retry it with a new key: look its result up instead.", resp.Status, why),
+		UpstreamStatus: resp.Status,
+	}, 0)
 }
 
 // sweepEvery is how often the retention sweep runs: retentionInterval, or

@@ -49,9 +49,12 @@ type ReplayConfig struct {
 	Replay string `json:"replay,omitempty"`
 
 	// ReplayMax is the largest upstream body stored for replay, in bytes.
-	// A larger answer is stored as status and headers only (logged, and
-	// shown by the admin API), and its duplicates get an empty body.
-	// Default: 65536 (64 KiB); at most 16 MiB.
+	// A larger answer, or one cut before its end, is stored as status and
+	// headers only (logged, and shown by the admin API): its duplicates get
+	// the status and headers with an empty body and
+	// Idempotent-Replay-Incomplete (too-large or cut); under provider
+	// idempotency_key, retries with the key get 502 instead (see
+	// respondIncomplete). Default: 65536 (64 KiB); at most 16 MiB.
 	ReplayMax int64 `json:"replay_max,omitempty"`
 
 	// ReplayHeaders are the response headers stored and replayed. Default:
@@ -206,19 +209,20 @@ func (c *capture) ReadFrom(r io.Reader) (int64, error) {
 type writerOnly struct{ io.Writer }
 
 // response is what is stored for the forward that ended as end: the body
-// only when it was seen whole (within max, every write delivered, the next
-// handler returned without error or panic).
+// only when it was seen whole and within max; a cut body neither stored
+// nor measured (store.Response.Cut).
 func (c *capture) response(end forwardEnd) *store.Response {
-	resp := &store.Response{
-		Status: end.status,
-		Header: c.header,
-		Size:   c.size,
-		SHA256: hex.EncodeToString(c.hash.Sum(nil)),
-	}
+	resp := &store.Response{Status: end.status, Header: c.header}
 	if resp.Header == nil {
 		resp.Header = http.Header{}
 	}
-	if !c.over && !c.failed && end.err == nil && !end.panicked {
+	switch {
+	case c.cut(end):
+		resp.Cut = true
+	case c.over:
+		resp.Size, resp.SHA256 = c.size, hex.EncodeToString(c.hash.Sum(nil))
+	default:
+		resp.Size, resp.SHA256 = c.size, hex.EncodeToString(c.hash.Sum(nil))
 		resp.Body = bytes.Clone(c.body.Bytes())
 		if resp.Body == nil {
 			resp.Body = []byte{}
@@ -228,21 +232,37 @@ func (c *capture) response(end forwardEnd) *store.Response {
 	return resp
 }
 
+// cut reports whether the body seen is not the upstream's whole answer: a
+// write to the client failed (the next handler then stops copying), or the
+// next handler returned an error or panicked after the status
+// (reverse_proxy raises http.ErrAbortHandler when the upstream's body ends
+// early, a Content-Length it did not send included). A status that carries
+// no body has nothing to cut.
+func (c *capture) cut(end forwardEnd) bool {
+	return bodyAllowed(end.status) && (c.failed || end.err != nil || end.panicked)
+}
+
 // storedResponse builds the response stored with a completed claim, and
 // says in the log when only status and headers are stored (never the body
 // itself).
 func (h *Handler) storedResponse(c *capture, end forwardEnd, d *delivery) *store.Response {
 	resp := c.response(end)
 	resp.Fingerprint = d.fingerprint
-	if !resp.BodyStored {
-		why := "the body was cut before its end"
-		if c.over {
-			why = "the body is larger than replay_max"
-		}
-		h.logger.Warn("stored status and headers only, without the body; duplicates get an empty body",
-			zap.String("scope", h.Scope), zap.String("event_id", d.eventID), zap.Int("status", resp.Status),
-			zap.Int64("body_size", resp.Size), zap.Int64("replay_max", h.ReplayMax), zap.String("reason", why))
+	if resp.BodyStored {
+		return resp
 	}
+	msg := "stored status and headers only, without the body; duplicates get an empty body"
+	if h.idem != nil {
+		msg = "stored status and headers only, without the body; retries with the key get 502"
+	}
+	fields := []zap.Field{zap.String("scope", h.Scope), zap.String("event_id", d.eventID), zap.Int("status", resp.Status)}
+	if resp.Cut {
+		fields = append(fields, zap.Int64("bytes_before_cut", c.size), zap.String("reason", "the body was cut before its end"))
+	} else {
+		fields = append(fields, zap.Int64("body_size", resp.Size), zap.Int64("replay_max", h.ReplayMax),
+			zap.String("reason", "the body is larger than replay_max"))
+	}
+	h.logger.Warn(msg, fields...)
 	return resp
 }
 
@@ -277,7 +297,7 @@ func (h *Handler) replayCached(w http.ResponseWriter, r *http.Request, id string
 	if h.dedupeBody {
 		h.checkSameBody(r.Context(), id, signed)
 	}
-	respondReplay(w, resp)
+	h.replay(w, resp, d)
 	return true
 }
 
@@ -322,17 +342,44 @@ func (h *Handler) replayStored(w http.ResponseWriter, r *http.Request, id string
 		h.checkSameBody(r.Context(), id, signed)
 	}
 	d.status = resp.Status
+	h.replay(w, resp, d)
+}
+
+// replay answers a duplicate with its stored response (respondReplay). In
+// Idempotency-Key mode an answer stored without its whole body is not
+// replayed as if it were the client's answer: respondIncomplete says so.
+func (h *Handler) replay(w http.ResponseWriter, resp *store.Response, d *delivery) {
+	if h.idem != nil && !resp.BodyStored {
+		d.reason = "the stored answer is incomplete: " + incompleteReason(resp)
+		respondIncomplete(w, resp)
+		return
+	}
 	respondReplay(w, resp)
 }
 
+// replayIncomplete is the header of a replay whose stored answer has no
+// body (incompleteReason says why).
+const replayIncomplete = "Idempotent-Replay-Incomplete"
+
+// incompleteReason is the value of replayIncomplete for a response stored
+// without its body: "cut" (cut before its end) or "too-large" (larger
+// than replay_max).
+func incompleteReason(resp *store.Response) string {
+	if resp.Cut {
+		return "cut"
+	}
+	return "too-large"
+}
+
 // respondReplay answers a duplicate with a stored response: its status,
-// stored headers and body (empty when only status and headers were
-// stored), plus Idempotent-Replayed: true. The header values are copied
+// stored headers and body, plus Idempotent-Replayed: true. When only status
+// and headers were stored the body is empty and Idempotent-Replay-Incomplete
+// says why (cut, too-large). The header values are copied
 // into one array, each header a capacity-limited window of it (as
 // respondDuplicate does): header handlers may rewrite values in place, and
 // the stored response is shared through the cache.
 func respondReplay(w http.ResponseWriter, resp *store.Response) {
-	n := 2
+	n := 3
 	for _, vs := range resp.Header {
 		n += len(vs)
 	}
@@ -350,6 +397,9 @@ func respondReplay(w http.ResponseWriter, resp *store.Response) {
 	body := bodyAllowed(resp.Status)
 	if body {
 		window("Content-Length", strconv.Itoa(len(resp.Body)))
+		if !resp.BodyStored {
+			window(replayIncomplete, incompleteReason(resp))
+		}
 	}
 	w.WriteHeader(resp.Status)
 	if body {

@@ -64,6 +64,15 @@ func newAnsweringUpstream(t *testing.T) *answeringUpstream {
 		case "big":
 			w.Header().Set("Content-Type", "application/octet-stream")
 			_, _ = w.Write(bigBody)
+		case "cut": // 201 announcing more body than it sends, then closed
+			conn, buf, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				panic(err)
+			}
+			_, _ = buf.WriteString("HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n" +
+				`{"order":"` + id + `","amou`)
+			_ = buf.Flush()
+			_ = conn.Close()
 		default: // a client API: the status asked for, a body naming the call
 			status, _ := strconv.Atoi(r.Header.Get("X-Status"))
 			if status == 0 {
@@ -183,6 +192,11 @@ func adminEvent(t *testing.T, scope, id string) (EventJSON, string) {
 	return ev, string(b)
 }
 
+func sizePtr(n int) *int64 {
+	s := int64(n)
+	return &s
+}
+
 func sha256Hex(b []byte) string {
 	s := sha256.Sum256(b)
 	return hex.EncodeToString(s[:])
@@ -228,7 +242,7 @@ func TestReplayTwiML(t *testing.T) {
 				ev, raw := adminEvent(t, "twilio_"+backend, token)
 				require.Equal(t, "completed", ev.State)
 				require.NotNil(t, ev.Response)
-				require.Equal(t, ResponseJSON{BodyStored: true, Size: int64(len(twiml)), SHA256: sha256Hex([]byte(twiml))}, *ev.Response)
+				require.Equal(t, ResponseJSON{BodyStored: true, Size: sizePtr(len(twiml)), SHA256: sha256Hex([]byte(twiml))}, *ev.Response)
 				require.NotContains(t, raw, "Thanks")
 			})
 		}
@@ -263,12 +277,13 @@ func TestReplayLargeAnswerHeadersOnly(t *testing.T) {
 			require.Equal(t, http.StatusOK, dup.status)
 			require.True(t, dup.replayed())
 			require.Equal(t, "application/octet-stream", dup.header.Get("Content-Type"))
+			require.Equal(t, "too-large", dup.header.Get("Idempotent-Replay-Incomplete"))
 			require.Empty(t, dup.body)
 			require.Equal(t, 1, up.count(id))
 
 			ev, raw := adminEvent(t, "stripe_"+backend, id)
 			require.NotNil(t, ev.Response)
-			require.Equal(t, ResponseJSON{BodyStored: false, Size: int64(len(bigBody)), SHA256: sha256Hex(bigBody)}, *ev.Response)
+			require.Equal(t, ResponseJSON{BodyStored: false, BodyNotStored: "too_large", Size: sizePtr(len(bigBody)), SHA256: sha256Hex(bigBody)}, *ev.Response)
 			require.NotContains(t, raw, "BIGANSWER")
 
 			var line map[string]any
@@ -310,6 +325,13 @@ func apiRequest(t *testing.T, url, key, client, body string, headers ...string) 
 		req.Header.Set(headers[i], headers[i+1])
 	}
 	return req
+}
+
+// idemStoredID is the stored event ID of key for the client whose
+// Authorization is "Bearer <client>" (client header Authorization).
+func idemStoredID(key, client string) string {
+	sum := sha256.Sum256([]byte("Bearer " + client))
+	return hex.EncodeToString(sum[:16]) + ":" + key
 }
 
 // requireProblem asserts an RFC 9457 problem answer.
@@ -434,6 +456,28 @@ func TestIdempotencyKeyMode(t *testing.T) {
 			require.Equal(t, http.StatusTooManyRequests, do(t, apiRequest(t, url, k2, "alice", `{}`, "X-Status", "429")).status)
 			require.Equal(t, http.StatusCreated, do(t, apiRequest(t, url, k2, "alice", `{}`)).status)
 			require.Equal(t, 2, up.count(k2+"|alice"))
+		})
+
+		// The upstream announces 1000 bytes, sends a few and closes: the
+		// client's first answer is cut; its retries get 502 saying the
+		// stored answer is incomplete (never a 201 with an empty body),
+		// and the request is not run again.
+		t.Run(backend+"/answer cut mid-body", func(t *testing.T) {
+			k := key()
+			_, err := tryDo(apiRequest(t, url, k, "alice", `{"amount":4}`, "X-Answer", "cut"))
+			require.Error(t, err, "the first answer is cut")
+			for range 2 {
+				r := do(t, apiRequest(t, url, k, "alice", `{"amount":4}`, "X-Answer", "cut"))
+				require.Equal(t, http.StatusBadGateway, r.status, "body %s", r.body)
+				require.Equal(t, "application/problem+json", r.header.Get("Content-Type"))
+				require.True(t, r.replayed())
+				require.Equal(t, "cut", r.header.Get("Idempotent-Replay-Incomplete"))
+				require.Contains(t, string(r.body), `"upstream_status":201`)
+			}
+			require.Equal(t, 1, up.count(k+"|alice"))
+			ev, raw := adminEvent(t, "api_"+backend, idemStoredID(k, "alice"))
+			require.Equal(t, "completed", ev.State)
+			require.Equal(t, &ResponseJSON{BodyNotStored: "cut"}, ev.Response, raw)
 		})
 
 		t.Run(backend+"/key expired after retention runs again", func(t *testing.T) {

@@ -4,9 +4,12 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -27,39 +30,173 @@ func withReplacerVars(req *http.Request, vars map[string]any) *http.Request {
 	return req.WithContext(context.WithValue(req.Context(), caddy.ReplacerCtxKey, repl))
 }
 
+// cutAnswer is an upstream that answers status with a JSON body and is cut
+// after partial (maybe nothing) of it, as reverse_proxy leaves such an
+// answer: it returns the copy's error, or panics with http.ErrAbortHandler
+// (Caddy's finalizeResponse), e.g. when the upstream closes before the
+// Content-Length it announced.
+func cutAnswer(status int, partial string, panics bool) func(http.ResponseWriter, *http.Request, int) error {
+	return func(w http.ResponseWriter, _ *http.Request, _ int) error {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", "/orders/o_1")
+		w.WriteHeader(status)
+		_, _ = io.WriteString(w, partial)
+		if panics {
+			panic(http.ErrAbortHandler)
+		}
+		return caddyhttp.Error(http.StatusBadGateway, io.ErrUnexpectedEOF)
+	}
+}
+
+// serveCut serves a request whose forward may end in the next handler's
+// panic, which ServeHTTP raises again (net/http would then close the
+// connection); it returns what was written before.
+func (g *gateway) serveCut(req *http.Request) answer {
+	g.t.Helper()
+	rec := &writeTracker{ResponseRecorder: httptest.NewRecorder()}
+	func() {
+		defer func() {
+			if p := recover(); p != nil && p != http.ErrAbortHandler { //nolint:errorlint // the sentinel value itself is raised
+				panic(p)
+			}
+		}()
+		_ = g.h.ServeHTTP(rec, req, g.up)
+	}()
+	return answer{status: rec.Code, header: rec.Header(), body: rec.Body.Bytes()}
+}
+
+// cutCases are the ways a 2xx answer's body is cut.
+var cutCases = []struct {
+	name    string
+	partial string
+	panics  bool
+}{
+	{"cut mid-body, error returned", `{"order":"o_1","amou`, false},
+	{"cut mid-body, ErrAbortHandler", `{"order":"o_1","amou`, true},
+	{"no byte of the announced body", "", true},
+}
+
+// adminView is the admin API's JSON of an event.
+func adminView(t *testing.T, ev store.Event) string {
+	t.Helper()
+	b, err := json.Marshal(toJSON(ev))
+	require.NoError(t, err)
+	return string(b)
+}
+
 // TestReplayCutBodyHeadersOnly: a 2xx whose body was cut (the upstream's
 // connection failed mid-body) completes the event, but only its status and
-// headers are stored: a partial body is never replayed.
+// headers are stored: a partial body is never replayed, nor measured. A
+// duplicate gets the status and headers, an empty body and
+// Idempotent-Replay-Incomplete: cut; the admin API says the body was cut.
 func TestReplayCutBodyHeadersOnly(t *testing.T) {
 	t.Parallel()
 	const secret = "whsec_cut"
-	g := newGateway(t, "webhook_idempotency {\n\tprovider stripe\n\tsecret "+secret+"\n\treplay response\n\tcache 0\n}")
-	g.up.respond = func(w http.ResponseWriter, _ *http.Request, _ int) error {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusOK)
-		_, _ = io.WriteString(w, `{"partial":`)
-		return caddyhttp.Error(http.StatusBadGateway, io.ErrUnexpectedEOF)
-	}
-	req := func() *http.Request {
-		return stripeDelivery(t, "http://gateway.test/hook", secret, "evt_cut", time.Now())
-	}
-	first := g.serve(req())
-	require.Equal(t, http.StatusOK, first.status)
+	for _, tc := range cutCases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			g := newGateway(t, "webhook_idempotency {\n\tprovider stripe\n\tsecret "+secret+"\n\treplay response\n\tcache 0\n}")
+			g.up.respond = cutAnswer(http.StatusOK, tc.partial, tc.panics)
+			req := func() *http.Request {
+				return stripeDelivery(t, "http://gateway.test/hook", secret, "evt_cut", time.Now())
+			}
+			first := g.serveCut(req())
+			require.Equal(t, http.StatusOK, first.status)
 
-	ev := g.requireRow("stripe", "evt_cut", store.StateCompleted)
-	require.True(t, ev.Response.Stored)
-	require.False(t, ev.Response.BodyStored)
-	require.EqualValues(t, len(`{"partial":`), ev.Response.Size)
-	lines := g.logged("stored status and headers only")
-	require.Len(t, lines, 1)
-	require.Equal(t, "the body was cut before its end", lines[0].ContextMap()["reason"])
+			ev := g.requireRow("stripe", "evt_cut", store.StateCompleted)
+			view := adminView(t, ev)
+			require.Contains(t, view, `"response":{"body_stored":false,"body_not_stored":"cut"}`, "no size or hash of a body not seen whole")
+			lines := g.logged("stored status and headers only")
+			require.Len(t, lines, 1)
+			require.Equal(t, "the body was cut before its end", lines[0].ContextMap()["reason"])
+			require.EqualValues(t, len(tc.partial), lines[0].ContextMap()["bytes_before_cut"])
 
-	dup := g.serve(req())
-	require.Equal(t, http.StatusOK, dup.status)
-	require.Equal(t, "true", dup.header.Get("Idempotent-Replayed"))
-	require.Equal(t, "application/json", dup.header.Get("Content-Type"))
-	require.Empty(t, dup.body)
-	require.Equal(t, 1, g.up.count())
+			g.up.respond = nil
+			dup := g.serve(req())
+			require.Equal(t, http.StatusOK, dup.status)
+			require.Equal(t, "true", dup.header.Get("Idempotent-Replayed"))
+			require.Equal(t, "cut", dup.header.Get("Idempotent-Replay-Incomplete"))
+			require.Equal(t, "application/json", dup.header.Get("Content-Type"))
+			require.Empty(t, dup.body)
+			require.Equal(t, 1, g.up.count())
+		})
+	}
+}
+
+// TestIdempotencyKeyIncompleteAnswer: a client API's answer that was not
+// stored whole (cut mid-body, or over replay_max) completes the key, since
+// the upstream did the work, but is never replayed as the client's
+// answer: retries with the key get 502 with a problem that names the
+// upstream's status, Idempotent-Replayed: true and
+// Idempotent-Replay-Incomplete, and are not forwarded again.
+func TestIdempotencyKeyIncompleteAnswer(t *testing.T) {
+	t.Parallel()
+	requireIncomplete := func(t *testing.T, a answer, why string) {
+		t.Helper()
+		require.Equal(t, http.StatusBadGateway, a.status, "body %s", a.body)
+		require.Equal(t, "application/problem+json", a.header.Get("Content-Type"))
+		require.Equal(t, "true", a.header.Get("Idempotent-Replayed"))
+		require.Equal(t, why, a.header.Get("Idempotent-Replay-Incomplete"))
+		require.Empty(t, a.header.Get("Location"), "no header of the stored answer")
+		var p struct {
+			Type           string `json:"type"`
+			Title          string `json:"title"`
+			Status         int    `json:"status"`
+			Detail         string `json:"detail"`
+			UpstreamStatus int    `json:"upstream_status"`
+		}
+		require.NoError(t, json.Unmarshal(a.body, &p))
+		require.Equal(t, problemType, p.Type)
+		require.Equal(t, "Stored answer is incomplete", p.Title)
+		require.Equal(t, http.StatusBadGateway, p.Status)
+		require.Equal(t, http.StatusCreated, p.UpstreamStatus)
+		require.Contains(t, p.Detail, "do not retry it with a new key")
+		require.NotContains(t, string(a.body), "o_1", "nothing of the answer itself")
+	}
+
+	for _, tc := range cutCases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			g := newGateway(t, "webhook_idempotency {\n\tprovider idempotency_key\n}")
+			g.up.respond = cutAnswer(http.StatusCreated, tc.partial, tc.panics)
+			first := g.serveCut(apiCall("k-cut", `{"amount":100}`))
+			require.Equal(t, http.StatusCreated, first.status, "the client saw the status, then the cut")
+
+			g.up.respond = nil // a forward again would answer 200 "ok"
+			for range 2 {
+				requireIncomplete(t, g.serve(apiCall("k-cut", `{"amount":100}`)), "cut")
+			}
+			require.Equal(t, 1, g.up.count())
+			ev := g.requireRow("idempotency_key", "k-cut", store.StateCompleted)
+			require.Equal(t, http.StatusCreated, ev.Status)
+			require.Contains(t, adminView(t, ev), `"response":{"body_stored":false,"body_not_stored":"cut"}`)
+			lines := g.logged("stored status and headers only, without the body; retries with the key get 502")
+			require.Len(t, lines, 1)
+			require.Equal(t, "the body was cut before its end", lines[0].ContextMap()["reason"])
+			log := g.deliveryLog()
+			require.Equal(t, outcomeDuplicate, log[len(log)-1]["outcome"])
+			require.Equal(t, "the stored answer is incomplete: cut", log[len(log)-1]["reason"])
+
+			// The key's fingerprint is still checked first.
+			require.Equal(t, http.StatusUnprocessableEntity, g.serve(apiCall("k-cut", `{"amount":200}`)).status)
+		})
+	}
+
+	t.Run("larger than replay_max", func(t *testing.T) {
+		t.Parallel()
+		g := newGateway(t, "webhook_idempotency {\n\tprovider idempotency_key\n\treplay_max 1KiB\n}")
+		big := `{"order":"o_1","pad":"` + strings.Repeat("x", 2000) + `"}`
+		g.up.respond = answerWith(http.StatusCreated, "application/json", big)
+		first := g.serve(apiCall("k-big", `{}`))
+		require.Equal(t, http.StatusCreated, first.status)
+		require.Equal(t, big, string(first.body), "the first answer is streamed whole")
+		requireIncomplete(t, g.serve(apiCall("k-big", `{}`)), "too-large")
+		require.Equal(t, 1, g.up.count())
+		ev := g.requireRow("idempotency_key", "k-big", store.StateCompleted)
+		sum := sha256.Sum256([]byte(big))
+		require.Contains(t, adminView(t, ev), `"response":{"body_stored":false,"body_not_stored":"too_large","size":`+
+			strconv.Itoa(len(big))+`,"sha256":"`+hex.EncodeToString(sum[:])+`"}`)
+	})
 }
 
 // TestReplayShortByDefault: a provider that does not read the answer keeps

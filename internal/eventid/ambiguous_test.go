@@ -152,3 +152,28 @@ func FuzzLookupAgreesWithGJSON(f *testing.F) {
 		}
 	})
 }
+
+// A Path (batch items arrays) is looked up with the rules of a json
+// source: one value, a member name given twice refused.
+func TestPathLookup(t *testing.T) {
+	t.Parallel()
+	p, err := ParsePath("data.events")
+	require.NoError(t, err)
+	v, err := p.Lookup([]byte(`{"data":{"events":[1,2]},"other":{}}`))
+	require.NoError(t, err)
+	require.True(t, v.IsArray())
+	require.Equal(t, `[1,2]`, v.Raw)
+	v, err = p.Lookup([]byte(`{"data":{}}`))
+	require.NoError(t, err)
+	require.False(t, v.Exists())
+	for _, body := range []string{
+		`{"data":{"events":[1]},"data":{"events":[2]}}`,
+		`{"data":{"events":[1],"EVENTS":[2]}}`,
+		`{"d\u0061ta":{"events":[1]},"data":{}}`,
+	} {
+		_, err := p.Lookup([]byte(body))
+		require.ErrorIs(t, err, ErrAmbiguous, body)
+	}
+	_, err = ParsePath("@this")
+	require.Error(t, err)
+}

@@ -54,6 +54,27 @@ func parseJSONPath(path string) ([]string, error) {
 	return append(names, cur.String()), nil
 }
 
+// Path is a plain json path, parsed once (ParsePath), looked up with the
+// rules of a json event-ID source: batch presets read their items array
+// with it.
+type Path struct{ names []string }
+
+// ParsePath parses a plain gjson path as a json source takes it: member
+// names separated by dots and array indexes; wildcards, queries and
+// modifiers are refused.
+func ParsePath(path string) (Path, error) {
+	names, err := parseJSONPath(path)
+	return Path{names: names}, err
+}
+
+// Lookup returns the one value p selects in body (valid JSON), a zero
+// Result when it selects nothing, or ErrAmbiguous (wrapped) when a member
+// name on the path is given twice in its object (see lookupJSON). The
+// result shares body's memory.
+func (p Path) Lookup(body []byte) (gjson.Result, error) {
+	return lookupJSON(body, p.names)
+}
+
 // lookupJSON walks the parsed path over body and returns the one value it
 // selects. Along the path, every object must hold the next member name
 // exactly once: a name repeated in the same object, also when the two

@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/eventid"
 )
 
 // BatchPolicy is how a delivery carrying several events is deduplicated.
@@ -32,13 +34,19 @@ const (
 // Batch describes a provider whose deliveries carry an array of events, each
 // with its own ID (SendGrid, GoCardless, Okta, HubSpot, ...).
 type Batch struct {
-	// Items is the gjson path of the events array; "@this" when the body
-	// itself is the array.
+	// Items is the plain json path (eventid's syntax) of the events array;
+	// "@this" when the body itself is the array.
 	Items string
-	// ItemID is the gjson path of an event's ID inside one item.
+	// ItemID is the plain json path of an event's ID inside one item: an
+	// event_id json source, read with its rules.
 	ItemID string
 	// Policy is the preset's default policy.
 	Policy BatchPolicy
+
+	// items and itemID are the parsed paths (validate; built on use for a
+	// Batch that was not registered).
+	items  *eventid.Path
+	itemID *eventid.Extractor
 }
 
 // Errors of Batch.Split.
@@ -65,17 +73,81 @@ func (b *Batch) validate() error {
 	if b.Policy != BatchSet && b.Policy != BatchSplit {
 		return fmt.Errorf("unknown batch policy %q", b.Policy)
 	}
+	items, id, err := b.paths()
+	if err != nil {
+		return err
+	}
+	b.items, b.itemID = items, id
 	return nil
 }
 
+// paths parses Items (nil for "@this") and ItemID.
+func (b Batch) paths() (*eventid.Path, *eventid.Extractor, error) {
+	if b.itemID != nil {
+		return b.items, b.itemID, nil
+	}
+	var items *eventid.Path
+	if b.Items != "@this" {
+		p, err := eventid.ParsePath(b.Items)
+		if err != nil {
+			return nil, nil, fmt.Errorf("batch Items: %w", err)
+		}
+		items = &p
+	}
+	id, err := eventid.New([][]eventid.Source{{{Kind: eventid.JSON, Name: b.ItemID}}})
+	if err != nil {
+		return nil, nil, fmt.Errorf("batch ItemID: %w", err)
+	}
+	id.AssumeValidJSON() // each item is part of a body checked whole
+	return items, id, nil
+}
+
+// array returns the items array Items selects in body (valid JSON),
+// gjson.Result{} when there is none, or ErrAmbiguous (wrapped) when a
+// member on its path is given twice.
+func (b Batch) array(body []byte, items *eventid.Path) (gjson.Result, error) {
+	if items == nil {
+		return gjson.ParseBytes(body), nil
+	}
+	arr, err := items.Lookup(body)
+	if err != nil {
+		return gjson.Result{}, fmt.Errorf("batch items %s: %w", b.Items, err)
+	}
+	return arr, nil
+}
+
+// Present reports whether body carries the items array, or names it
+// ambiguously (Split then refuses it): whether a delivery is keyed as a
+// batch when the preset has an event ID of its own too.
+func (b Batch) Present(body []byte) bool {
+	items, _, err := b.paths()
+	if err != nil || !gjson.ValidBytes(body) {
+		return false
+	}
+	arr, err := b.array(body, items)
+	return err != nil || arr.IsArray()
+}
+
 // Split returns the items of a JSON batch body, in order, duplicates
-// within the body kept once (the first). Errors: ErrEmptyBatch,
-// ErrBadBatch (wrapped with the item's position, never its content).
+// within the body kept once (the first). The items array and each item's
+// ID are read as an event_id json source is: a member name given twice in
+// an object on either path (after unescaping, or ignoring case) is
+// eventid.ErrAmbiguous, and an ID must be one string or number of 1 to
+// 255 bytes of text. Errors: ErrEmptyBatch, eventid.ErrAmbiguous, and
+// ErrBadBatch (also wrapping the eventid error of a bad item ID), wrapped
+// with the item's position, never its content.
 func (b Batch) Split(body []byte) ([]BatchItem, error) {
 	if !gjson.ValidBytes(body) {
 		return nil, fmt.Errorf("body is not JSON: %w", ErrBadBatch)
 	}
-	arr := gjson.GetBytes(body, b.Items)
+	itemsPath, itemID, err := b.paths()
+	if err != nil {
+		return nil, err
+	}
+	arr, err := b.array(body, itemsPath)
+	if err != nil {
+		return nil, err
+	}
 	if !arr.IsArray() {
 		return nil, fmt.Errorf("%s is not an array: %w", b.Items, ErrBadBatch)
 	}
@@ -97,16 +169,12 @@ func (b Batch) Split(body []byte) ([]BatchItem, error) {
 	items := make([]BatchItem, 0, len(elems))
 	seen := make(map[string]bool, len(elems))
 	for i, e := range elems {
-		id := e.Get(b.ItemID)
-		var v string
-		switch id.Type {
-		case gjson.String:
-			v = id.Str
-		case gjson.Number:
-			v = id.Raw
-		}
-		if v == "" {
-			return nil, fmt.Errorf("item %d has no %s: %w", i+1, b.ItemID, ErrBadBatch)
+		v, err := itemID.Extract([]byte(e.Raw), nil)
+		switch {
+		case errors.Is(err, eventid.ErrAmbiguous):
+			return nil, fmt.Errorf("item %d: %w", i+1, err)
+		case err != nil:
+			return nil, fmt.Errorf("item %d: %w: %w", i+1, err, ErrBadBatch)
 		}
 		if seen[v] {
 			continue

@@ -1,10 +1,12 @@
 package signature_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/eventid"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
 )
 
@@ -66,6 +68,7 @@ func TestBatchSplit(t *testing.T) {
 		{"item without id", `[{"sg_event_id":"e1"},{"event":"open"}]`},
 		{"id is an object", `[{"sg_event_id":{"a":1}}]`},
 		{"empty id", `[{"sg_event_id":""}]`},
+		{"id longer than 255 bytes", `[{"sg_event_id":"` + strings.Repeat("x", 256) + `"}]`},
 	}
 	for _, tc := range errCases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -74,6 +77,43 @@ func TestBatchSplit(t *testing.T) {
 			require.ErrorIs(t, err, signature.ErrBadBatch)
 		})
 	}
+	// A repeated member name on the items path or an item's ID path
+	// (after unescaping, or ignoring case) is refused as the top-level
+	// event ID is: the upstream's parser may read the other items or IDs.
+	ambiguous := []struct{ name, provider, body string }{
+		{"item id twice", "sendgrid", `[{"sg_event_id":"e1","event":"open"},{"sg_event_id":"e2","sg_event_id":"e3"}]`},
+		{"item id twice ignoring case", "sendgrid", `[{"sg_event_id":"e1","SG_EVENT_ID":"e2"}]`},
+		{"item id twice after unescaping", "sendgrid", `[{"sg_event_id":"e1","sg_event_i\u0064":"e2"}]`},
+		{"hubspot numeric item id twice", "hubspot", `[{"eventId":100,"eventId":101}]`},
+		{"items array twice", "gocardless", `{"events":[{"id":"EV1"}],"events":[{"id":"EV2"}]}`},
+		{"items parent twice", "okta", `{"eventId":"x","data":{"events":[{"uuid":"u1"}]},"data":{"events":[{"uuid":"u2"}]}}`},
+		{"items array twice ignoring case", "okta", `{"eventId":"x","data":{"events":[{"uuid":"u1"}],"Events":[{"uuid":"u2"}]}}`},
+	}
+	for _, tc := range ambiguous {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := batchOf(t, tc.provider)
+			_, err := b.Split([]byte(tc.body))
+			require.ErrorIs(t, err, eventid.ErrAmbiguous)
+			require.True(t, b.Present([]byte(tc.body)), "a body naming its items ambiguously is keyed as a batch, so it is refused")
+		})
+	}
+	// An item ID follows the top-level rules on its value too.
+	t.Run("item id not text", func(t *testing.T) {
+		t.Parallel()
+		_, err := batchOf(t, "sendgrid").Split([]byte(`[{"sg_event_id":"e\u00001"}]`))
+		require.ErrorIs(t, err, signature.ErrBadBatch)
+		require.ErrorIs(t, err, eventid.ErrNotText)
+	})
+	t.Run("present", func(t *testing.T) {
+		t.Parallel()
+		b := batchOf(t, "okta")
+		require.True(t, b.Present([]byte(`{"eventId":"x","data":{"events":[]}}`)))
+		require.False(t, b.Present([]byte(`{"eventId":"x","data":{}}`)))
+		require.False(t, b.Present([]byte(`{"eventId":"x","data":{"events":{}}}`)))
+		require.True(t, batchOf(t, "sendgrid").Present([]byte(`[]`)))
+		require.False(t, batchOf(t, "sendgrid").Present([]byte(`{}`)))
+	})
 	t.Run("empty batch", func(t *testing.T) {
 		t.Parallel()
 		_, err := batchOf(t, "gocardless").Split([]byte(`{"events":[]}`))

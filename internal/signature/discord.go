@@ -29,7 +29,6 @@ func init() {
 		SignatureHeader:  "X-Signature-Ed25519: <hex> (with X-Signature-Timestamp)",
 		DefaultTolerance: 5 * time.Minute,
 		EventID:          ids(jsonID("id")),
-		Handshake:        discordHandshake,
 		ReplayResponse:   true, // the answer is the interaction response
 		// Discord's docs (Doc) require 401 for an invalid signature and
 		// check it with deliberately bad ones, removing the endpoint's URL
@@ -48,12 +47,6 @@ func init() {
 		},
 		build: buildDiscord,
 	})
-}
-
-// discordHandshake reports a PING interaction.
-func discordHandshake(body []byte, _ http.Header) bool {
-	v, ok := topMember(body, "type")
-	return ok && v.Raw == "1"
 }
 
 type discord struct {

@@ -4,6 +4,7 @@ import (
 	"crypto/ed25519"
 	"encoding/hex"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"testing"
 	"time"
@@ -57,6 +58,8 @@ func TestDiscord(t *testing.T) {
 
 	p, ok := signature.Lookup("discord")
 	require.True(t, ok)
-	require.True(t, p.Handshake([]byte(`{"type":1}`), nil))
-	require.False(t, p.Handshake(body, nil))
+	_, ok = p.MatchHandshake(httptest.NewRequest(http.MethodPost, "/", nil), []byte(`{"type":1}`), "")
+	require.True(t, ok)
+	_, ok = p.MatchHandshake(httptest.NewRequest(http.MethodPost, "/", nil), body, "")
+	require.False(t, ok)
 }

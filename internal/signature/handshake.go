@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/tidwall/gjson"
@@ -90,9 +91,13 @@ type Challenge struct {
 	// Header is a request header that must be present and non-empty; with
 	// HeaderValue it must equal it.
 	Header, HeaderValue string
-	// BodyField is a gjson path that must exist in a JSON body; with
-	// BodyValue its string form must equal it (numbers as written, e.g.
-	// "1"; "events.#" with "0" matches an empty events array).
+	// BodyField is a path of member names separated by dots, optionally
+	// ending in "#" (the length of an array), that must exist in a JSON
+	// object body, each name given once in its object (see bodyMember);
+	// with BodyValue its value must equal it: a BodyValue that is a JSON
+	// number matches a number as written ("1" is the number 1, not "1" nor
+	// 1.0; "events.#" with "0" matches an empty events array), any other a
+	// string after unescaping.
 	BodyField, BodyValue string
 
 	// Auth is how the handshake is authenticated.
@@ -140,6 +145,13 @@ type HandshakeAnswer struct {
 	// Secret is the value LearnSecret names, to store as the route's
 	// secret; "" when the handshake teaches none.
 	Secret string
+	// Incomplete names what the request lacks to be answered ("json
+	// challenge": the value to echo, or the secret to learn) when it has
+	// the handshake's shape but not that value; "" when it is complete.
+	// Such a handshake is still never claimed: the edge refuses it (the
+	// provider's own handshake always carries the value), handshake
+	// forward passes it on. Status, Header and Body are then unset.
+	Incomplete string
 }
 
 // CheckToken reports whether the presented verify token equals one of the
@@ -164,17 +176,15 @@ func (a HandshakeAnswer) CheckToken(tokens []string) bool {
 // function of its inputs: it neither verifies nor stores anything. The
 // caller then authenticates per answer.Challenge.Auth (verify the
 // signature, or CheckToken), stores answer.Secret if any, and writes the
-// answer (Respond) or forwards when answer.Forward. secret is the route's
-// first signing secret, used only by AnswerZoom. Handshakes are tried in
-// order; the first that matches wins.
+// answer (Respond) or forwards when answer.Forward; an answer.Incomplete
+// one cannot be answered. secret is the route's first signing secret, used
+// only by AnswerZoom. Handshakes are tried in order; the first whose shape
+// matches wins, complete or not.
 func (p Preset) MatchHandshake(r *http.Request, body []byte, secret string) (HandshakeAnswer, bool) {
-	for _, c := range p.Challenges {
+	for i := range p.Challenges {
+		c := &p.Challenges[i]
 		if c.matches(r, body) {
-			a, err := c.answer(r, body, secret)
-			if err != nil {
-				continue // nothing to echo or learn: not this handshake
-			}
-			return a, true
+			return c.answer(r, body, secret), true
 		}
 	}
 	return HandshakeAnswer{}, false
@@ -204,7 +214,7 @@ func (c *Challenge) matches(r *http.Request, body []byte) bool {
 	return c.matchesSigned(body, r.Header)
 }
 
-// matchesSigned checks the header and body conditions only.
+// matchesSigned checks the header and body conditions.
 func (c *Challenge) matchesSigned(body []byte, h http.Header) bool {
 	if c.Header != "" {
 		v := strings.TrimSpace(h.Get(c.Header))
@@ -213,31 +223,44 @@ func (c *Challenge) matchesSigned(body []byte, h http.Header) bool {
 		}
 	}
 	if c.BodyField != "" {
-		if !isJSONObject(body) {
+		v, ok := bodyMember(body, c.BodyField)
+		if !ok {
 			return false
 		}
-		res := gjson.GetBytes(body, c.BodyField)
-		if !res.Exists() || (c.BodyValue != "" && res.String() != c.BodyValue) {
-			return false
+		if c.BodyValue != "" {
+			if gjson.Valid(c.BodyValue) && gjson.Parse(c.BodyValue).Type == gjson.Number {
+				return v.Type == gjson.Number && v.Raw == c.BodyValue
+			}
+			return v.Type == gjson.String && v.Str == c.BodyValue
 		}
 	}
 	return true
 }
 
-// signedHandshake reports, for Preset.Handshake (which sees only the
-// verified body and headers), whether a POST delivery is one of the
-// signature-authenticated handshakes in cs.
-func signedHandshake(cs []Challenge) func(body []byte, h http.Header) bool {
-	return func(body []byte, h http.Header) bool {
-		for i := range cs {
-			c := &cs[i]
-			if c.Auth == AuthSignature && c.Query == "" && (c.Method == "" || c.Method == http.MethodPost) &&
-				c.matchesSigned(body, h) {
-				return true
+// bodyMember resolves a Challenge's BodyField in a JSON object body:
+// member names separated by dots, each given exactly once in its object
+// (topMember's rule: a repeated name, after unescaping or ignoring case,
+// makes ok false, since parsers disagree on which one counts and the
+// upstream could read this body as an event), and a final "#" for the
+// length of the array reached.
+func bodyMember(body []byte, path string) (gjson.Result, bool) {
+	var v gjson.Result
+	doc := body
+	for name := range strings.SplitSeq(path, ".") {
+		if name == "#" {
+			if !v.IsArray() {
+				return gjson.Result{}, false
 			}
+			n := strconv.Itoa(len(v.Array()))
+			return gjson.Result{Type: gjson.Number, Raw: n, Num: float64(len(v.Array()))}, true
 		}
-		return false
+		var ok bool
+		if v, ok = topMember(doc, name); !ok {
+			return gjson.Result{}, false
+		}
+		doc = []byte(v.Raw)
 	}
+	return v, true
 }
 
 // lookup reads the value a "query|header|json <name>" reference names.
@@ -256,20 +279,22 @@ func lookup(ref string, r *http.Request, body []byte) string {
 	return ""
 }
 
-func (c *Challenge) answer(r *http.Request, body []byte, secret string) (HandshakeAnswer, error) {
+// answer builds the answer of a request that has the handshake's shape;
+// one without the value to learn or echo is Incomplete.
+func (c *Challenge) answer(r *http.Request, body []byte, secret string) HandshakeAnswer {
 	a := HandshakeAnswer{Challenge: *c, Status: http.StatusOK, Header: http.Header{}}
 	if c.Auth == AuthVerifyToken {
 		a.Token = r.URL.Query().Get(c.TokenQuery)
 	}
 	if c.LearnSecret != "" {
 		if a.Secret = lookup(c.LearnSecret, r, body); a.Secret == "" {
-			return HandshakeAnswer{}, errors.New("no secret to learn")
+			return HandshakeAnswer{Challenge: *c, Token: a.Token, Incomplete: c.LearnSecret, Forward: c.Answer == AnswerForward}
 		}
 	}
 	var v string
 	if c.Echo != "" {
 		if v = lookup(c.Echo, r, body); v == "" {
-			return HandshakeAnswer{}, errors.New("nothing to echo")
+			return HandshakeAnswer{Challenge: *c, Token: a.Token, Incomplete: c.Echo, Forward: c.Answer == AnswerForward}
 		}
 	}
 	if c.NoSniff {
@@ -296,7 +321,7 @@ func (c *Challenge) answer(r *http.Request, body []byte, secret string) (Handsha
 	case AnswerForward:
 		a.Forward, a.Status, a.Header = true, 0, nil
 	}
-	return a, nil
+	return a
 }
 
 // validate checks that the description can be run.
@@ -341,6 +366,14 @@ func (c *Challenge) validate() error {
 	}
 	if c.LearnSecret != "" && !refOK(c.LearnSecret) {
 		return errors.New("LearnSecret must be header|json <name>")
+	}
+	if c.BodyField != "" {
+		names := strings.Split(c.BodyField, ".")
+		for i, n := range names {
+			if n == "" || (n == "#" && (i == 0 || i != len(names)-1)) || (n != "#" && strings.ContainsAny(n, `\*?#@|[]{}!`)) {
+				return fmt.Errorf("BodyField %q: want member names separated by dots, optionally ending in #", c.BodyField)
+			}
+		}
 	}
 	return nil
 }

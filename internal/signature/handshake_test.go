@@ -163,38 +163,61 @@ func TestHandshakeCheckToken(t *testing.T) {
 	require.False(t, a.CheckToken([]string{""}), "an absent token never matches an empty configured one")
 }
 
-// A handshake whose echoed value or learned secret is absent or empty is
-// not answered: nothing to echo means it is not the provider's handshake.
+// A request with a handshake's shape but without the value it echoes or
+// teaches is still that handshake (never an event), Incomplete: the edge
+// cannot answer it.
 func TestHandshakeNeedsItsValue(t *testing.T) {
 	t.Parallel()
 	p, _ := signature.Lookup("twitch")
 	r := httptest.NewRequest(http.MethodPost, "/", nil)
 	r.Header.Set("Twitch-Eventsub-Message-Type", "webhook_callback_verification")
-	_, ok := p.MatchHandshake(r, []byte(`{"challenge":""}`), "")
-	require.False(t, ok)
-	_, ok = p.MatchHandshake(r, []byte(`{"challenge":42}`), "")
-	require.False(t, ok)
+	for _, body := range []string{`{"challenge":""}`, `{"challenge":42}`, `{}`} {
+		a, ok := p.MatchHandshake(r, []byte(body), "")
+		require.True(t, ok, body)
+		require.Equal(t, "json challenge", a.Incomplete, body)
+		require.Zero(t, a.Status)
+		require.Empty(t, a.Body)
+	}
+	a, ok := p.MatchHandshake(r, []byte(`{"challenge":"c"}`), "")
+	require.True(t, ok)
+	require.Empty(t, a.Incomplete)
 	n, _ := signature.Lookup("notion")
-	_, ok = n.MatchHandshake(httptest.NewRequest(http.MethodPost, "/", nil), []byte(`{"verification_token":""}`), "")
-	require.False(t, ok)
+	a, ok = n.MatchHandshake(httptest.NewRequest(http.MethodPost, "/", nil), []byte(`{"verification_token":""}`), "")
+	require.True(t, ok)
+	require.Equal(t, "json verification_token", a.Incomplete)
+	require.Empty(t, a.Secret)
+	m, _ := signature.Lookup("meta")
+	a, ok = m.MatchHandshake(httptest.NewRequest(http.MethodGet, "/?hub.mode=subscribe&hub.verify_token=t", nil), nil, "")
+	require.True(t, ok)
+	require.Equal(t, "query hub.challenge", a.Incomplete)
+	require.Equal(t, "t", a.Token, "the token is still read, to be checked first")
 }
 
-// Signed handshakes stay visible to the handler's Handshake hook, which
-// forwards them without a claim until the edge answers them.
-func TestSignedHandshakeHook(t *testing.T) {
+// Signed handshakes are recognised on their header or body alone (twitch,
+// asana's heartbeat); Asana's X-Hook-Secret handshake is unauthenticated.
+func TestSignedHandshakes(t *testing.T) {
 	t.Parallel()
-	h := http.Header{}
-	h.Set("Twitch-Eventsub-Message-Type", "webhook_callback_verification")
-	tw, _ := signature.Lookup("twitch")
-	require.True(t, tw.Handshake([]byte(`{"challenge":"c"}`), h))
-	require.False(t, tw.Handshake([]byte(`{"challenge":"c"}`), http.Header{}))
-	as, _ := signature.Lookup("asana")
-	require.True(t, as.Handshake([]byte(`{"events":[]}`), http.Header{}))
-	require.False(t, as.Handshake([]byte(`{"events":[{}]}`), http.Header{}))
-	// Asana's X-Hook-Secret handshake is unauthenticated: never a hook.
-	hs := http.Header{}
-	hs.Set("X-Hook-Secret", "s")
-	require.False(t, as.Handshake([]byte(``), hs))
+	match := func(provider string, body string, hdr ...string) (signature.HandshakeAnswer, bool) {
+		p, _ := signature.Lookup(provider)
+		r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(body))
+		for i := 0; i+1 < len(hdr); i += 2 {
+			r.Header.Set(hdr[i], hdr[i+1])
+		}
+		return p.MatchHandshake(r, []byte(body), "")
+	}
+	a, ok := match("twitch", `{"challenge":"c"}`, "Twitch-Eventsub-Message-Type", "webhook_callback_verification")
+	require.True(t, ok)
+	require.Equal(t, signature.AuthSignature, a.Challenge.Auth)
+	_, ok = match("twitch", `{"challenge":"c"}`)
+	require.False(t, ok)
+	a, ok = match("asana", `{"events":[]}`)
+	require.True(t, ok)
+	require.Equal(t, signature.AuthSignature, a.Challenge.Auth)
+	_, ok = match("asana", `{"events":[{}]}`)
+	require.False(t, ok)
+	a, ok = match("asana", ``, "X-Hook-Secret", "s")
+	require.True(t, ok)
+	require.Equal(t, signature.AuthNone, a.Challenge.Auth)
 }
 
 func TestChallengeDescribe(t *testing.T) {

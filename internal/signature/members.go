@@ -12,8 +12,9 @@ import (
 // as encoding/json matches struct fields) makes ok false: parsers disagree
 // on which one counts (gjson reads the first, encoding/json, Python and
 // JavaScript the last), so a handshake test on such a body would let the
-// gateway pass a delivery on unclaimed as a handshake while the upstream
-// reads it as an event. eventid applies the same rule to event-ID paths.
+// gateway answer a delivery at the edge as a handshake while the upstream
+// reads it as an event (Challenge.BodyField walks its path with it).
+// eventid applies the same rule to event-ID paths.
 func topMember(body []byte, name string) (v gjson.Result, ok bool) {
 	if !isJSONObject(body) {
 		return gjson.Result{}, false
@@ -29,11 +30,4 @@ func topMember(body []byte, name string) (v gjson.Result, ok bool) {
 		return n < 2
 	})
 	return v, n == 1 && v.Exists()
-}
-
-// memberIs reports whether body's top-level member name is given once and
-// is the JSON string want.
-func memberIs(body []byte, name, want string) bool {
-	v, ok := topMember(body, name)
-	return ok && v.Type == gjson.String && v.Str == want
 }

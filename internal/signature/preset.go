@@ -30,12 +30,6 @@ type Preset struct {
 	// has no signed timestamp, so a captured body could be replayed under a
 	// fresh ID.
 	DedupeBody bool
-	// Handshake reports whether a verified request is a handshake (Slack
-	// url_verification, Zoom endpoint.url_validation) that is forwarded
-	// every time without a claim. nil: the provider has none. register sets
-	// it from Challenges whose Auth is AuthSignature when it is nil (twitch,
-	// asana's heartbeat, xero).
-	Handshake func(body []byte, h http.Header) bool
 	// NeedsURL: the scheme signs the public URL, so Options.URL is required.
 	NeedsURL bool
 	// ReplayResponse is the default of replay: true when the provider reads
@@ -199,17 +193,10 @@ func register(p Preset) {
 			p.IDStability = StabilityNone
 		}
 	}
-	signed := false
 	for i := range p.Challenges {
 		if err := p.Challenges[i].validate(); err != nil {
 			panic(fmt.Sprintf("signature: preset %s: handshake %d: %v", p.Name, i+1, err))
 		}
-		signed = signed || p.Challenges[i].Auth == AuthSignature
-	}
-	if p.Handshake == nil && signed {
-		// A signed handshake reaches the handler's verified path: keep it
-		// out of claims there until the edge answers it.
-		p.Handshake = signedHandshake(slices.Clone(p.Challenges))
 	}
 	if p.Batch != nil {
 		if err := p.Batch.validate(); err != nil {

@@ -34,7 +34,6 @@ func init() {
 		Doc:              "https://developers.zoom.us/docs/api/webhooks/#verify-webhook-events",
 		SignatureHeader:  "x-zm-signature: v0=<hex> (with x-zm-request-timestamp)",
 		DefaultTolerance: 5 * time.Minute,
-		Handshake:        zoomHandshake,
 		Challenges: []Challenge{{
 			Name: "endpoint.url_validation", Method: http.MethodPost,
 			BodyField: "event", BodyValue: "endpoint.url_validation",
@@ -122,9 +121,4 @@ func init() {
 			Encoding:  "hex",
 		},
 	})
-}
-
-// zoomHandshake reports an endpoint.url_validation request.
-func zoomHandshake(body []byte, _ http.Header) bool {
-	return memberIs(body, "event", "endpoint.url_validation")
 }

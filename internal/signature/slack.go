@@ -18,7 +18,6 @@ func init() {
 		SignatureHeader:  "X-Slack-Signature: v0=<hex> (with X-Slack-Request-Timestamp)",
 		DefaultTolerance: 5 * time.Minute,
 		EventID:          ids(jsonID("event_id")),
-		Handshake:        slackHandshake,
 		IDStability:      StabilityStable,
 		Oracle:           "@slack/bolt",
 		Challenges: []Challenge{{
@@ -34,9 +33,4 @@ func init() {
 			Encoding:  "hex",
 		},
 	})
-}
-
-// slackHandshake reports a url_verification request.
-func slackHandshake(body []byte, _ http.Header) bool {
-	return memberIs(body, "type", "url_verification")
 }

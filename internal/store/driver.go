@@ -57,9 +57,10 @@ const (
 	// the lease left in microseconds by the database clock (0 when expired
 	// or not processing) and the fingerprint: what explains a refused claim.
 	StmtInspect
-	// StmtHoldExpired (scope, event ID, token) returns attempts: the row
-	// moved to held when it is still processing under token with a lease
-	// expired by the database clock; no row when it is no longer so.
+	// StmtHoldExpired (scope, event ID, token, reason string) returns
+	// attempts: the row moved to held, with hold_reason, when it is still
+	// processing under token with a lease expired by the database clock;
+	// no row when it is no longer so.
 	StmtHoldExpired
 	// StmtRenew (scope, event ID, token, lease time.Duration): lease_until
 	// = database now + lease, while the row is processing under token.
@@ -71,19 +72,21 @@ const (
 	// StmtRelease (scope, event ID, token): released, no token or lease,
 	// while the row is processing under token.
 	StmtRelease
-	// StmtHold (scope, event ID, token): held at once, live lease or not, no
-	// token or lease, while the row is processing under token.
+	// StmtHold (scope, event ID, token, reason string): held at once, live
+	// lease or not, no token or lease, hold_reason set, while the row is
+	// processing under token.
 	StmtHold
 	// StmtForget (scope, event ID): the row deleted, whatever its state.
 	StmtForget
 	// StmtResolve (scope, event ID, to State): to (StateReleased or
-	// StateCompleted) with status 0, no token or lease, completed_at now
-	// when completed, only WHERE ResolvableSQL holds.
+	// StateCompleted) with status 0, no token, lease or hold_reason,
+	// completed_at now when completed, only WHERE ResolvableSQL holds.
 	StmtResolve
 	// StmtCompleteResponse (scope, event ID, token, status int, headers
 	// string, body []byte or nil, size int64, sha256 string) is
 	// StmtComplete that also stores the response: headers as EncodeHeader
-	// writes them, body NULL when not stored.
+	// writes them, body NULL when not stored, size -1 and sha256 "" when
+	// the body was cut (see Response.Cut).
 	StmtCompleteResponse
 	// StmtResponse (scope, event ID) returns, for a completed row with a
 	// stored response, status, headers (text), body (bytes, nil when not

@@ -159,7 +159,7 @@ func (r Rules) explain(ctx context.Context, p ClaimParams) (c Claim, ok bool, er
 		if !p.HoldOnExpiry {
 			return Claim{}, false, nil
 		}
-		err := r.d.QueryRow(ctx, StmtHoldExpired, p.Scope, p.EventID, token).Scan(&attempts)
+		err := r.d.QueryRow(ctx, StmtHoldExpired, p.Scope, p.EventID, token, HoldLeaseExpired).Scan(&attempts)
 		if err != nil {
 			return Claim{}, false, gone(err) // renewed or settled meanwhile: try again
 		}
@@ -205,9 +205,10 @@ func (r Rules) Release(ctx context.Context, scope, eventID, token string) error 
 	return leaseHeld("releasing event")(r.d.Exec(ctx, StmtRelease, scope, eventID, token))
 }
 
-// Hold parks the claimed event in StateHeld at once (see Store.Hold).
-func (r Rules) Hold(ctx context.Context, scope, eventID, token string) error {
-	return leaseHeld("holding event")(r.d.Exec(ctx, StmtHold, scope, eventID, token))
+// Hold parks the claimed event in StateHeld at once, with reason (see
+// Store.Hold).
+func (r Rules) Hold(ctx context.Context, scope, eventID, token, reason string) error {
+	return leaseHeld("holding event")(r.d.Exec(ctx, StmtHold, scope, eventID, token, reason))
 }
 
 // settleBatched writes s in the next batch and reports whether it changed
@@ -332,15 +333,19 @@ func (r Rules) DeleteBefore(ctx context.Context, scopes []string, cutoff time.Ti
 
 // CompleteResponse marks the claimed event completed with resp.Status and
 // stores resp with it (headers as EncodeHeader writes them; the body only
-// when resp.BodyStored). It returns ErrLeaseLost if the row is not
-// processing under token.
+// when resp.BodyStored; a cut body as cutSize, with no hash). It returns
+// ErrLeaseLost if the row is not processing under token.
 func (r Rules) CompleteResponse(ctx context.Context, scope, eventID, token string, resp Response) error {
 	hdr, err := EncodeHeader(resp.Header)
 	if err != nil {
 		return fmt.Errorf("completing event: %w", err)
 	}
 	var body any // NULL: not stored
-	if resp.BodyStored {
+	size, sum := resp.Size, resp.SHA256
+	switch {
+	case resp.Cut:
+		size, sum = cutSize, ""
+	case resp.BodyStored:
 		b := resp.Body
 		if b == nil {
 			b = []byte{}
@@ -348,7 +353,7 @@ func (r Rules) CompleteResponse(ctx context.Context, scope, eventID, token strin
 		body = b
 	}
 	return leaseHeld("completing event")(r.d.Exec(ctx, StmtCompleteResponse, scope, eventID, token,
-		resp.Status, hdr, body, resp.Size, resp.SHA256))
+		resp.Status, hdr, body, size, sum))
 }
 
 // Response returns the answer stored with a completed event, or
@@ -370,8 +375,9 @@ func (r Rules) Response(ctx context.Context, scope, eventID string) (Response, e
 		return Response{}, fmt.Errorf("reading stored response: %w", err)
 	}
 	// An empty body is stored whole; a longer one is stored only when
-	// complete (see Response.BodyStored).
-	resp.BodyStored = resp.Size == 0 || int64(len(resp.Body)) == resp.Size
+	// complete (see Response.BodyStored); a cut one never.
+	info := NewResponseInfo(true, int64(len(resp.Body)), resp.Size, resp.SHA256)
+	resp.BodyStored, resp.Cut, resp.Size, resp.SHA256 = info.BodyStored, info.Cut, info.Size, info.SHA256
 	if !resp.BodyStored {
 		resp.Body = nil
 	}

@@ -114,7 +114,16 @@ type Event struct {
 	Fingerprint string
 	// Response describes the stored upstream answer, without its content.
 	Response ResponseInfo
+	// HoldReason says why a held event is held, as the gateway knew it
+	// when it parked the event (Store.Hold's reason, or HoldLeaseExpired);
+	// "" unless held, and for events held before reasons were recorded.
+	HoldReason string
 }
+
+// HoldLeaseExpired is the hold reason of a claim whose lease expired
+// before its forward settled, held by the next claim (on_ambiguous hold).
+const HoldLeaseExpired = "the claim's lease expired before its forward settled " +
+	"(the gateway holding it died, or could not reach the store)"
 
 // Errors returned by stores. Driver errors never escape a store: anything
 // else a method returns means the store is unreachable or failing, and the
@@ -158,9 +167,10 @@ type Store interface {
 	// Hold parks the claimed event in StateHeld at once, live lease or not:
 	// the gateway knows its forward's outcome is ambiguous (on_ambiguous
 	// hold), so deliveries are refused and an operator can release or
-	// complete it right away. It returns ErrLeaseLost if the token no
-	// longer holds the row.
-	Hold(ctx context.Context, scope, eventID, token string) error
+	// complete it right away. reason (Event.HoldReason) says why, for the
+	// operator: never a body, header or secret. It returns ErrLeaseLost if
+	// the token no longer holds the row.
+	Hold(ctx context.Context, scope, eventID, token, reason string) error
 	// Get returns one event, or ErrNotFound.
 	Get(ctx context.Context, scope, eventID string) (Event, error)
 	// Forget deletes one event so the provider's next delivery is forwarded

@@ -21,7 +21,8 @@ type queries struct {
 }
 
 const columns = `scope, event_id, state, attempts, first_seen, updated_at, lease_until, completed_at, status,
-	fingerprint, response_headers IS NOT NULL, COALESCE(length(response_body), 0), response_size, response_sha256`
+	fingerprint, response_headers IS NOT NULL, COALESCE(length(response_body), 0), response_size, response_sha256,
+	COALESCE(hold_reason, '')`
 
 // buildQueries builds the driver's statements from the validated, quoted
 // table name. The claimable and resolvable predicates are the store's.
@@ -54,7 +55,8 @@ func buildQueries(ident pgx.Identifier) queries {
 					COALESCE(GREATEST(0, CEIL(EXTRACT(EPOCH FROM (lease_until - now())) * 1000000)), 0)::bigint,
 					fingerprint
 				FROM ` + t + ` WHERE scope = $1 AND event_id = $2`,
-			store.StmtHoldExpired: `UPDATE ` + t + ` SET state = 'held', token = '', lease_until = NULL, updated_at = now()
+			store.StmtHoldExpired: `UPDATE ` + t + ` SET state = 'held', token = '', lease_until = NULL, updated_at = now(),
+					hold_reason = $4
 				WHERE scope = $1 AND event_id = $2 AND state = 'processing' AND token = $3 AND lease_until <= now()
 				RETURNING attempts`,
 			store.StmtRenew: `UPDATE ` + t + ` SET lease_until = now() + $4::bigint * interval '1 microsecond', updated_at = now()
@@ -64,12 +66,13 @@ func buildQueries(ident pgx.Identifier) queries {
 				WHERE scope = $1 AND event_id = $2 AND token = $3 AND state = 'processing'`,
 			store.StmtRelease: `UPDATE ` + t + ` SET state = 'released', token = '', lease_until = NULL, updated_at = now()
 				WHERE scope = $1 AND event_id = $2 AND token = $3 AND state = 'processing'`,
-			store.StmtHold: `UPDATE ` + t + ` SET state = 'held', token = '', lease_until = NULL, updated_at = now()
+			store.StmtHold: `UPDATE ` + t + ` SET state = 'held', token = '', lease_until = NULL, updated_at = now(),
+					hold_reason = $4
 				WHERE scope = $1 AND event_id = $2 AND token = $3 AND state = 'processing'`,
 			store.StmtForget: `DELETE FROM ` + t + ` WHERE scope = $1 AND event_id = $2`,
 			// An operator's decision on a held row or an expired claim; $3 is
 			// 'released' or 'completed'.
-			store.StmtResolve: `UPDATE ` + t + ` SET state = $3::text, token = '', lease_until = NULL, status = 0,
+			store.StmtResolve: `UPDATE ` + t + ` SET state = $3::text, token = '', lease_until = NULL, status = 0, hold_reason = NULL,
 					completed_at = CASE WHEN $3::text = 'completed' THEN now() END, updated_at = now()
 				WHERE scope = $1 AND event_id = $2 AND ` + store.ResolvableSQL("now()"),
 			store.StmtCompleteResponse: `UPDATE ` + t + ` SET state = 'completed', status = $4, token = '', lease_until = NULL,
@@ -222,11 +225,14 @@ func scanEvent(row pgx.CollectableRow) (store.Event, error) {
 		ev                    store.Event
 		state                 string
 		leaseUntil, completed *time.Time
+		// the stored response's columns (store.NewResponseInfo)
+		hasResponse  bool
+		stored, size int64
+		sum          string
 	)
-	var stored int64
 	err := row.Scan(&ev.Scope, &ev.EventID, &state, &ev.Attempts, &ev.FirstSeen, &ev.UpdatedAt,
 		&leaseUntil, &completed, &ev.Status,
-		&ev.Fingerprint, &ev.Response.Stored, &stored, &ev.Response.Size, &ev.Response.SHA256)
+		&ev.Fingerprint, &hasResponse, &stored, &size, &sum, &ev.HoldReason)
 	if err != nil {
 		return store.Event{}, err
 	}
@@ -239,7 +245,7 @@ func scanEvent(row pgx.CollectableRow) (store.Event, error) {
 	if completed != nil {
 		ev.CompletedAt = completed.UTC()
 	}
-	ev.Response.BodyStored = ev.Response.Stored && stored == ev.Response.Size
+	ev.Response = store.NewResponseInfo(hasResponse, stored, size, sum)
 	return ev, nil
 }
 

@@ -71,6 +71,16 @@ func migrations(ident pgx.Identifier) []*goose.Migration {
 				`ALTER TABLE `+table+` DROP COLUMN IF EXISTS response_sha256`,
 			)},
 		),
+		// Why a held event is held (Event.HoldReason). NULL unless held, and
+		// for rows held before this version.
+		goose.NewGoMigration(4,
+			&goose.GoFunc{RunTx: pgschema.ExecAll(
+				`ALTER TABLE ` + table + ` ADD COLUMN IF NOT EXISTS hold_reason text`,
+			)},
+			&goose.GoFunc{RunTx: pgschema.ExecAll(
+				`ALTER TABLE ` + table + ` DROP COLUMN IF EXISTS hold_reason`,
+			)},
+		),
 	}
 }
 

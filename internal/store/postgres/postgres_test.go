@@ -288,3 +288,39 @@ func TestSecretsConformance(t *testing.T) {
 		return other
 	})
 }
+
+// TestUpgradeAddsHoldReason: a table an earlier version migrated (goose at
+// version 3, no hold_reason) is brought up at the next start: an event it
+// held reads with no reason, and new holds record theirs.
+func TestUpgradeAddsHoldReason(t *testing.T) {
+	t.Parallel()
+	dsn := testDSN(t)
+	table := tableName()
+	t.Cleanup(func() { dropTable(t, dsn, table) })
+	ctx := t.Context()
+	s, err := postgres.New(ctx, postgres.Options{DSN: dsn, Table: table})
+	require.NoError(t, err)
+	c, err := s.Claim(ctx, store.ClaimParams{Scope: "s", EventID: "old", Lease: time.Minute})
+	require.NoError(t, err)
+	require.NoError(t, s.Hold(ctx, "s", "old", c.Token, "before the upgrade"))
+	for _, q := range []string{
+		"ALTER TABLE " + pgx.Identifier{table}.Sanitize() + " DROP COLUMN hold_reason",
+		"DELETE FROM " + pgx.Identifier{table + "_goose_version"}.Sanitize() + " WHERE version_id = 4",
+	} {
+		_, err := s.Pool().Exec(ctx, q)
+		require.NoError(t, err)
+	}
+	require.NoError(t, s.Close())
+
+	s = newStore(t, postgres.Options{DSN: dsn, Table: table})
+	ev, err := s.Get(ctx, "s", "old")
+	require.NoError(t, err)
+	require.Equal(t, store.StateHeld, ev.State)
+	require.Empty(t, ev.HoldReason)
+	c, err = s.Claim(ctx, store.ClaimParams{Scope: "s", EventID: "new", Lease: time.Minute})
+	require.NoError(t, err)
+	require.NoError(t, s.Hold(ctx, "s", "new", c.Token, "after the upgrade"))
+	ev, err = s.Get(ctx, "s", "new")
+	require.NoError(t, err)
+	require.Equal(t, "after the upgrade", ev.HoldReason)
+}

@@ -21,7 +21,8 @@ type queries struct {
 }
 
 const columns = `scope, event_id, state, attempts, first_seen, updated_at, lease_until, completed_at, status,
-	fingerprint, response_headers IS NOT NULL, COALESCE(length(response_body), 0), response_size, response_sha256`
+	fingerprint, response_headers IS NOT NULL, COALESCE(length(response_body), 0), response_size, response_sha256,
+	COALESCE(hold_reason, '')`
 
 func buildQueries(t string) queries {
 	return queries{
@@ -48,7 +49,8 @@ func buildQueries(t string) queries {
 			store.StmtInspect: `SELECT state, token, attempts, status, COALESCE(MAX(lease_until - ` + now + `, 0), 0) * 1000,
 					fingerprint
 				FROM ` + t + ` WHERE scope = ?1 AND event_id = ?2`,
-			store.StmtHoldExpired: `UPDATE ` + t + ` SET state = 'held', token = '', lease_until = NULL, updated_at = ` + now + `
+			store.StmtHoldExpired: `UPDATE ` + t + ` SET state = 'held', token = '', lease_until = NULL, updated_at = ` + now + `,
+					hold_reason = ?4
 				WHERE scope = ?1 AND event_id = ?2 AND state = 'processing' AND token = ?3 AND lease_until <= ` + now + `
 				RETURNING attempts`,
 			store.StmtRenew: `UPDATE ` + t + ` SET lease_until = ` + now + ` + ?4, updated_at = ` + now + `
@@ -58,11 +60,12 @@ func buildQueries(t string) queries {
 				WHERE scope = ?1 AND event_id = ?2 AND token = ?3 AND state = 'processing'`,
 			store.StmtRelease: `UPDATE ` + t + ` SET state = 'released', token = '', lease_until = NULL, updated_at = ` + now + `
 				WHERE scope = ?1 AND event_id = ?2 AND token = ?3 AND state = 'processing'`,
-			store.StmtHold: `UPDATE ` + t + ` SET state = 'held', token = '', lease_until = NULL, updated_at = ` + now + `
+			store.StmtHold: `UPDATE ` + t + ` SET state = 'held', token = '', lease_until = NULL, updated_at = ` + now + `,
+					hold_reason = ?4
 				WHERE scope = ?1 AND event_id = ?2 AND token = ?3 AND state = 'processing'`,
 			store.StmtForget: `DELETE FROM ` + t + ` WHERE scope = ?1 AND event_id = ?2`,
 			// ?3 is 'released' or 'completed'.
-			store.StmtResolve: `UPDATE ` + t + ` SET state = ?3, token = '', lease_until = NULL, status = 0,
+			store.StmtResolve: `UPDATE ` + t + ` SET state = ?3, token = '', lease_until = NULL, status = 0, hold_reason = NULL,
 					completed_at = CASE WHEN ?3 = 'completed' THEN ` + now + ` END, updated_at = ` + now + `
 				WHERE scope = ?1 AND event_id = ?2 AND ` + store.ResolvableSQL(now),
 			store.StmtCompleteResponse: `UPDATE ` + t + ` SET state = 'completed', status = ?4, token = '', lease_until = NULL,
@@ -220,11 +223,14 @@ func scanEvent(row scanner) (store.Event, error) {
 		state                 string
 		firstSeen, updatedAt  int64
 		leaseUntil, completed sql.NullInt64
+		// the stored response's columns (store.NewResponseInfo)
+		hasResponse  bool
+		stored, size int64
+		sum          string
 	)
-	var stored int64
 	err := row.Scan(&ev.Scope, &ev.EventID, &state, &ev.Attempts, &firstSeen, &updatedAt,
 		&leaseUntil, &completed, &ev.Status,
-		&ev.Fingerprint, &ev.Response.Stored, &stored, &ev.Response.Size, &ev.Response.SHA256)
+		&ev.Fingerprint, &hasResponse, &stored, &size, &sum, &ev.HoldReason)
 	if err != nil {
 		return store.Event{}, err
 	}
@@ -237,7 +243,7 @@ func scanEvent(row scanner) (store.Event, error) {
 	if completed.Valid {
 		ev.CompletedAt = fromMillis(completed.Int64)
 	}
-	ev.Response.BodyStored = ev.Response.Stored && stored == ev.Response.Size
+	ev.Response = store.NewResponseInfo(hasResponse, stored, size, sum)
 	return ev, nil
 }
 

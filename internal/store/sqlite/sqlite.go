@@ -231,6 +231,11 @@ func migrations(table string) []*goose.Migration {
 				`ALTER TABLE `+t+` DROP COLUMN response_sha256`,
 			)},
 		),
+		// Why a held event is held, as in the postgres store.
+		goose.NewGoMigration(4,
+			&goose.GoFunc{RunTx: addColumns(table, `hold_reason TEXT`)},
+			&goose.GoFunc{RunTx: execAll(`ALTER TABLE ` + t + ` DROP COLUMN hold_reason`)},
+		),
 	}
 }
 

@@ -191,3 +191,37 @@ func TestSecretsConformance(t *testing.T) {
 		return reopened
 	})
 }
+
+// TestUpgradeAddsHoldReason: a file an earlier version migrated (goose at
+// version 3, no hold_reason) is brought up at the next start: an event it
+// held reads with no reason, and new holds record theirs.
+func TestUpgradeAddsHoldReason(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "events.db")
+	s, err := sqlite.New(ctx, sqlite.Options{Path: path})
+	require.NoError(t, err)
+	c, err := s.Claim(ctx, store.ClaimParams{Scope: "s", EventID: "old", Lease: time.Minute})
+	require.NoError(t, err)
+	require.NoError(t, s.Hold(ctx, "s", "old", c.Token, "before the upgrade"))
+	for _, q := range []string{
+		`ALTER TABLE webhook_events DROP COLUMN hold_reason`,
+		`DELETE FROM webhook_events_goose_version WHERE version_id = 4`,
+	} {
+		_, err := s.DB().ExecContext(ctx, q)
+		require.NoError(t, err)
+	}
+	require.NoError(t, s.Close())
+
+	s = newStore(t, sqlite.Options{Path: path})
+	ev, err := s.Get(ctx, "s", "old")
+	require.NoError(t, err)
+	require.Equal(t, store.StateHeld, ev.State)
+	require.Empty(t, ev.HoldReason)
+	c, err = s.Claim(ctx, store.ClaimParams{Scope: "s", EventID: "new", Lease: time.Minute})
+	require.NoError(t, err)
+	require.NoError(t, s.Hold(ctx, "s", "new", c.Token, "after the upgrade"))
+	ev, err = s.Get(ctx, "s", "new")
+	require.NoError(t, err)
+	require.Equal(t, "after the upgrade", ev.HoldReason)
+}

@@ -115,6 +115,7 @@ func exerciseClaim(t *testing.T, newStore func(t *testing.T) store.Store) {
 		require.NoError(t, err)
 		require.Equal(t, store.StateHeld, ev.State)
 		require.True(t, ev.LeaseUntil.IsZero())
+		require.Equal(t, store.HoldLeaseExpired, ev.HoldReason)
 
 		// Held stays held, whatever the route's setting.
 		for _, hold := range []bool{true, false} {

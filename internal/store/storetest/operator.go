@@ -234,9 +234,11 @@ func exerciseOperator(t *testing.T, newStore func(t *testing.T) store.Store) {
 
 		t.Run("held to released", func(t *testing.T) {
 			hold(t, "held_r")
+			require.Equal(t, store.HoldLeaseExpired, get(t, "held_r").HoldReason)
 			require.NoError(t, s.Resolve(ctx, "s", "held_r", store.StateReleased))
 			ev := get(t, "held_r")
 			require.Equal(t, store.StateReleased, ev.State)
+			require.Empty(t, ev.HoldReason, "the reason goes with the hold")
 			require.True(t, ev.LeaseUntil.IsZero())
 			require.True(t, ev.CompletedAt.IsZero())
 			// The next delivery is forwarded again.

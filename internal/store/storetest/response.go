@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"net/http"
+	"strconv"
 	"testing"
 	"time"
 
@@ -91,6 +92,38 @@ func exerciseResponse(t *testing.T, newStore func(t *testing.T) store.Store) {
 		require.True(t, got.BodyStored)
 		require.Empty(t, got.Body)
 		require.Equal(t, http.Header{}, got.Header)
+	})
+
+	// A cut body is stored as neither body, size nor hash: what was seen
+	// of it is not the upstream's answer. Also with no byte seen (a
+	// Content-Length the upstream never sent), which must not read back
+	// as an empty body stored whole.
+	t.Run("CutBody", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		ctx := t.Context()
+
+		for _, seen := range [][]byte{[]byte(`{"partial":`), nil} {
+			id := "cut" + strconv.Itoa(len(seen))
+			c := claimed(t, s, "r", id)
+			require.NoError(t, s.CompleteResponse(ctx, "r", id, c.Token, store.Response{
+				Status: 201, Header: http.Header{"Content-Type": {"application/json"}},
+				Body: seen, Size: int64(len(seen)), SHA256: sum(seen), Cut: true,
+			}))
+			got, err := s.Response(ctx, "r", id)
+			require.NoError(t, err)
+			require.Equal(t, 201, got.Status)
+			require.Equal(t, "application/json", got.Header.Get("Content-Type"))
+			require.True(t, got.Cut, id)
+			require.False(t, got.BodyStored, id)
+			require.Nil(t, got.Body)
+			require.Zero(t, got.Size)
+			require.Empty(t, got.SHA256)
+			ev, err := s.Get(ctx, "r", id)
+			require.NoError(t, err)
+			require.Equal(t, store.ResponseInfo{Stored: true, Cut: true}, ev.Response, id)
+			require.Equal(t, 201, ev.Status)
+		}
 	})
 
 	t.Run("NoStoredResponse", func(t *testing.T) {

@@ -77,35 +77,49 @@ func exerciseSettle(t *testing.T, newStore func(t *testing.T) store.Store) {
 		t.Parallel()
 		s := newStore(t)
 
-		// A live claim (long lease) is held at once by its own token.
+		// A live claim (long lease) is held at once by its own token, with
+		// the reason the gateway gives.
+		const why = "forward_timeout ended the forward before an upstream status arrived"
 		c := claimed(t, s, "stripe", "evt_1")
-		require.ErrorIs(t, s.Hold(t.Context(), "stripe", "evt_1", store.NewToken()), store.ErrLeaseLost)
-		require.ErrorIs(t, s.Hold(t.Context(), "stripe", "nope", c.Token), store.ErrLeaseLost)
-		require.NoError(t, s.Hold(t.Context(), "stripe", "evt_1", c.Token))
-
+		require.ErrorIs(t, s.Hold(t.Context(), "stripe", "evt_1", store.NewToken(), why), store.ErrLeaseLost)
+		require.ErrorIs(t, s.Hold(t.Context(), "stripe", "nope", c.Token, why), store.ErrLeaseLost)
 		ev, err := s.Get(t.Context(), "stripe", "evt_1")
 		require.NoError(t, err)
+		require.Empty(t, ev.HoldReason, "not held")
+		require.NoError(t, s.Hold(t.Context(), "stripe", "evt_1", c.Token, why))
+
+		ev, err = s.Get(t.Context(), "stripe", "evt_1")
+		require.NoError(t, err)
 		require.Equal(t, store.StateHeld, ev.State)
+		require.Equal(t, why, ev.HoldReason)
 		require.True(t, ev.LeaseUntil.IsZero())
 		require.Equal(t, 1, ev.Attempts)
+		evs, err := s.List(t.Context(), store.ListQuery{State: store.StateHeld, Scope: "stripe"})
+		require.NoError(t, err)
+		require.Len(t, evs, 1)
+		require.Equal(t, why, evs[0].HoldReason, "listed with its reason")
 		for _, hold := range []bool{true, false} {
 			h, err := s.Claim(t.Context(), store.ClaimParams{Scope: "stripe", EventID: "evt_1", Lease: lease, HoldOnExpiry: hold})
 			require.NoError(t, err)
 			require.Equal(t, store.Held, h.Outcome)
 		}
 		// Held once: the token no longer holds the row.
-		require.ErrorIs(t, s.Hold(t.Context(), "stripe", "evt_1", c.Token), store.ErrLeaseLost)
+		require.ErrorIs(t, s.Hold(t.Context(), "stripe", "evt_1", c.Token, why), store.ErrLeaseLost)
 		require.ErrorIs(t, s.Complete(t.Context(), "stripe", "evt_1", c.Token, 200), store.ErrLeaseLost)
 		require.ErrorIs(t, s.Release(t.Context(), "stripe", "evt_1", c.Token), store.ErrLeaseLost)
 
-		// An operator resolves it at once: no lease to wait for.
+		// An operator resolves it at once: no lease to wait for. The
+		// reason goes with the hold.
 		require.NoError(t, s.Resolve(t.Context(), "stripe", "evt_1", store.StateCompleted))
 		require.Equal(t, store.Duplicate, claim(t, s, "stripe", "evt_1").Outcome)
+		ev, err = s.Get(t.Context(), "stripe", "evt_1")
+		require.NoError(t, err)
+		require.Empty(t, ev.HoldReason)
 
 		// A completed or released row is never held.
 		c2 := claimed(t, s, "stripe", "evt_2")
 		require.NoError(t, s.Release(t.Context(), "stripe", "evt_2", c2.Token))
-		require.ErrorIs(t, s.Hold(t.Context(), "stripe", "evt_2", c2.Token), store.ErrLeaseLost)
+		require.ErrorIs(t, s.Hold(t.Context(), "stripe", "evt_2", c2.Token, why), store.ErrLeaseLost)
 		ev, err = s.Get(t.Context(), "stripe", "evt_2")
 		require.NoError(t, err)
 		require.Equal(t, store.StateReleased, ev.State)
