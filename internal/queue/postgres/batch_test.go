@@ -190,7 +190,7 @@ func TestEnqueueBatchOutcomesAreEach(t *testing.T) {
 	require.NoError(t, err)
 	c, err := f.store.Claim(ctx, store.ClaimParams{Scope: "s", EventID: "evt_held", Lease: time.Minute})
 	require.NoError(t, err)
-	require.NoError(t, f.store.Hold(ctx, "s", "evt_held", c.Token))
+	require.NoError(t, f.store.Hold(ctx, "s", "evt_held", c.Token, "test: held"))
 	_, err = f.store.Claim(ctx, store.ClaimParams{Scope: "s#body", EventID: "h_live", Lease: time.Minute})
 	require.NoError(t, err)
 	require.Equal(t, queue.Queued, f.enqueue(entry("s", "evt_old")).Outcome)
