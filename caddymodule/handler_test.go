@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -162,6 +163,29 @@ type gateway struct {
 	// storage is the store configuration, to open a second gateway on it.
 	storage Storage
 	clock   *testClock
+	// family is every gateway on this store (sharingStore), whose
+	// completions a read of the store waits for.
+	family *gatewayFamily
+}
+
+// gatewayFamily is the handlers sharing one store in a test.
+type gatewayFamily struct {
+	mu       sync.Mutex
+	handlers []*Handler
+}
+
+// settled waits for the completions every handler of the family is still
+// writing after its answers (settle.go), as a reader of the store after
+// the deliveries' answers must.
+func (f *gatewayFamily) settled() {
+	f.mu.Lock()
+	hs := slices.Clone(f.handlers)
+	f.mu.Unlock()
+	for _, h := range hs {
+		if h.pending != nil {
+			h.pending.wg.Wait()
+		}
+	}
 }
 
 // testClock is the verifier's clock: NOW of CASES.md, moved by the test.
@@ -223,8 +247,9 @@ func newGateway(t testing.TB, caddyfileSnippet string, opts ...gatewayOption) *g
 	for _, opt := range opts {
 		opt(&o)
 	}
-	g := &gateway{t: t, up: o.up, clock: o.clock}
+	g := &gateway{t: t, up: o.up, clock: o.clock, family: new(gatewayFamily)}
 	if o.shared != nil {
+		g.family = o.shared.family
 		g.storage = o.shared.storage
 		if o.dsnExtra != "" {
 			g.storage.DSN += o.dsnExtra
@@ -277,6 +302,9 @@ func newGateway(t testing.TB, caddyfileSnippet string, opts ...gatewayOption) *g
 	core, logs := observer.New(zapcore.DebugLevel)
 	h.logger = zap.New(core)
 	g.h, g.logs = h, logs
+	g.family.mu.Lock()
+	g.family.handlers = append(g.family.handlers, h)
+	g.family.mu.Unlock()
 	return g
 }
 
@@ -328,9 +356,7 @@ func (g *gateway) serve(req *http.Request) answer {
 // (settle.go), as a caller that reads the store after a delivery's answer
 // must.
 func (g *gateway) row(scope, id string) (store.Event, error) {
-	if g.h.pending != nil {
-		g.h.pending.wg.Wait()
-	}
+	g.family.settled()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	return g.h.backend.Get(ctx, scope, id)
@@ -355,6 +381,7 @@ func (g *gateway) requireNoRow(scope, id string) {
 // rows lists every row of the gateway's store (each test has its own).
 func (g *gateway) rows() []store.Event {
 	g.t.Helper()
+	g.family.settled()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	evs, err := g.h.backend.List(ctx, store.ListQuery{Limit: 1000})
