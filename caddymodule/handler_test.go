@@ -249,7 +249,9 @@ func newGateway(t testing.TB, caddyfileSnippet string, opts ...gatewayOption) *g
 	}
 	g := &gateway{t: t, up: o.up, clock: o.clock, family: new(gatewayFamily)}
 	if o.shared != nil {
-		g.family = o.shared.family
+		if o.shared.family != nil { // nil: a gateway not made here
+			g.family = o.shared.family
+		}
 		g.storage = o.shared.storage
 		if o.dsnExtra != "" {
 			g.storage.DSN += o.dsnExtra

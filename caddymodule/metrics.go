@@ -109,14 +109,14 @@ func initMetrics(reg *prometheus.Registry) error {
 // the handler's metrics are registered.
 var batchSizes = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 	Namespace: ns, Subsystem: sub, Name: "store_batch_size",
-	Help:    "Store operations written per batch (one transaction, one commit), by op: claim, complete, release, transaction (a store batch's total), enqueue (async deliveries queued together).",
+	Help:    "Store operations written per batch (one transaction, one commit), by op: claim, complete, release, hold, transaction (a store batch's total), enqueue (async deliveries queued together).",
 	Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
 }, []string{"op"})
 
 // batchObservers are batchSizes' series, resolved once.
 var batchObservers = func() map[string]prometheus.Observer {
 	m := map[string]prometheus.Observer{}
-	for _, op := range []string{"claim", "complete", "release", "transaction", "enqueue"} {
+	for _, op := range []string{"claim", "complete", "release", "hold", "transaction", "enqueue"} {
 		m[op] = batchSizes.WithLabelValues(op)
 	}
 	return m

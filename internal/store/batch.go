@@ -43,7 +43,7 @@ type BatchOptions struct {
 	// Defaults to DefaultBatchTimeout (5s).
 	Timeout time.Duration
 	// Observe, when set, is told the size of each batch written: op is
-	// "claim", "complete" or "release" with the count of that kind, and
+	// "claim", "complete", "release" or "hold" with the count of that kind, and
 	// "transaction" with the batch's total. Called by the goroutine writing
 	// the batch, before it is written: it must be quick.
 	Observe func(op string, n int)
@@ -146,11 +146,14 @@ func (b *batcher) observe(wb *Batch, total int) {
 	if b.opts.Observe == nil {
 		return
 	}
-	var complete, release int
+	var complete, release, hold int
 	for _, s := range wb.Settles {
-		if s.Stmt == StmtComplete {
+		switch s.Stmt {
+		case StmtComplete:
 			complete++
-		} else {
+		case StmtHold:
+			hold++
+		default:
 			release++
 		}
 	}
@@ -158,7 +161,7 @@ func (b *batcher) observe(wb *Batch, total int) {
 	for _, c := range [...]struct {
 		op string
 		n  int
-	}{{"claim", claims}, {"complete", complete}, {"release", release}} {
+	}{{"claim", claims}, {"complete", complete}, {"release", release}, {"hold", hold}} {
 		if c.n > 0 {
 			b.opts.Observe(c.op, c.n)
 		}

@@ -165,13 +165,27 @@ type BatchClaim struct {
 	LeaseLeft time.Duration
 }
 
-// BatchSettle is one settle of a Batch: Stmt is StmtComplete (with Status)
-// or StmtRelease; Changed reports whether the row was still processing
-// under Token and changed.
+// BatchSettle is one settle of a Batch: Stmt is StmtComplete (with
+// Status), StmtRelease or StmtHold (with Reason); Changed reports whether
+// the row was still processing under Token and changed.
 type BatchSettle struct {
 	Stmt                  Stmt
 	Scope, EventID, Token string
 	Status                int
+	Reason                string
 
 	Changed bool
+}
+
+// SettleArgs are the Exec arguments of s's statement: scope, event ID and
+// token, then the status (StmtComplete) or the reason (StmtHold).
+func SettleArgs(s *BatchSettle) []any {
+	args := []any{s.Scope, s.EventID, s.Token}
+	switch s.Stmt {
+	case StmtComplete:
+		args = append(args, s.Status)
+	case StmtHold:
+		args = append(args, s.Reason)
+	}
+	return args
 }

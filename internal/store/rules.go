@@ -208,6 +208,10 @@ func (r Rules) Release(ctx context.Context, scope, eventID, token string) error 
 // Hold parks the claimed event in StateHeld at once, with reason (see
 // Store.Hold).
 func (r Rules) Hold(ctx context.Context, scope, eventID, token, reason string) error {
+	if r.b != nil {
+		return leaseHeld("holding event")(r.settleBatched(ctx,
+			BatchSettle{Stmt: StmtHold, Scope: scope, EventID: eventID, Token: token, Reason: reason}))
+	}
 	return leaseHeld("holding event")(r.d.Exec(ctx, StmtHold, scope, eventID, token, reason))
 }
 

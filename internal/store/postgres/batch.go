@@ -15,7 +15,7 @@ import (
 // batchQueries are the statements of WriteBatch: each takes a whole batch
 // as arrays, unnested WITH ORDINALITY so results come back by position.
 type batchQueries struct {
-	claim, complete, release string
+	claim, complete, release, hold string
 	// claimOne is claim for a batch of one, on scalars: cheaper to plan.
 	claimOne string
 }
@@ -104,6 +104,12 @@ func buildBatchQueries(t string) batchQueries {
 			FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS i(scope, event_id, token, ord)
 			WHERE e.scope = i.scope AND e.event_id = i.event_id AND e.token = i.token AND e.state || '' = 'processing'
 			RETURNING i.ord`,
+		// $1 scopes, $2 event IDs, $3 tokens, $4 reasons.
+		hold: `UPDATE ` + t + ` AS e SET state = 'held', token = '', lease_until = NULL, updated_at = now(),
+				hold_reason = i.reason
+			FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS i(scope, event_id, token, reason, ord)
+			WHERE e.scope = i.scope AND e.event_id = i.event_id AND e.token = i.token AND e.state || '' = 'processing'
+			RETURNING i.ord`,
 	}
 }
 
@@ -119,18 +125,24 @@ func compareKeys(scopeA, idA, scopeB, idB string) int {
 	return strings.Compare(idA, idB)
 }
 
+// keyColumns are the scope, event ID and token columns of the batch
+// statements' arrays, for the rows idx (in their order), read by at.
+func keyColumns(idx []int, at func(n int) (scope, id, token string)) (scopes, ids, tokens []string) {
+	scopes, ids, tokens = make([]string, len(idx)), make([]string, len(idx)), make([]string, len(idx))
+	for k, n := range idx {
+		scopes[k], ids[k], tokens[k] = at(n)
+	}
+	return scopes, ids, tokens
+}
+
 // WriteBatch sends b's statements (at most one claim statement per hold
-// value, one complete, one release) as one pipelined pgx batch: a single
+// value, one complete, one release, one hold) as one pipelined pgx batch: a single
 // round trip and one implicit transaction (one Sync), so one commit.
 func (d driver) WriteBatch(ctx context.Context, b *store.Batch) error {
 	if len(b.Claims) == 0 && len(b.Settles) == 1 {
 		// A lone settle: the one-row statement, cheaper to plan and run.
 		s := &b.Settles[0]
-		args := []any{s.Scope, s.EventID, s.Token}
-		if s.Stmt == store.StmtComplete {
-			args = append(args, s.Status)
-		}
-		changed, err := d.Exec(ctx, s.Stmt, args...)
+		changed, err := d.Exec(ctx, s.Stmt, store.SettleArgs(s)...)
 		s.Changed = changed
 		return err
 	}
@@ -165,11 +177,13 @@ func (d driver) WriteBatch(ctx context.Context, b *store.Batch) error {
 		slices.SortFunc(idx, func(x, y int) int {
 			return compareKeys(b.Claims[x].Scope, b.Claims[x].EventID, b.Claims[y].Scope, b.Claims[y].EventID)
 		})
-		scopes, ids, tokens := make([]string, len(idx)), make([]string, len(idx)), make([]string, len(idx))
+		scopes, ids, tokens := keyColumns(idx, func(n int) (string, string, string) {
+			c := &b.Claims[n]
+			return c.Scope, c.EventID, c.Token
+		})
 		leases := make([]int64, len(idx))
 		for k, n := range idx {
-			c := &b.Claims[n]
-			scopes[k], ids[k], tokens[k], leases[k] = c.Scope, c.EventID, c.Token, leaseMicros(c.Lease)
+			leases[k] = leaseMicros(b.Claims[n].Lease)
 		}
 		pb.Queue(d.q.batch.claim, scopes, ids, tokens, leases, h == 1)
 		reads = append(reads, func(rows pgx.Rows) error {
@@ -194,11 +208,11 @@ func (d driver) WriteBatch(ctx context.Context, b *store.Batch) error {
 		})
 	}
 	for _, s := range b.Settles {
-		if s.Stmt != store.StmtComplete && s.Stmt != store.StmtRelease {
+		if s.Stmt != store.StmtComplete && s.Stmt != store.StmtRelease && s.Stmt != store.StmtHold {
 			return fmt.Errorf("batch: statement %d is not a batched settle", s.Stmt)
 		}
 	}
-	for _, stmt := range [...]store.Stmt{store.StmtComplete, store.StmtRelease} {
+	for _, stmt := range [...]store.Stmt{store.StmtComplete, store.StmtRelease, store.StmtHold} {
 		var idx []int
 		for n, s := range b.Settles {
 			if s.Stmt == stmt {
@@ -211,15 +225,24 @@ func (d driver) WriteBatch(ctx context.Context, b *store.Batch) error {
 		slices.SortFunc(idx, func(x, y int) int {
 			return compareKeys(b.Settles[x].Scope, b.Settles[x].EventID, b.Settles[y].Scope, b.Settles[y].EventID)
 		})
-		scopes, ids, tokens := make([]string, len(idx)), make([]string, len(idx)), make([]string, len(idx))
-		statuses := make([]int32, len(idx))
-		for k, n := range idx {
+		scopes, ids, tokens := keyColumns(idx, func(n int) (string, string, string) {
 			s := &b.Settles[n]
-			scopes[k], ids[k], tokens[k], statuses[k] = s.Scope, s.EventID, s.Token, int32(s.Status)
-		}
-		if stmt == store.StmtComplete {
+			return s.Scope, s.EventID, s.Token
+		})
+		switch stmt {
+		case store.StmtComplete:
+			statuses := make([]int32, len(idx))
+			for k, n := range idx {
+				statuses[k] = int32(b.Settles[n].Status)
+			}
 			pb.Queue(d.q.batch.complete, scopes, ids, tokens, statuses)
-		} else {
+		case store.StmtHold:
+			reasons := make([]string, len(idx))
+			for k, n := range idx {
+				reasons[k] = b.Settles[n].Reason
+			}
+			pb.Queue(d.q.batch.hold, scopes, ids, tokens, reasons)
+		default:
 			pb.Queue(d.q.batch.release, scopes, ids, tokens)
 		}
 		reads = append(reads, func(rows pgx.Rows) error {

@@ -51,7 +51,7 @@ type dbQuerier struct{ *sql.DB }
 func (dbQuerier) StmtContext(_ context.Context, stmt *sql.Stmt) *sql.Stmt { return stmt }
 
 // batchStmts are the statements WriteBatch runs, prepared once.
-var batchStmts = []store.Stmt{store.StmtClaim, store.StmtInspect, store.StmtComplete, store.StmtRelease}
+var batchStmts = []store.Stmt{store.StmtClaim, store.StmtInspect, store.StmtComplete, store.StmtRelease, store.StmtHold}
 
 // prepare prepares batchStmts on the database (its single connection).
 func (d driver) prepare(ctx context.Context) (*[store.NumStmts]*sql.Stmt, error) {
@@ -96,11 +96,7 @@ func (d driver) writeOps(ctx context.Context, q querier, b *store.Batch) error {
 	}
 	for n := range b.Settles {
 		s := &b.Settles[n]
-		args := []any{s.Scope, s.EventID, s.Token}
-		if s.Stmt == store.StmtComplete {
-			args = append(args, s.Status)
-		}
-		res, err := d.exec(ctx, q, s.Stmt, args...)
+		res, err := d.exec(ctx, q, s.Stmt, store.SettleArgs(s)...)
 		if err != nil {
 			return err
 		}

@@ -75,15 +75,26 @@ func exerciseConcurrent(t *testing.T, newStore func(t *testing.T) store.Store) {
 		require.Equal(t, workers*events, n)
 		require.Len(t, winners, events, "every event ID claimed exactly once")
 
-		// Settle them all at once: half completed, half released.
+		// Settle them all at once: a third each completed, released and
+		// held (batched together when the store batches).
+		kind := func(id string) int {
+			var n int
+			_, err := fmt.Sscanf(id, "evt_c%d", &n)
+			require.NoError(t, err)
+			return n % 3
+		}
+		const completed, released, held = 0, 1, 2
 		var settle sync.WaitGroup
 		for id, c := range winners {
 			settle.Go(func() {
 				var err error
-				if id[len(id)-1]%2 == 0 {
+				switch kind(id) {
+				case completed:
 					err = s.Complete(t.Context(), "stripe", id, c.Token, 200)
-				} else {
+				case released:
 					err = s.Release(t.Context(), "stripe", id, c.Token)
+				default:
+					err = s.Hold(t.Context(), "stripe", id, c.Token, "held by the test: "+id)
 				}
 				if err != nil {
 					t.Errorf("settling %s: %v", id, err)
@@ -93,6 +104,15 @@ func exerciseConcurrent(t *testing.T, newStore func(t *testing.T) store.Store) {
 		settle.Wait()
 		for id, c := range winners {
 			require.ErrorIs(t, s.Complete(t.Context(), "stripe", id, c.Token, 200), store.ErrLeaseLost, id)
+			e, err := s.Get(t.Context(), "stripe", id)
+			require.NoError(t, err)
+			want := map[int]store.State{completed: store.StateCompleted, released: store.StateReleased, held: store.StateHeld}[kind(id)]
+			require.Equal(t, want, e.State, id)
+			if want == store.StateHeld {
+				require.Equal(t, "held by the test: "+id, e.HoldReason, id)
+			} else {
+				require.Empty(t, e.HoldReason, id)
+			}
 		}
 
 		// Again all together: completed IDs are duplicates, released ones
@@ -112,21 +132,22 @@ func exerciseConcurrent(t *testing.T, newStore func(t *testing.T) store.Store) {
 					}
 					mu.Lock()
 					defer mu.Unlock()
-					completed := id[len(id)-1]%2 == 0
+					k := kind(id)
 					switch {
-					case completed && c.Outcome == store.Duplicate && c.Status == 200:
-					case !completed && c.Outcome == store.Claimed && c.Attempts == 2:
+					case k == completed && c.Outcome == store.Duplicate && c.Status == 200:
+					case k == held && c.Outcome == store.Held:
+					case k == released && c.Outcome == store.Claimed && c.Attempts == 2:
 						claimed[id]++
-					case !completed && c.Outcome == store.InFlight && c.Attempts == 2:
+					case k == released && c.Outcome == store.InFlight && c.Attempts == 2:
 					default:
-						t.Errorf("%s (completed %v): %+v", id, completed, c)
+						t.Errorf("%s (kind %d): %+v", id, k, c)
 					}
 				})
 			}
 		}
 		again.Wait()
 		for id := range winners {
-			if id[len(id)-1]%2 != 0 {
+			if kind(id) == released {
 				require.Equal(t, 1, claimed[id], "%s claimed again exactly once", id)
 			}
 		}
