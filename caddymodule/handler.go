@@ -585,12 +585,14 @@ func (h *Handler) claim(parent context.Context, scope, key string) (store.Claim,
 
 // claimWith claims p in the store, bounded by storeTimeout, and times it.
 // A claim this handler is completing after its answer (completeAfterAnswer)
-// is waited for and claimed again, so a duplicate sent once the provider
-// has its answer finds the event completed, not in flight.
+// is waited for first, so a duplicate sent once the provider has its answer
+// finds the event completed, not in flight; one that finds the event in
+// flight and then a completion under way waits for it and claims again.
 func (h *Handler) claimWith(parent context.Context, p store.ClaimParams) (store.Claim, error) {
 	ctx, cancel := context.WithTimeout(parent, storeTimeout)
 	defer cancel()
 	t0 := time.Now()
+	h.awaitCompletion(ctx, p.Scope, p.EventID)
 	c, err := h.backend.Claim(ctx, p)
 	if err == nil && c.Outcome == store.InFlight && h.awaitCompletion(ctx, p.Scope, p.EventID) {
 		c, err = h.backend.Claim(ctx, p)
