@@ -113,22 +113,8 @@ func TestAmbiguousEventIDRefused(t *testing.T) {
 // the gateway would key on one ID while the upstream reads the other.
 func TestAmbiguousBatchRefused(t *testing.T) {
 	t.Parallel()
-	gocardless := func(t *testing.T, body string) *http.Request {
-		t.Helper()
-		d, err := buildDelivery(signParams{Provider: "gocardless", Secret: "gc_amb", Body: []byte(body)})
-		require.NoError(t, err)
-		req := newDelivery("http://gateway.test/gc", d.Body)
-		req.Header = d.Header
-		return req
-	}
-	okta := func(t *testing.T, body string) *http.Request {
-		t.Helper()
-		d, err := buildDelivery(signParams{Provider: "okta", Secret: "okta_amb", Body: []byte(body)})
-		require.NoError(t, err)
-		req := newDelivery("http://gateway.test/okta", d.Body)
-		req.Header = d.Header
-		return req
-	}
+	gocardless := func(t *testing.T, body string) *http.Request { return signedFor(t, "gocardless", "gc_amb", body) }
+	okta := func(t *testing.T, body string) *http.Request { return signedFor(t, "okta", "okta_amb", body) }
 	eachBackend(t, func(t *testing.T, backend gatewayOption) {
 		for _, policy := range []string{"set", "split"} {
 			for _, onMissing := range []string{"reject", "forward"} {

@@ -601,6 +601,17 @@ func (g *gateway) stripe(secret string, body []byte, ts int64, headers ...string
 	return newDelivery("http://gateway.test/webhooks/stripe", body, h...)
 }
 
+// signedFor builds a delivery of body signed for provider with secret, as
+// the sign CLI would (buildDelivery), to http://gateway.test/<provider>.
+func signedFor(t *testing.T, provider, secret, body string) *http.Request {
+	t.Helper()
+	d, err := buildDelivery(signParams{Provider: provider, Secret: secret, Body: []byte(body)})
+	require.NoError(t, err)
+	req := newDelivery("http://gateway.test/"+provider, d.Body)
+	req.Header = d.Header
+	return req
+}
+
 // githubDelivery builds a SIG-GH256 delivery.
 func githubDelivery(secret string, body []byte, guid string, headers ...string) *http.Request {
 	h := append([]string{

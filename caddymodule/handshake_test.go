@@ -258,14 +258,7 @@ func TestHandshakeAmbiguousOrIncomplete(t *testing.T) {
 	t.Parallel()
 	pub, err := signature.PublicSecret("discord", discordSeed)
 	require.NoError(t, err)
-	slack := func(t *testing.T, body string) *http.Request {
-		t.Helper()
-		d, err := buildDelivery(signParams{Provider: "slack", Secret: "slack_hs", Body: []byte(body)})
-		require.NoError(t, err)
-		req := newDelivery("http://gateway.test/slack", d.Body)
-		req.Header = d.Header
-		return req
-	}
+	slack := func(t *testing.T, body string) *http.Request { return signedFor(t, "slack", "slack_hs", body) }
 
 	t.Run("discord type twice", func(t *testing.T) {
 		t.Parallel()

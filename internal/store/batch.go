@@ -68,16 +68,9 @@ type op struct {
 	follows *BatchClaim
 }
 
+// newBatcher builds the store's batcher; coalesce.New applies the
+// defaults of MaxBatch, Timeout and Writers.
 func newBatcher(d BatchDriver, opts BatchOptions) *batcher {
-	if opts.MaxBatch <= 0 {
-		opts.MaxBatch = DefaultMaxBatch
-	}
-	if opts.Timeout <= 0 {
-		opts.Timeout = DefaultBatchTimeout
-	}
-	if opts.Writers <= 0 {
-		opts.Writers = 1
-	}
 	b := &batcher{d: d, opts: opts}
 	b.c = coalesce.New(coalesce.Options{MaxBatch: opts.MaxBatch, MaxWait: opts.MaxWait,
 		Writers: opts.Writers, Timeout: opts.Timeout}, b.write)
