@@ -298,6 +298,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("storage %s: %w", st.Backend, err)
 	}
 	h.backend, h.poolKey = b, st.poolKey()
+	h.pending.m = b.completing
 	scopes.add(h.Scope, b)
 	if entries > 0 {
 		h.completed = b.completed

@@ -14,10 +14,12 @@ import (
 // handler returns as soon as the upstream's answer is written, and the
 // claim is completed on another goroutine (batched with the other
 // deliveries' claims and settles, see internal/store/batch.go). Until that
-// commit the row reads as in flight; on this handler a duplicate that finds
-// it so waits for the completion instead of getting 409 (claim), on another
-// instance it gets 409 for those few milliseconds, as it does while the
-// forward runs. A gateway killed in between leaves the row processing, as a
+// commit the row reads as in flight; in this process a duplicate that finds
+// it so waits for the completion instead of getting 409 (claim), whichever
+// route of the scope it came through and also after a config reload (the
+// completions being written are registered on the pooled store, which
+// outlives both); on another instance it gets 409 for those few
+// milliseconds, as it does while the forward runs. A gateway killed in between leaves the row processing, as a
 // gateway killed a moment before the answer would: its lease expires and
 // on_ambiguous decides. Caddy's stop and config reloads wait for these
 // completions (Cleanup, up to settleDrainFor).
@@ -28,10 +30,12 @@ import (
 const settleDrainFor = 5 * time.Second
 
 // pendingSettles are the completions this handler is writing after their
-// answers, by (scope, event ID): each maps to a channel closed when its
-// first attempt has ended.
+// answers. m is the registry of the store's backend (backend.completing),
+// shared by every handler of that store in this process: (scope, event ID)
+// → a channel closed when the completion's first attempt has ended. wg
+// counts this handler's own, for Cleanup's drain.
 type pendingSettles struct {
-	m  sync.Map // eventKey → chan struct{}
+	m  *sync.Map // eventKey → chan struct{}; nil until the store is open
 	wg sync.WaitGroup
 }
 
@@ -58,11 +62,12 @@ func (h *Handler) completeAfterAnswer(parent context.Context, claims []claimRef,
 	}()
 }
 
-// awaitCompletion waits, bounded by ctx, for this handler's completion of
-// (scope, id) if one is being written, and reports whether there was one
-// (the caller then claims again and finds the event completed).
+// awaitCompletion waits, bounded by ctx, for a completion of (scope, id)
+// that a handler of this store is writing after its answer, if there is
+// one, and reports whether there was one (the caller then claims again and
+// finds the event completed).
 func (h *Handler) awaitCompletion(ctx context.Context, scope, id string) bool {
-	if h.pending == nil {
+	if h.pending == nil || h.pending.m == nil {
 		return false
 	}
 	v, ok := h.pending.m.Load(eventKey{scope, id})

@@ -120,3 +120,51 @@ func TestCompletionAfterAnswer(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, store.StateCompleted, e.State)
 }
+
+// TestCompletionAfterAnswerAnotherRoute: a completion one route is writing
+// after its answer is awaited by another route of the same scope on the
+// same store, as by the route itself: the completions being written are
+// registered on the pooled store, which the handlers of a reloaded config
+// share too. A duplicate through the other route is then answered as a
+// duplicate, not 409, and the upstream runs once.
+func TestCompletionAfterAnswerAnotherRoute(t *testing.T) {
+	t.Parallel()
+	cfg := `webhook_idempotency {
+		provider stripe
+		secret whsec_routes
+		cache 0
+	}`
+	g1 := newGateway(t, cfg, onPostgres())
+	g2 := newGateway(t, cfg, sharingStore(g1))
+	require.Same(t, g1.h.backend, g2.h.backend, "two routes, one pooled store")
+	var lock *rowLock
+	g1.up.respond = func(w http.ResponseWriter, r *http.Request, n int) error {
+		if n == 1 { // the claim is committed: lock its row before answering
+			lock = lockRow(t, g1, "stripe", "evt_routes")
+		}
+		w.Header().Set("Content-Type", "text/plain")
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, "ok")
+		return nil
+	}
+	body := []byte(`{"id":"evt_routes","object":"event"}`)
+	requireRelayed(t, g1.serve(g1.stripe("whsec_routes", body, g1.clock.Unix())))
+	require.NotNil(t, lock)
+
+	awaited := make(chan bool, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*storeTimeout)
+		defer cancel()
+		awaited <- g2.h.awaitCompletion(ctx, "stripe", "evt_routes")
+	}()
+	select {
+	case ok := <-awaited:
+		t.Fatalf("the other route did not wait for the completion being written (awaited: %v)", ok)
+	case <-time.After(300 * time.Millisecond):
+	}
+	lock.unlock(t)
+	require.True(t, <-awaited, "the other route waited for the completion")
+	requireDuplicate(t, g2.serve(g2.stripe("whsec_routes", body, g2.clock.Unix())))
+	require.Equal(t, 1, g1.up.count())
+	g2.requireRow("stripe", "evt_routes", store.StateCompleted)
+}

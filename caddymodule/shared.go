@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -35,6 +36,12 @@ type backend struct {
 	// secrets keeps the secrets learned in handshakes (handshake.go); nil
 	// when the store has none.
 	secrets store.Secrets
+	// completing registers the completions being written after their
+	// answers (settle.go) by every handler of this store, eventKey → chan
+	// struct{}: a duplicate through another route of the scope, or reaching
+	// the handler of a reloaded config, waits for them as one through the
+	// same handler does.
+	completing *sync.Map
 }
 
 // Destruct implements caddy.Destructor: the last handler using the store is
@@ -85,7 +92,7 @@ func openBackend(c Storage, cacheEntries int) (*backend, bool, error) {
 			_ = s.Close()
 			return nil, err
 		}
-		b := &backend{Store: s, completed: comp}
+		b := &backend{Store: s, completed: comp, completing: new(sync.Map)}
 		b.secrets, _ = s.(store.Secrets)
 		return b, nil
 	})
