@@ -125,6 +125,87 @@ func compareKeys(scopeA, idA, scopeB, idB string) int {
 	return strings.Compare(idA, idB)
 }
 
+// smallBatch is the most operations WriteBatch writes with the one-row
+// statements (pipelined, one commit) instead of the array statements: a
+// claim and a completion arriving together, the common batch of a lone
+// sender, would otherwise pay the planning of the array statements for
+// two rows (PostgreSQL's CPU per delivery at one in flight: 1.6 ms with
+// the array statements, 0.3 ms with one-row ones).
+const smallBatch = 4
+
+// claimOneArgs are batch.claimOne's arguments for c.
+func claimOneArgs(c *store.BatchClaim) []any {
+	return []any{c.Scope, c.EventID, c.Token, leaseMicros(c.Lease), c.Hold}
+}
+
+// scanClaimOne reads batch.claimOne's row into c.
+func scanClaimOne(r pgx.Row, c *store.BatchClaim) error {
+	var (
+		state  string
+		micros int64
+	)
+	err := r.Scan(&c.Claimed, &c.Attempts, &state, &c.Status, &micros)
+	c.State, c.LeaseLeft = store.State(state), time.Duration(micros)*time.Microsecond
+	return err
+}
+
+// writeSmall writes a batch of at most smallBatch operations with the
+// one-row statements, as one pipelined pgx batch (one round trip, one
+// implicit transaction, one commit); claims first, then settles, each in
+// key order as the array statements take their row locks.
+func (d driver) writeSmall(ctx context.Context, b *store.Batch) error {
+	claims := make([]int, len(b.Claims))
+	for n := range claims {
+		claims[n] = n
+	}
+	slices.SortFunc(claims, func(x, y int) int {
+		return compareKeys(b.Claims[x].Scope, b.Claims[x].EventID, b.Claims[y].Scope, b.Claims[y].EventID)
+	})
+	settles := make([]int, len(b.Settles))
+	for n := range settles {
+		settles[n] = n
+	}
+	slices.SortFunc(settles, func(x, y int) int {
+		return compareKeys(b.Settles[x].Scope, b.Settles[x].EventID, b.Settles[y].Scope, b.Settles[y].EventID)
+	})
+	var pb pgx.Batch
+	for _, n := range claims {
+		pb.Queue(d.q.batch.claimOne, claimOneArgs(&b.Claims[n])...)
+	}
+	if err := checkSettles(b); err != nil {
+		return err
+	}
+	for _, n := range settles {
+		pb.Queue(d.q.stmts[b.Settles[n].Stmt], store.SettleArgs(&b.Settles[n])...)
+	}
+	br := d.db.SendBatch(ctx, &pb)
+	for _, n := range claims {
+		if err := scanClaimOne(br.QueryRow(), &b.Claims[n]); err != nil {
+			_ = br.Close()
+			return interpretError(err)
+		}
+	}
+	for _, n := range settles {
+		tag, err := br.Exec()
+		if err != nil {
+			_ = br.Close()
+			return interpretError(err)
+		}
+		b.Settles[n].Changed = tag.RowsAffected() > 0
+	}
+	return interpretError(br.Close())
+}
+
+// checkSettles refuses a settle whose statement is not one a batch writes.
+func checkSettles(b *store.Batch) error {
+	for _, s := range b.Settles {
+		if s.Stmt != store.StmtComplete && s.Stmt != store.StmtRelease && s.Stmt != store.StmtHold {
+			return fmt.Errorf("batch: statement %d is not a batched settle", s.Stmt)
+		}
+	}
+	return nil
+}
+
 // keyColumns are the scope, event ID and token columns of the batch
 // statements' arrays, for the rows idx (in their order), read by at.
 func keyColumns(idx []int, at func(n int) (scope, id, token string)) (scopes, ids, tokens []string) {
@@ -149,14 +230,10 @@ func (d driver) WriteBatch(ctx context.Context, b *store.Batch) error {
 	if len(b.Claims) == 1 && len(b.Settles) == 0 {
 		// A lone claim: the one-row statement, cheaper to plan and run.
 		c := &b.Claims[0]
-		var (
-			state  string
-			micros int64
-		)
-		err := d.db.QueryRow(ctx, d.q.batch.claimOne, c.Scope, c.EventID, c.Token, leaseMicros(c.Lease), c.Hold).
-			Scan(&c.Claimed, &c.Attempts, &state, &c.Status, &micros)
-		c.State, c.LeaseLeft = store.State(state), time.Duration(micros)*time.Microsecond
-		return interpretError(err)
+		return interpretError(scanClaimOne(d.db.QueryRow(ctx, d.q.batch.claimOne, claimOneArgs(c)...), c))
+	}
+	if len(b.Claims)+len(b.Settles) <= smallBatch {
+		return d.writeSmall(ctx, b)
 	}
 	var (
 		pb     pgx.Batch
@@ -207,10 +284,8 @@ func (d driver) WriteBatch(ctx context.Context, b *store.Batch) error {
 			return rows.Err()
 		})
 	}
-	for _, s := range b.Settles {
-		if s.Stmt != store.StmtComplete && s.Stmt != store.StmtRelease && s.Stmt != store.StmtHold {
-			return fmt.Errorf("batch: statement %d is not a batched settle", s.Stmt)
-		}
+	if err := checkSettles(b); err != nil {
+		return err
 	}
 	for _, stmt := range [...]store.Stmt{store.StmtComplete, store.StmtRelease, store.StmtHold} {
 		var idx []int

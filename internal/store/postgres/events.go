@@ -55,20 +55,25 @@ func buildQueries(ident pgx.Identifier) queries {
 					COALESCE(GREATEST(0, CEIL(EXTRACT(EPOCH FROM (lease_until - now())) * 1000000)), 0)::bigint,
 					fingerprint
 				FROM ` + t + ` WHERE scope = $1 AND event_id = $2`,
+			// The statements below find their row by primary key (scope,
+			// event ID); "state || ''" keeps the planner off the (state,
+			// updated_at) index, whose 'processing' entries, dead ones
+			// included until a vacuum, are as many as the deliveries (see
+			// batchQueries.complete).
 			store.StmtHoldExpired: `UPDATE ` + t + ` SET state = 'held', token = '', lease_until = NULL, updated_at = now(),
 					hold_reason = $4
-				WHERE scope = $1 AND event_id = $2 AND state = 'processing' AND token = $3 AND lease_until <= now()
+				WHERE scope = $1 AND event_id = $2 AND state || '' = 'processing' AND token = $3 AND lease_until <= now()
 				RETURNING attempts`,
 			store.StmtRenew: `UPDATE ` + t + ` SET lease_until = now() + $4::bigint * interval '1 microsecond', updated_at = now()
-				WHERE scope = $1 AND event_id = $2 AND token = $3 AND state = 'processing'`,
+				WHERE scope = $1 AND event_id = $2 AND token = $3 AND state || '' = 'processing'`,
 			store.StmtComplete: `UPDATE ` + t + ` SET state = 'completed', status = $4, token = '', lease_until = NULL,
 					completed_at = now(), updated_at = now()
-				WHERE scope = $1 AND event_id = $2 AND token = $3 AND state = 'processing'`,
+				WHERE scope = $1 AND event_id = $2 AND token = $3 AND state || '' = 'processing'`,
 			store.StmtRelease: `UPDATE ` + t + ` SET state = 'released', token = '', lease_until = NULL, updated_at = now()
-				WHERE scope = $1 AND event_id = $2 AND token = $3 AND state = 'processing'`,
+				WHERE scope = $1 AND event_id = $2 AND token = $3 AND state || '' = 'processing'`,
 			store.StmtHold: `UPDATE ` + t + ` SET state = 'held', token = '', lease_until = NULL, updated_at = now(),
 					hold_reason = $4
-				WHERE scope = $1 AND event_id = $2 AND token = $3 AND state = 'processing'`,
+				WHERE scope = $1 AND event_id = $2 AND token = $3 AND state || '' = 'processing'`,
 			store.StmtForget: `DELETE FROM ` + t + ` WHERE scope = $1 AND event_id = $2`,
 			// An operator's decision on a held row or an expired claim; $3 is
 			// 'released' or 'completed'.
@@ -78,10 +83,10 @@ func buildQueries(ident pgx.Identifier) queries {
 			store.StmtCompleteResponse: `UPDATE ` + t + ` SET state = 'completed', status = $4, token = '', lease_until = NULL,
 					completed_at = now(), updated_at = now(),
 					response_headers = $5, response_body = $6, response_size = $7, response_sha256 = $8
-				WHERE scope = $1 AND event_id = $2 AND token = $3 AND state = 'processing'`,
+				WHERE scope = $1 AND event_id = $2 AND token = $3 AND state || '' = 'processing'`,
 			store.StmtResponse: `SELECT status, response_headers, COALESCE(response_body, ''::bytea), response_size,
 					response_sha256, fingerprint
-				FROM ` + t + ` WHERE scope = $1 AND event_id = $2 AND state = 'completed' AND response_headers IS NOT NULL`,
+				FROM ` + t + ` WHERE scope = $1 AND event_id = $2 AND state || '' = 'completed' AND response_headers IS NOT NULL`,
 		},
 		batch: buildBatchQueries(t),
 		get:   `SELECT ` + columns + ` FROM ` + t + ` WHERE scope = $1 AND event_id = $2`,

@@ -119,6 +119,18 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 	case !strings.Contains(opts.DSN, "pool_max_conns"):
 		cfg.MaxConns = max(cfg.MaxConns, DefaultMaxConns)
 	}
+	if !strings.Contains(opts.DSN, "default_query_exec_mode") {
+		// Each statement is planned for its own parameters (an unnamed
+		// prepared statement, its description cached: still one round
+		// trip), never with a cached generic plan. A generic plan made
+		// while the table was small or never analyzed (autovacuum off, a
+		// new table) can pick the (scope, first_seen) index for a lookup by
+		// primary key and then read every row of the scope on each claim
+		// and completion: measured at one delivery in flight, 24,000 index
+		// entries read per delivery after 12,000 deliveries, PostgreSQL's
+		// CPU per delivery 3.6 ms instead of 0.3 ms.
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	}
 	attach := pgschema.PrepareFailover(cfg, opts.DSN)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
