@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"context"
-	"io"
 	"net/http"
 	"testing"
 	"time"
@@ -36,6 +35,17 @@ func lockRow(t *testing.T, g *gateway, scope, id string) *rowLock {
 	return &rowLock{conn: conn, tx: tx}
 }
 
+// lockingOK is an upstream answer 200 "ok" that, on call n (its claim
+// committed), first locks the row of the stripe event id into *lock.
+func lockingOK(t *testing.T, g *gateway, n int, id string, lock **rowLock) func(http.ResponseWriter, *http.Request, int) error {
+	return func(w http.ResponseWriter, r *http.Request, call int) error {
+		if call == n {
+			*lock = lockRow(t, g, "stripe", id)
+		}
+		return answerWith(http.StatusOK, "text/plain", "ok")(w, r, call)
+	}
+}
+
 func (l *rowLock) unlock(t *testing.T) {
 	t.Helper()
 	require.NoError(t, l.tx.Rollback(context.Background()))
@@ -55,15 +65,7 @@ func TestCompletionAfterAnswer(t *testing.T) {
 		cache 0
 	}`, onPostgres())
 	var lock *rowLock
-	g.up.respond = func(w http.ResponseWriter, r *http.Request, n int) error {
-		if n == 1 { // the claim is committed: lock its row before answering
-			lock = lockRow(t, g, "stripe", "evt_after")
-		}
-		w.Header().Set("Content-Type", "text/plain")
-		w.WriteHeader(http.StatusOK)
-		_, _ = io.WriteString(w, "ok")
-		return nil
-	}
+	g.up.respond = lockingOK(t, g, 1, "evt_after", &lock)
 	body := []byte(`{"id":"evt_after","object":"event"}`)
 
 	start := time.Now()
@@ -92,13 +94,7 @@ func TestCompletionAfterAnswer(t *testing.T) {
 
 	// Cleanup's drain: a completion blocked by a lock is waited for.
 	body2 := []byte(`{"id":"evt_after_2","object":"event"}`)
-	g.up.respond = func(w http.ResponseWriter, _ *http.Request, _ int) error {
-		lock = lockRow(t, g, "stripe", "evt_after_2")
-		w.Header().Set("Content-Type", "text/plain")
-		w.WriteHeader(http.StatusOK)
-		_, _ = io.WriteString(w, "ok")
-		return nil
-	}
+	g.up.respond = lockingOK(t, g, 2, "evt_after_2", &lock)
 	requireRelayed(t, g.serve(g.stripe("whsec_after", body2, g.clock.Unix())))
 	drained := make(chan struct{})
 	go func() {
@@ -138,15 +134,7 @@ func TestCompletionAfterAnswerAnotherRoute(t *testing.T) {
 	g2 := newGateway(t, cfg, sharingStore(g1))
 	require.Same(t, g1.h.backend, g2.h.backend, "two routes, one pooled store")
 	var lock *rowLock
-	g1.up.respond = func(w http.ResponseWriter, r *http.Request, n int) error {
-		if n == 1 { // the claim is committed: lock its row before answering
-			lock = lockRow(t, g1, "stripe", "evt_routes")
-		}
-		w.Header().Set("Content-Type", "text/plain")
-		w.WriteHeader(http.StatusOK)
-		_, _ = io.WriteString(w, "ok")
-		return nil
-	}
+	g1.up.respond = lockingOK(t, g1, 1, "evt_routes", &lock)
 	body := []byte(`{"id":"evt_routes","object":"event"}`)
 	requireRelayed(t, g1.serve(g1.stripe("whsec_routes", body, g1.clock.Unix())))
 	require.NotNil(t, lock)
