@@ -19,10 +19,11 @@ import (
 // route of the scope it came through and also after a config reload (the
 // completions being written are registered on the pooled store, which
 // outlives both); on another instance it gets 409 for those few
-// milliseconds, as it does while the forward runs. A gateway killed in between leaves the row processing, as a
-// gateway killed a moment before the answer would: its lease expires and
-// on_ambiguous decides. Caddy's stop and config reloads wait for these
-// completions (Cleanup, up to settleDrainFor).
+// milliseconds, as it does while the forward runs. A gateway killed in
+// between leaves the row processing, as a gateway killed a moment before
+// the answer would: its lease expires and on_ambiguous decides. Caddy's
+// stop and config reloads wait for these completions (Cleanup, up to
+// settleDrainFor).
 
 // settleDrainFor bounds how long Cleanup waits for completions still being
 // written after their answers; then they finish in the background, as
