@@ -1,6 +1,9 @@
 package postgres
 
-import "github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
+import (
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
+	pgstore "github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store/postgres"
+)
 
 // queries are the queue's statements, built once from the validated,
 // quoted table names. Durations travel as microseconds ($n::bigint *
@@ -54,7 +57,7 @@ func buildQueries(n names) queries {
 					WITH ORDINALITY AS c(entry, scope, event_id, hold, status, ord)
 			), cur AS (
 				SELECT c.ord, c.entry, e.state,
-					COALESCE(GREATEST(0, CEIL(EXTRACT(EPOCH FROM (e.lease_until - now())) * 1000000)), 0)::bigint AS lease_left,
+					` + pgstore.LeaseLeftSQL("e.") + ` AS lease_left,
 					(e.state IS NULL OR (` + store.ClaimableSQL("now()", "c.hold") + `)) AS claimable
 				FROM c LEFT JOIN ` + ev + ` e ON e.scope = c.scope AND e.event_id = c.event_id
 			), q AS (

@@ -36,7 +36,7 @@ func buildBatchQueries(t string) batchQueries {
 					WITH ORDINALITY AS i(scope, event_id, token, lease, ord)
 			), cur AS (
 				SELECT i.ord, e.state, e.attempts, e.status,
-					COALESCE(GREATEST(0, CEIL(EXTRACT(EPOCH FROM (e.lease_until - now())) * 1000000)), 0)::bigint AS lease_left,
+					` + LeaseLeftSQL("e.") + ` AS lease_left,
 					(e.state IS NULL OR (` + store.ClaimableSQL("now()", "$5::boolean") + `)) AS claimable
 				FROM i LEFT JOIN ` + t + ` e ON e.scope = i.scope AND e.event_id = i.event_id
 			), ins AS (
@@ -46,15 +46,7 @@ func buildBatchQueries(t string) batchQueries {
 				FROM i JOIN cur ON cur.ord = i.ord
 				WHERE cur.claimable
 				ORDER BY i.ord
-				ON CONFLICT (scope, event_id) DO UPDATE SET
-					state        = 'processing',
-					token        = EXCLUDED.token,
-					attempts     = e.attempts + 1,
-					lease_until  = EXCLUDED.lease_until,
-					updated_at   = EXCLUDED.updated_at,
-					completed_at = NULL,
-					status       = 0
-				WHERE ` + store.ClaimableSQL("now()", "$5::boolean") + `
+				` + takeoverSQL("$5::boolean") + `
 				RETURNING e.scope, e.event_id, e.attempts
 			)
 			SELECT ins.attempts IS NOT NULL, COALESCE(ins.attempts, cur.attempts, 0),
@@ -66,7 +58,7 @@ func buildBatchQueries(t string) batchQueries {
 		// microseconds, $5 hold; the same columns.
 		claimOne: `WITH cur AS (
 				SELECT e.state, e.attempts, e.status,
-					COALESCE(GREATEST(0, CEIL(EXTRACT(EPOCH FROM (e.lease_until - now())) * 1000000)), 0)::bigint AS lease_left,
+					` + LeaseLeftSQL("e.") + ` AS lease_left,
 					(` + store.ClaimableSQL("now()", "$5::boolean") + `) AS claimable
 				FROM ` + t + ` e WHERE e.scope = $1 AND e.event_id = $2
 			), ins AS (
@@ -74,15 +66,7 @@ func buildBatchQueries(t string) batchQueries {
 					(scope, event_id, state, token, attempts, lease_until, first_seen, updated_at)
 				SELECT $1, $2, 'processing', $3, 1, now() + $4::bigint * interval '1 microsecond', now(), now()
 				WHERE COALESCE((SELECT claimable FROM cur), true)
-				ON CONFLICT (scope, event_id) DO UPDATE SET
-					state        = 'processing',
-					token        = EXCLUDED.token,
-					attempts     = e.attempts + 1,
-					lease_until  = EXCLUDED.lease_until,
-					updated_at   = EXCLUDED.updated_at,
-					completed_at = NULL,
-					status       = 0
-				WHERE ` + store.ClaimableSQL("now()", "$5::boolean") + `
+				` + takeoverSQL("$5::boolean") + `
 				RETURNING e.attempts
 			)
 			SELECT ins.attempts IS NOT NULL, COALESCE(ins.attempts, cur.attempts, 0),

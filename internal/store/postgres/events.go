@@ -37,22 +37,12 @@ func buildQueries(ident pgx.Identifier) queries {
 			store.StmtClaim: `INSERT INTO ` + t + ` AS e
 					(scope, event_id, state, token, attempts, lease_until, first_seen, updated_at, fingerprint)
 				VALUES ($1, $2, 'processing', $3, 1, now() + $4::bigint * interval '1 microsecond', now(), now(), $6)
-				ON CONFLICT (scope, event_id) DO UPDATE SET
-					state        = 'processing',
-					token        = EXCLUDED.token,
-					attempts     = e.attempts + 1,
-					lease_until  = EXCLUDED.lease_until,
-					updated_at   = EXCLUDED.updated_at,
-					completed_at = NULL,
-					status       = 0,
-					fingerprint  = EXCLUDED.fingerprint,
-					response_headers = NULL, response_body = NULL, response_size = 0, response_sha256 = ''
-				WHERE ` + store.ClaimableSQL("now()", "$5::boolean") + `
+				` + takeoverSQL("$5::boolean") + `
 				RETURNING e.attempts`,
 			// Why the claim was refused; the lease left in microseconds, by the
 			// database clock.
 			store.StmtInspect: `SELECT state, token, attempts, status,
-					COALESCE(GREATEST(0, CEIL(EXTRACT(EPOCH FROM (lease_until - now())) * 1000000)), 0)::bigint,
+					` + LeaseLeftSQL("") + `,
 					fingerprint
 				FROM ` + t + ` WHERE scope = $1 AND event_id = $2`,
 			// The statements below find their row by primary key (scope,
@@ -258,4 +248,32 @@ func scanEvent(row pgx.CollectableRow) (store.Event, error) {
 // at least one.
 func leaseMicros(d time.Duration) int64 {
 	return max(d.Microseconds(), 1)
+}
+
+// takeoverSQL is a claim's ON CONFLICT clause, shared by the one-row and
+// the batch claim statements: a conflicting row is taken over only when it
+// is claimable (store.ClaimableSQL; hold is the statement's HoldOnExpiry
+// parameter), with the inserted row's token, lease and fingerprint (empty
+// when the statement inserts none), its attempts counted, and its status
+// and stored response cleared. The row is aliased e.
+func takeoverSQL(hold string) string {
+	return `ON CONFLICT (scope, event_id) DO UPDATE SET
+					state        = 'processing',
+					token        = EXCLUDED.token,
+					attempts     = e.attempts + 1,
+					lease_until  = EXCLUDED.lease_until,
+					updated_at   = EXCLUDED.updated_at,
+					completed_at = NULL,
+					status       = 0,
+					fingerprint  = EXCLUDED.fingerprint,
+					response_headers = NULL, response_body = NULL, response_size = 0, response_sha256 = ''
+				WHERE ` + store.ClaimableSQL("now()", hold)
+}
+
+// LeaseLeftSQL is the lease left on a row by the database clock, in whole
+// microseconds (0 when expired or when the row holds none), as a bigint
+// expression; alias is the row's alias with its dot ("e.") or "". The
+// store's and the queue's statements read it the same way.
+func LeaseLeftSQL(alias string) string {
+	return `COALESCE(GREATEST(0, CEIL(EXTRACT(EPOCH FROM (` + alias + `lease_until - now())) * 1000000)), 0)::bigint`
 }
