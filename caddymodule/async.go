@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -120,11 +119,7 @@ var queuedBody = []byte(`{"received":true,"queued":true}` + "\n")
 
 // respondQueued answers a delivery that was stored for async delivery.
 func respondQueued(w http.ResponseWriter) {
-	hdr := w.Header()
-	hdr.Set("Content-Type", "application/json")
-	hdr.Set("Content-Length", strconv.Itoa(len(queuedBody)))
-	w.WriteHeader(http.StatusOK)
-	_, _ = w.Write(queuedBody)
+	writeAnswer(w, http.StatusOK, "application/json", queuedBody, 0)
 }
 
 // serveAsync stores a verified delivery and its claim in one transaction

@@ -11,7 +11,6 @@ import (
 	"io"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -399,15 +398,7 @@ func respondProblem(w http.ResponseWriter, status int, title, detail string, ret
 func writeProblem(w http.ResponseWriter, p problem, retryAfter time.Duration) {
 	p.Type = problemType
 	b, _ := json.Marshal(p)
-	b = append(b, '\n')
-	hdr := w.Header()
-	hdr.Set("Content-Type", "application/problem+json")
-	hdr.Set("Content-Length", strconv.Itoa(len(b)))
-	if retryAfter > 0 {
-		hdr.Set("Retry-After", strconv.Itoa(retrySeconds(retryAfter)))
-	}
-	w.WriteHeader(p.Status)
-	_, _ = w.Write(b)
+	writeAnswer(w, p.Status, "application/problem+json", append(b, '\n'), retryAfter)
 }
 
 // respondIncomplete answers a request whose key completed with an answer

@@ -38,15 +38,21 @@ func respondError(w http.ResponseWriter, status int, msg string, retryAfter time
 	b, _ := json.Marshal(struct {
 		Error string `json:"error"`
 	}{msg})
-	b = append(b, '\n')
+	writeAnswer(w, status, "application/json", append(b, '\n'), retryAfter)
+}
+
+// writeAnswer writes one of the gateway's own answers: status, the body
+// with its Content-Type and Content-Length, and Retry-After (whole seconds,
+// at least 1) when retryAfter > 0.
+func writeAnswer(w http.ResponseWriter, status int, contentType string, body []byte, retryAfter time.Duration) {
 	hdr := w.Header()
-	hdr.Set("Content-Type", "application/json")
-	hdr.Set("Content-Length", strconv.Itoa(len(b)))
+	hdr.Set("Content-Type", contentType)
+	hdr.Set("Content-Length", strconv.Itoa(len(body)))
 	if retryAfter > 0 {
 		hdr.Set("Retry-After", strconv.Itoa(retrySeconds(retryAfter)))
 	}
 	w.WriteHeader(status)
-	_, _ = w.Write(b)
+	_, _ = w.Write(body)
 }
 
 // retrySeconds rounds up to whole seconds, at least 1.
