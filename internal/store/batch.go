@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/coalesce"
@@ -66,7 +67,23 @@ type op struct {
 	// earlier claim of the same batch carries: its result is derived from
 	// the leader's, as if it had run right after it.
 	follows *BatchClaim
+	// state decides, once, who owns the result of an op whose caller's
+	// context ended while its batch was being written: the caller
+	// (opAbandoned, set by abandon) or the writer (opWritten, set once the
+	// batch committed and the results are filled in).
+	state atomic.Int32
 }
+
+// States of op.state.
+const (
+	opPending int32 = iota
+	opWritten
+	opAbandoned
+)
+
+// abandon marks o given up by its caller after do failed. It reports false
+// when o's batch committed first: its results are filled in and stand.
+func (o *op) abandon() bool { return o.state.CompareAndSwap(opPending, opAbandoned) }
 
 // newBatcher builds the store's batcher; coalesce.New applies the
 // defaults of MaxBatch, Timeout and Writers.
@@ -79,8 +96,18 @@ func newBatcher(d BatchDriver, opts BatchOptions) *batcher {
 
 // do queues o and waits for its batch to be committed, writing batches
 // itself when no writer is free. It returns the batch's error, ctx's when
-// ctx ends first (the op may still be written), or ErrClosed.
-func (b *batcher) do(ctx context.Context, o *op) error { return b.c.Do(ctx, o) }
+// ctx ends first, or ErrClosed. When ctx ended while o's batch was being
+// written, the batch may still commit: do then returns ctx's error only
+// if the writer has not committed o yet, and the writer gives back the
+// claim o took (write); otherwise o's results are filled in and do
+// returns nil.
+func (b *batcher) do(ctx context.Context, o *op) error {
+	err := b.c.Do(ctx, o)
+	if err != nil && ctx.Err() != nil && !o.abandon() {
+		return nil // committed as ctx ended: the results stand
+	}
+	return err
+}
 
 // close fails the queued ops with ErrClosed and waits for the batches
 // being written.
@@ -89,6 +116,12 @@ func (b *batcher) close() { b.c.Close(ErrClosed) }
 // write writes one batch (the ops whose callers still wait) and fills in
 // their results; an error fails them all. A claim repeating an earlier
 // one's (scope, event ID) follows it instead of entering the statement.
+// A claim the batch took for a caller that gave up meanwhile (its context
+// ended while the batch waited on the database: the caller answered 503)
+// is released at once, in a batch of its own, so the event is not left
+// in flight, answered 409, until its lease expires, then held under
+// on_ambiguous hold although it was never forwarded. If that release
+// fails, the lease expires as after a crash.
 func (b *batcher) write(ctx context.Context, batch []*op) error {
 	var (
 		wb      Batch
@@ -132,6 +165,20 @@ func (b *batcher) write(ctx context.Context, batch []*op) error {
 			*o.claim = wb.Claims[leader[n]]
 		}
 	}
+	var orphans Batch
+	for _, o := range batch {
+		if o.state.CompareAndSwap(opPending, opWritten) {
+			continue
+		}
+		if c := o.claim; c != nil && o.follows == nil && c.Claimed {
+			orphans.Settles = append(orphans.Settles,
+				BatchSettle{Stmt: StmtRelease, Scope: c.Scope, EventID: c.EventID, Token: c.Token})
+		}
+	}
+	if len(orphans.Settles) > 0 {
+		b.observe(&orphans, len(orphans.Settles))
+		_ = b.d.WriteBatch(ctx, &orphans) // on failure the lease expires (see above)
+	}
 	return nil
 }
 
@@ -163,3 +210,12 @@ func (b *batcher) observe(wb *Batch, total int) {
 }
 
 type claimKey struct{ scope, eventID string }
+
+// Queued reports how many operations wait for a batch to be taken; 0 for
+// unbatched rules (for tests and diagnostics).
+func (r Rules) Queued() int {
+	if r.b == nil {
+		return 0
+	}
+	return r.b.c.Queued()
+}
