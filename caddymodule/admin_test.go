@@ -156,7 +156,7 @@ func TestAdminAPI(t *testing.T) {
 		require.Equal(t, 200, r.status)
 		require.False(t, r.replayed)
 		require.Equal(t, 1, g.up.count(stuck))
-		a = adminDo(t, http.MethodGet, eventPath(g.scope, stuck))
+		a = adminSettled(t, g.scope, stuck)
 		require.Equal(t, "completed", a.body["state"])
 		require.EqualValues(t, 2, a.body["attempts"])
 
@@ -247,7 +247,7 @@ func TestAdminAPI(t *testing.T) {
 			require.Equal(t, tc.allow, a.header.Get("Allow"), "%s %s", tc.method, tc.path)
 		}
 		// The event the refused calls named is untouched.
-		a := adminDo(t, http.MethodGet, eventPath(g.scope, id))
+		a := adminSettled(t, g.scope, id)
 		require.Equal(t, "completed", a.body["state"])
 	})
 }
