@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/claim"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/eventid"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
@@ -207,18 +208,18 @@ func (h *Handler) forwardItem(r *http.Request, it signature.BatchItem, i, n int,
 		}
 		h.cacheMiss.Inc()
 	}
-	claim, err := h.claim(r.Context(), h.Scope, it.ID)
+	cl, err := h.claims.Claim(r.Context(), h.Scope, it.ID, "")
 	if err != nil {
 		h.logger.Warn("claiming batch item failed; nothing forwarded",
 			zap.String("scope", h.Scope), zap.String("event_id", it.ID), zap.Error(err))
 		return outcomeStoreError, 0, unavailableRetryAfter
 	}
-	switch claim.Outcome {
+	switch cl.Outcome {
 	case store.Duplicate:
-		h.completed.Add(h.Scope, it.ID, claim.Status)
-		return outcomeDuplicate, claim.Status, 0
+		h.completed.Add(h.Scope, it.ID, cl.Status)
+		return outcomeDuplicate, cl.Status, 0
 	case store.InFlight:
-		return outcomeInFlight, 0, claim.RetryAfter
+		return outcomeInFlight, 0, cl.RetryAfter
 	case store.Held:
 		return outcomeHeld, 0, unavailableRetryAfter
 	case store.Claimed:
@@ -234,7 +235,7 @@ func (h *Handler) forwardItem(r *http.Request, it signature.BatchItem, i, n int,
 	ir.Header.Set("Webhook-Batch-Item", strconv.Itoa(i+1)+"/"+strconv.Itoa(n))
 	cw := &itemWriter{header: http.Header{}}
 	id := delivery{h: h, start: time.Now(), eventID: it.ID}
-	_ = h.forward(cw, ir, next, []claimRef{{scope: h.Scope, id: it.ID, token: claim.Token}}, &id)
+	_ = h.forward(cw, ir, next, []claim.Ref{{Scope: h.Scope, ID: it.ID, Token: cl.Token}}, &id)
 	return id.outcome, id.status, 0
 }
 

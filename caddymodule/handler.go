@@ -20,7 +20,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -31,8 +30,8 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/cache"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/claim"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/eventid"
-	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/lease"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
@@ -210,10 +209,14 @@ type Handler struct {
 	claimsInFlight prometheus.Gauge
 	upstreamTime   prometheus.Observer
 	ctx            caddy.Context
-	wg             *sync.WaitGroup
-	busy           *tracker        // forwards and settles in flight
-	pending        *pendingSettles // completions written after their answers (settle.go)
-	stopSweep      context.CancelFunc
+	// claims runs the sync claims' life (internal/claim); nil until the
+	// store is open.
+	claims *claim.Keeper
+	// sweeper deletes expired rows until stopSweep; sweepDone is closed
+	// when it has stopped.
+	sweeper   *claim.Sweeper
+	stopSweep context.CancelFunc
+	sweepDone chan struct{}
 	// now is the verifier's clock for signed timestamps; nil means
 	// time.Now. Tests set it before Provision.
 	now func() time.Time
@@ -266,8 +269,6 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.ctx = ctx
 	h.logger = ctx.Logger()
-	h.busy = new(tracker)
-	h.pending = new(pendingSettles)
 	repl := caddy.NewReplacer()
 
 	if err := h.prepareConfig(); err != nil {
@@ -298,7 +299,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("storage %s: %w", st.Backend, err)
 	}
 	h.backend, h.poolKey = b, st.poolKey()
-	h.pending.m = b.completing
 	scopes.add(h.Scope, b)
 	if entries > 0 {
 		h.completed = b.completed
@@ -307,15 +307,30 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.provisionMetrics(ctx); err != nil {
 		return err
 	}
+	h.claims = claim.New(claim.Options{
+		Store: b.Store, Completions: b.completing, Lease: time.Duration(h.Lease),
+		HoldOnExpiry: h.OnAmbiguous == "hold", StoreTimeout: storeTimeout, Background: ctx.Context,
+		Logger: h.logger, Scope: h.Scope, Timers: metrics.storeTime.claimTimers(),
+	})
 	if err := h.provisionAsync(ctx); err != nil {
 		return err
 	}
 
+	h.sweeper = &claim.Sweeper{
+		Store: b.Store, Every: h.sweepEvery(), Batch: retentionBatch, StoreTimeout: storeTimeout, Logger: h.logger,
+		Expiries: func(now time.Time) []store.Expiry {
+			return []store.Expiry{
+				{Scopes: []string{h.Scope}, Cutoff: now.Add(-time.Duration(h.Retention))},
+				{Scopes: []string{h.bodyScope()}, Cutoff: now.Add(-time.Duration(h.ReplayWindow))},
+			}
+		},
+	}
 	sweepCtx, stopSweep := context.WithCancel(ctx)
-	h.stopSweep = stopSweep
-	h.wg = new(sync.WaitGroup)
-	h.wg.Add(1)
-	go h.sweepRetention(sweepCtx)
+	h.stopSweep, h.sweepDone = stopSweep, make(chan struct{})
+	go func() {
+		defer close(h.sweepDone)
+		h.sweeper.Run(sweepCtx)
+	}()
 	return nil
 }
 
@@ -392,16 +407,18 @@ func (h *Handler) Validate() error {
 
 // Cleanup releases this handler's use of the shared store.
 func (h *Handler) Cleanup() error {
-	h.drainCompletions()
+	if h.claims != nil {
+		h.claims.Drain()
+	}
 	if h.scopeUsed {
 		releaseScopeStorage(h.app, h.Scope)
 		forgetHostWarnings(h.app)
 		h.scopeUsed = false
 	}
 	h.cleanupAsync() // before the store: the dispatcher uses its pool
-	if h.wg != nil {
+	if h.sweepDone != nil {
 		h.stopSweep()
-		h.wg.Wait()
+		<-h.sweepDone
 	}
 	release := func() error {
 		if h.backend != nil {
@@ -417,9 +434,9 @@ func (h *Handler) Cleanup() error {
 	// it runs) must still settle its claim in this store: if the reload
 	// changed the storage, the store would otherwise close under it and the
 	// event, left processing, would be forwarded again after its lease.
-	if h.busy.active() {
+	if h.claims != nil && h.claims.Active() {
 		go func() {
-			h.busy.wait()
+			h.claims.Wait()
 			if err := release(); err != nil {
 				h.logger.Warn("releasing the store after the last forward", zap.Error(err))
 			}
@@ -428,17 +445,6 @@ func (h *Handler) Cleanup() error {
 	}
 	return release()
 }
-
-// tracker counts a handler's forwards and background settles still running.
-type tracker struct {
-	wg sync.WaitGroup
-	n  atomic.Int64
-}
-
-func (t *tracker) add()         { t.n.Add(1); t.wg.Add(1) }
-func (t *tracker) done()        { t.wg.Done(); t.n.Add(-1) }
-func (t *tracker) active() bool { return t.n.Load() > 0 }
-func (t *tracker) wait()        { t.wg.Wait() }
 
 // ServeHTTP verifies, claims, forwards once and settles: the steps of the
 // README's "How it works" table.
@@ -530,7 +536,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		h.cacheMiss.Inc()
 	}
 
-	claim, err := h.claim(r.Context(), h.Scope, id)
+	cl, err := h.claims.Claim(r.Context(), h.Scope, id, "")
 	if err != nil {
 		d.outcome = outcomeStoreError
 		h.logger.Warn("claiming event failed; answered 503, nothing forwarded",
@@ -538,15 +544,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		respondError(w, http.StatusServiceUnavailable, "event store unavailable", unavailableRetryAfter)
 		return nil
 	}
-	d.attempt = claim.Attempts
-	switch claim.Outcome {
+	d.attempt = cl.Attempts
+	switch cl.Outcome {
 	case store.Duplicate:
 		if h.replayOn {
-			h.replayStored(w, r, id, signed, claim, &d)
+			h.replayStored(w, r, id, signed, cl, &d)
 			return nil
 		}
-		d.outcome, d.status = outcomeDuplicate, claim.Status
-		h.completed.Add(h.Scope, id, claim.Status)
+		d.outcome, d.status = outcomeDuplicate, cl.Status
+		h.completed.Add(h.Scope, id, cl.Status)
 		if h.dedupeBody {
 			h.checkSameBody(r.Context(), id, signed)
 		}
@@ -554,7 +560,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return nil
 	case store.InFlight:
 		d.outcome = outcomeInFlight
-		respondError(w, http.StatusConflict, "event is being processed by another delivery; retry later", claim.RetryAfter)
+		respondError(w, http.StatusConflict, "event is being processed by another delivery; retry later", cl.RetryAfter)
 		return nil
 	case store.Held:
 		d.outcome = outcomeHeld
@@ -562,10 +568,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return nil
 	case store.Claimed:
 	default:
-		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("unexpected claim outcome %v", claim.Outcome))
+		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("unexpected claim outcome %v", cl.Outcome))
 	}
 
-	claims := []claimRef{{scope: h.Scope, id: id, token: claim.Token}}
+	claims := []claim.Ref{{Scope: h.Scope, ID: id, Token: cl.Token}}
 	if h.dedupeBody {
 		bc, ok := h.claimBody(w, r, signed, claims[0], &d)
 		if !ok {
@@ -574,32 +580,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		claims = append(claims, bc)
 	}
 	return h.forward(w, forwardable(), next, claims, &d)
-}
-
-// claim claims (scope, key) in the store with the route's lease and
-// on_ambiguous policy, bounded by storeTimeout, and times it.
-func (h *Handler) claim(parent context.Context, scope, key string) (store.Claim, error) {
-	return h.claimWith(parent, store.ClaimParams{
-		Scope: scope, EventID: key, Lease: time.Duration(h.Lease), HoldOnExpiry: h.OnAmbiguous == "hold",
-	})
-}
-
-// claimWith claims p in the store, bounded by storeTimeout, and times it.
-// A claim this handler is completing after its answer (completeAfterAnswer)
-// is waited for first, so a duplicate sent once the provider has its answer
-// finds the event completed, not in flight; one that finds the event in
-// flight and then a completion under way waits for it and claims again.
-func (h *Handler) claimWith(parent context.Context, p store.ClaimParams) (store.Claim, error) {
-	ctx, cancel := context.WithTimeout(parent, storeTimeout)
-	defer cancel()
-	t0 := time.Now()
-	h.awaitCompletion(ctx, p.Scope, p.EventID)
-	c, err := h.backend.Claim(ctx, p)
-	if err == nil && c.Outcome == store.InFlight && h.awaitCompletion(ctx, p.Scope, p.EventID) {
-		c, err = h.backend.Claim(ctx, p)
-	}
-	observe(metrics.storeTime.claim, t0)
-	return c, err
 }
 
 // passOn runs the next handler for a delivery forwarded without a claim
@@ -643,18 +623,6 @@ func (h *Handler) answerProxyError(rec caddyhttp.ResponseRecorder, err error, d 
 	return nil
 }
 
-// claimRef is one claim this delivery holds: the event ID's, and with
-// dedupe_body the body hash's.
-type claimRef struct {
-	scope, id, token string
-	// resp is the upstream's answer stored when the claim completes
-	// (replay response); nil stores none.
-	resp *store.Response
-	// holdReason is why the claim is held (on_ambiguous hold), stored for
-	// the admin API.
-	holdReason string
-}
-
 // forward runs the next handler with the claims held, renewing their leases,
 // and settles them on the upstream's answer. The forward is detached from the
 // provider's connection and bounded by ForwardTimeout instead. Every exit of
@@ -663,18 +631,20 @@ type claimRef struct {
 // connection fails mid-answer) settles the claims exactly once, balances the
 // in-flight gauge and sets the delivery's outcome; a panic is then raised
 // again with its own value, as net/http expects.
-func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, claims []claimRef, d *delivery) error {
+func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, claims []claim.Ref, d *delivery) error {
 	// Keep the store open until this claim is settled, even if a config
 	// reload drops the handler meanwhile (see Cleanup).
-	h.busy.add()
-	defer h.busy.done()
+	defer h.claims.Track()()
 	wire := new(wireTrace)
 	fctx, cancel := context.WithTimeout(wire.with(context.WithoutCancel(r.Context())), time.Duration(h.ForwardTimeout))
 	defer cancel()
 
 	hbDone := make(chan struct{})
 	hbStopped := make(chan struct{})
-	go h.heartbeat(fctx, claims, hbDone, hbStopped)
+	go func() {
+		defer close(hbStopped)
+		h.claims.Keep(fctx, claims, hbDone)
+	}()
 
 	h.claimsInFlight.Inc()
 	var tee *capture // the answer stored for replay
@@ -704,145 +674,34 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 	case v == verdictComplete:
 		d.outcome = outcomeCompleted
 		if tee != nil {
-			claims[0].resp = h.storedResponse(tee, end, d)
+			claims[0].Resp = h.storedResponse(tee, end, d)
 		}
 		// Cached first: from now on a duplicate on this instance is
 		// answered from the cache, or waits for the completion (claimWith).
 		h.remember(claims[0], end.status)
-		h.completeAfterAnswer(r.Context(), claims, end.status)
+		h.claims.CompleteAfterAnswer(r.Context(), claims, end.status)
 	case v == verdictAmbiguous && h.OnAmbiguous == "hold":
 		// The upstream may or may not have done the work: park the event
 		// as held now, so its retries get 503 and an operator can decide
 		// at once.
 		d.outcome, d.reason = outcomeAmbiguous, end.describe()
 		h.logger.Warn("forward ended with no known outcome; the event is held (on_ambiguous hold)",
-			zap.String("scope", h.Scope), zap.String("event_id", claims[0].id), zap.String("reason", d.reason))
+			zap.String("scope", h.Scope), zap.String("event_id", claims[0].ID), zap.String("reason", d.reason))
 		for i := range claims {
-			claims[i].holdReason = d.reason
+			claims[i].HoldReason = d.reason
 		}
-		h.settle(r.Context(), claims, 0, "hold")
+		h.claims.Settle(r.Context(), claims, 0, claim.Hold)
 	default:
 		d.outcome = outcomeReleased
 		if v == verdictAmbiguous {
 			d.reason = end.describe()
 		}
-		h.settle(r.Context(), claims, end.status, "release")
+		h.claims.Settle(r.Context(), claims, end.status, claim.Release)
 	}
 	if panicked != nil {
 		panic(panicked)
 	}
 	return h.answerProxyError(rec, err, d)
-}
-
-// settle completes, releases or holds (op "complete", "release", "hold")
-// every claim, with a context detached from the provider's connection; a
-// store error is retried in the background (settleLater).
-func (h *Handler) settle(parent context.Context, claims []claimRef, status int, op string) {
-	for _, c := range claims {
-		err := h.settleOnce(context.WithoutCancel(parent), c, status, op)
-		switch {
-		case errors.Is(err, store.ErrLeaseLost):
-			h.logger.Warn("claim lease lost before settling; another delivery may have been forwarded",
-				zap.String("scope", c.scope), zap.String("event_id", c.id), zap.String("settle", op))
-		case err != nil:
-			h.logger.Warn("settling event failed; retrying in the background",
-				zap.String("scope", c.scope), zap.String("event_id", c.id), zap.String("settle", op), zap.Error(err))
-			if h.ctx.Context != nil {
-				h.busy.add()
-				go func() {
-					defer h.busy.done()
-					h.settleLater(c, status, op)
-				}()
-			}
-		}
-	}
-}
-
-// settleRetryFor bounds how long a settle that failed on a store error is
-// retried in the background.
-const settleRetryFor = 10 * time.Minute
-
-// settleLater retries a settle the store failed (a PostgreSQL restart, a
-// network cut), with backoff, until it succeeds, the claim is lost to
-// another delivery, settleRetryFor has passed, or the config is unloaded.
-// Without it an event whose upstream answered 2xx stays processing and, once
-// its lease runs out, is forwarded again. Complete needs the claim's token,
-// not a live lease, so it still succeeds after the lease expired as long as
-// no other delivery has claimed the event.
-func (h *Handler) settleLater(c claimRef, status int, op string) {
-	delay, deadline := 100*time.Millisecond, time.Now().Add(settleRetryFor)
-	// It outlives a config reload on purpose: the store stays open until it
-	// ends (see Cleanup), and giving up would let the event be forwarded again.
-	ctx := context.WithoutCancel(h.ctx)
-	for time.Now().Before(deadline) {
-		time.Sleep(delay)
-		err := h.settleOnce(ctx, c, status, op)
-		switch {
-		case err == nil:
-			h.logger.Info("settled event after a store error", zap.String("scope", c.scope),
-				zap.String("event_id", c.id), zap.String("settle", op))
-			return
-		case errors.Is(err, store.ErrLeaseLost):
-			h.logger.Warn("claim lease lost before settling; another delivery may have been forwarded",
-				zap.String("scope", c.scope), zap.String("event_id", c.id), zap.String("settle", op))
-			return
-		}
-		// Every 100 ms while the outage is young, so the settle lands within
-		// moments of the store's return, before a redelivery to another
-		// instance can take the expired lease; then back off to 2 s.
-		if time.Since(deadline.Add(-settleRetryFor)) > 30*time.Second {
-			delay = min(2*delay, 2*time.Second)
-		}
-	}
-	h.logger.Error("gave up settling event; its lease will expire", zap.String("scope", c.scope),
-		zap.String("event_id", c.id), zap.String("settle", op))
-}
-
-// settleOnce completes, releases or holds one claim, bounded by storeTimeout.
-func (h *Handler) settleOnce(parent context.Context, c claimRef, status int, op string) error {
-	ctx, cancel := context.WithTimeout(parent, storeTimeout)
-	defer cancel()
-	t0 := time.Now()
-	switch op {
-	case "complete":
-		defer observe(metrics.storeTime.complete, t0)
-		if c.resp != nil {
-			return h.backend.CompleteResponse(ctx, c.scope, c.id, c.token, *c.resp)
-		}
-		return h.backend.Complete(ctx, c.scope, c.id, c.token, status)
-	case "hold":
-		defer observe(metrics.storeTime.hold, t0)
-		return h.backend.Hold(ctx, c.scope, c.id, c.token, c.holdReason)
-	}
-	defer observe(metrics.storeTime.release, t0)
-	return h.backend.Release(ctx, c.scope, c.id, c.token)
-}
-
-// heartbeat renews the claims' leases every third of the lease until done is
-// closed or the forward's context ends; a claim whose lease is lost is
-// logged and renewed no more.
-func (h *Handler) heartbeat(ctx context.Context, claims []claimRef, done <-chan struct{}, stopped chan<- struct{}) {
-	defer close(stopped)
-	d := time.Duration(h.Lease)
-	var wg sync.WaitGroup
-	for _, c := range claims {
-		wg.Go(func() {
-			err := lease.Keep(ctx, done, lease.Renewal{
-				Lease: d,
-				Renew: func(ctx context.Context) error {
-					defer observe(metrics.storeTime.heartbeat, time.Now())
-					return h.backend.Heartbeat(ctx, c.scope, c.id, c.token, d)
-				},
-				Lost:   store.ErrLeaseLost,
-				Logger: h.logger, Name: "claim lease",
-				Fields: []zap.Field{zap.String("scope", c.scope), zap.String("event_id", c.id)},
-			})
-			if err != nil {
-				h.logger.Warn("claim lease lost while forwarding", zap.String("scope", c.scope), zap.String("event_id", c.id))
-			}
-		})
-	}
-	wg.Wait()
 }
 
 // bodyScope is the scope of body-hash keys (dedupe_body): a scope of its
@@ -857,23 +716,23 @@ func bodyKey(body []byte) string {
 // claimBody claims the SHA-256 of the body next to the event ID (dedupe_body),
 // so a replayed body under a fresh, unsigned ID is not forwarded again. When
 // it returns false it has answered the delivery and released idClaim.
-func (h *Handler) claimBody(w http.ResponseWriter, r *http.Request, body []byte, idClaim claimRef, d *delivery) (claimRef, bool) {
+func (h *Handler) claimBody(w http.ResponseWriter, r *http.Request, body []byte, idClaim claim.Ref, d *delivery) (claim.Ref, bool) {
 	key := bodyKey(body)
-	bc, err := h.claim(r.Context(), h.bodyScope(), key)
+	bc, err := h.claims.Claim(r.Context(), h.bodyScope(), key, "")
 	if err == nil && bc.Outcome == store.Claimed {
-		return claimRef{scope: h.bodyScope(), id: key, token: bc.Token}, true
+		return claim.Ref{Scope: h.bodyScope(), ID: key, Token: bc.Token}, true
 	}
-	h.settle(r.Context(), []claimRef{idClaim}, 0, "release")
+	h.claims.Settle(r.Context(), []claim.Ref{idClaim}, 0, claim.Release)
 	switch {
 	case err != nil:
 		d.outcome = outcomeStoreError
 		h.logger.Warn("claiming body hash failed; answered 503, nothing forwarded",
-			zap.String("scope", h.Scope), zap.String("event_id", idClaim.id), zap.Error(err))
+			zap.String("scope", h.Scope), zap.String("event_id", idClaim.ID), zap.Error(err))
 		respondError(w, http.StatusServiceUnavailable, "event store unavailable", unavailableRetryAfter)
 	case bc.Outcome == store.Duplicate:
 		d.outcome = outcomeBodyReplay
 		h.logger.Warn("body already delivered under another event id; answered as a duplicate, not forwarded (dedupe_body)",
-			zap.String("scope", h.Scope), zap.String("event_id", idClaim.id))
+			zap.String("scope", h.Scope), zap.String("event_id", idClaim.ID))
 		respondDuplicate(w)
 	case bc.Outcome == store.InFlight:
 		d.outcome = outcomeInFlight
@@ -882,7 +741,7 @@ func (h *Handler) claimBody(w http.ResponseWriter, r *http.Request, body []byte,
 		d.outcome = outcomeHeld
 		respondError(w, http.StatusServiceUnavailable, "event is held after an ambiguous forward; an operator must release it", unavailableRetryAfter)
 	}
-	return claimRef{}, false
+	return claim.Ref{}, false
 }
 
 // checkSameBody warns when a completed event ID comes again with a body that
@@ -975,34 +834,6 @@ func isTimeout(err error) bool {
 	}
 	var ne net.Error
 	return errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
-}
-
-// sweepRetention deletes event rows older than Retention and body-hash rows
-// older than ReplayWindow, in bounded batches, until the config is unloaded.
-// Any instance may run it; batches don't conflict.
-func (h *Handler) sweepRetention(ctx context.Context) {
-	defer h.wg.Done()
-	t := time.NewTicker(h.sweepEvery())
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if _, err := h.sweepOnce(ctx, time.Now()); err != nil {
-			h.logger.Warn("retention sweep failed", zap.Error(err))
-		}
-	}
-}
-
-// sweepOnce runs one retention sweep as of now, at most 100 batches per
-// kind of row, and returns how many rows it deleted.
-func (h *Handler) sweepOnce(ctx context.Context, now time.Time) (int, error) {
-	return store.Sweep(ctx, h.backend, []store.Expiry{
-		{Scopes: []string{h.Scope}, Cutoff: now.Add(-time.Duration(h.Retention))},
-		{Scopes: []string{h.bodyScope()}, Cutoff: now.Add(-time.Duration(h.ReplayWindow))},
-	}, retentionBatch, 100, storeTimeout)
 }
 
 // retentionInterval is how often the retention sweep runs.

@@ -182,8 +182,8 @@ func (f *gatewayFamily) settled() {
 	hs := slices.Clone(f.handlers)
 	f.mu.Unlock()
 	for _, h := range hs {
-		if h.pending != nil {
-			h.pending.wg.Wait()
+		if h.claims != nil {
+			h.claims.Settled()
 		}
 	}
 }

@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -18,6 +17,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/claim"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
 
@@ -319,7 +319,7 @@ func (h *Handler) serveIdempotencyKey(w http.ResponseWriter, r *http.Request, ne
 		h.cacheMiss.Inc()
 	}
 
-	claim, err := h.claimKey(r.Context(), id, fp)
+	cl, err := h.claims.Claim(r.Context(), h.Scope, id, fp)
 	if err != nil {
 		d.outcome = outcomeStoreError
 		h.logger.Warn("claiming idempotency key failed; answered 503, nothing forwarded",
@@ -328,20 +328,20 @@ func (h *Handler) serveIdempotencyKey(w http.ResponseWriter, r *http.Request, ne
 			"The request was not processed; retry later.", unavailableRetryAfter)
 		return nil
 	}
-	d.attempt = claim.Attempts
-	switch claim.Outcome {
+	d.attempt = cl.Attempts
+	switch cl.Outcome {
 	case store.Duplicate, store.InFlight:
-		if claim.Fingerprint != fp {
+		if cl.Fingerprint != fp {
 			h.refuseReused(w, &d)
 			return nil
 		}
-		if claim.Outcome == store.Duplicate {
-			h.replayStored(w, r, id, nil, claim, &d)
+		if cl.Outcome == store.Duplicate {
+			h.replayStored(w, r, id, nil, cl, &d)
 			return nil
 		}
 		d.outcome = outcomeInFlight
 		respondProblem(w, http.StatusConflict, "A request is outstanding for this Idempotency-Key",
-			"A request with the same key is being processed; retry after it has completed.", claim.RetryAfter)
+			"A request with the same key is being processed; retry after it has completed.", cl.RetryAfter)
 		return nil
 	case store.Held:
 		d.outcome = outcomeHeld
@@ -350,21 +350,12 @@ func (h *Handler) serveIdempotencyKey(w http.ResponseWriter, r *http.Request, ne
 		return nil
 	case store.Claimed:
 	default:
-		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("unexpected claim outcome %v", claim.Outcome))
+		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("unexpected claim outcome %v", cl.Outcome))
 	}
 	buf.forwarded = true
 	r.Body = io.NopCloser(bytes.NewReader(raw))
 	r.ContentLength = int64(len(raw))
-	return h.forward(w, r, next, []claimRef{{scope: h.Scope, id: id, token: claim.Token}}, &d)
-}
-
-// claimKey claims a key with the request's fingerprint, bounded by
-// storeTimeout, and times it.
-func (h *Handler) claimKey(parent context.Context, id, fingerprint string) (store.Claim, error) {
-	return h.claimWith(parent, store.ClaimParams{
-		Scope: h.Scope, EventID: id, Lease: time.Duration(h.Lease), HoldOnExpiry: h.OnAmbiguous == "hold",
-		Fingerprint: fingerprint,
-	})
+	return h.forward(w, r, next, []claim.Ref{{Scope: h.Scope, ID: id, Token: cl.Token}}, &d)
 }
 
 // refuseReused answers a key reused with another request: 422.

@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/claim"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
 
@@ -268,13 +269,13 @@ func (h *Handler) storedResponse(c *capture, end forwardEnd, d *delivery) *store
 
 // remember caches a completed claim: its stored response when it has one,
 // else its status.
-func (h *Handler) remember(c claimRef, status int) {
-	if c.resp != nil {
-		h.completed.AddResponse(c.scope, c.id, c.resp, h.responseTTL())
+func (h *Handler) remember(c claim.Ref, status int) {
+	if c.Resp != nil {
+		h.completed.AddResponse(c.Scope, c.ID, c.Resp, h.responseTTL())
 		return
 	}
 	if h.idem == nil { // a key's fingerprint must be checked: never by status alone
-		h.completed.Add(c.scope, c.id, status)
+		h.completed.Add(c.Scope, c.ID, status)
 	}
 }
 
@@ -317,8 +318,8 @@ func (h *Handler) loadResponse(parent context.Context, scope, id string) (*store
 // or the short duplicate answer when the event completed without one (it
 // completed before replay was turned on, or an operator completed it). A
 // store failure is a 503: the stored answer exists but cannot be read.
-func (h *Handler) replayStored(w http.ResponseWriter, r *http.Request, id string, signed []byte, claim store.Claim, d *delivery) {
-	d.outcome, d.status = outcomeDuplicate, claim.Status
+func (h *Handler) replayStored(w http.ResponseWriter, r *http.Request, id string, signed []byte, cl store.Claim, d *delivery) {
+	d.outcome, d.status = outcomeDuplicate, cl.Status
 	resp, err := h.loadResponse(r.Context(), h.Scope, id)
 	switch {
 	case errors.Is(err, store.ErrNotFound):

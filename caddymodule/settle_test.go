@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/claim"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
 
@@ -98,7 +99,7 @@ func TestCompletionAfterAnswer(t *testing.T) {
 	requireRelayed(t, g.serve(g.stripe("whsec_after", body2, g.clock.Unix())))
 	drained := make(chan struct{})
 	go func() {
-		g.h.drainCompletions()
+		g.h.claims.Drain()
 		close(drained)
 	}()
 	select {
@@ -109,7 +110,7 @@ func TestCompletionAfterAnswer(t *testing.T) {
 	lock.unlock(t)
 	select {
 	case <-drained:
-	case <-time.After(settleDrainFor + time.Second):
+	case <-time.After(claim.DefaultDrainFor + time.Second):
 		t.Fatal("drain did not return after the completion was written")
 	}
 	e, err := g.h.backend.Get(context.Background(), "stripe", "evt_after_2") // no wait: the drain did it
@@ -143,7 +144,7 @@ func TestCompletionAfterAnswerAnotherRoute(t *testing.T) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*storeTimeout)
 		defer cancel()
-		awaited <- g2.h.awaitCompletion(ctx, "stripe", "evt_routes")
+		awaited <- g2.h.claims.Await(ctx, "stripe", "evt_routes")
 	}()
 	select {
 	case ok := <-awaited:

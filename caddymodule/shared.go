@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/cache"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/claim"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/dispatch"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue"
 	pgqueue "github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue/postgres"
@@ -41,7 +41,7 @@ type backend struct {
 	// struct{}: a duplicate through another route of the scope, or reaching
 	// the handler of a reloaded config, waits for them as one through the
 	// same handler does.
-	completing *sync.Map
+	completing *claim.Completions
 }
 
 // Destruct implements caddy.Destructor: the last handler using the store is
@@ -92,7 +92,7 @@ func openBackend(c Storage, cacheEntries int) (*backend, bool, error) {
 			_ = s.Close()
 			return nil, err
 		}
-		b := &backend{Store: s, completed: comp, completing: new(sync.Map)}
+		b := &backend{Store: s, completed: comp, completing: claim.NewCompletions()}
 		b.secrets, _ = s.(store.Secrets)
 		return b, nil
 	})
