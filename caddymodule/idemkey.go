@@ -1,7 +1,6 @@
 package caddymodule
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -18,6 +17,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/sendonce"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
 
@@ -353,8 +353,7 @@ func (h *Handler) serveIdempotencyKey(w http.ResponseWriter, r *http.Request, ne
 		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("unexpected claim outcome %v", claim.Outcome))
 	}
 	buf.forwarded = true
-	r.Body = io.NopCloser(bytes.NewReader(raw))
-	r.ContentLength = int64(len(raw))
+	sendonce.SetBody(r, raw)
 	return h.forward(w, r, next, []claimRef{{scope: h.Scope, id: id, token: claim.Token}}, &d)
 }
 
