@@ -6,20 +6,9 @@
 package caddymodule
 
 import (
-	"bytes"
-	"compress/gzip"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
-	"net/url"
-	"os"
-	"strings"
-	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -27,12 +16,10 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/cache"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/claim"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/eventid"
-	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/sendonce"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
@@ -192,6 +179,11 @@ type Handler struct {
 	// (checkConfig: it applies only with dedupe_body on).
 	replayWindowSet bool
 
+	// intake takes requests in (intake.go); mode serves what it took
+	// (forward.go, async.go, batch.go).
+	intake intake
+	mode   mode
+
 	dedupeBody bool
 	verifier   signature.Verifier
 	preset     signature.Preset
@@ -231,32 +223,6 @@ type Handler struct {
 	scopeUsed bool
 }
 
-// Storage selects the store backend.
-type Storage struct {
-	// Backend is "postgres" or "sqlite".
-	Backend string `json:"backend,omitempty"`
-	// DSN is the PostgreSQL connection string (postgres). {env.NAME}
-	// placeholders are expanded; its password is never logged.
-	DSN string `json:"dsn,omitempty"`
-	// Path is the SQLite database file (sqlite).
-	Path string `json:"path,omitempty"`
-	// Table is the name of the events table, so the gateway can share a
-	// database with the application. Default: webhook_events.
-	Table string `json:"table,omitempty"`
-}
-
-// HMACConfig is the custom scheme of provider hmac: an HMAC of the raw body.
-type HMACConfig struct {
-	// Header carries the signature, e.g. X-Webhook-Signature. Required.
-	Header string `json:"header,omitempty"`
-	// Algorithm is sha1, sha256 (default) or sha512.
-	Algorithm string `json:"algorithm,omitempty"`
-	// Encoding is hex (default) or base64.
-	Encoding string `json:"encoding,omitempty"`
-	// Prefix precedes the encoded signature, e.g. "sha256=".
-	Prefix string `json:"prefix,omitempty"`
-}
-
 // CaddyModule returns the Caddy module information.
 func (Handler) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{
@@ -265,21 +231,16 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision applies defaults, builds the verifier and event ID extractor, and
-// opens (or shares) the store.
+// Provision applies defaults, checks the config before anything is opened,
+// builds the intake (verifier and event ID extractor, or the
+// Idempotency-Key reader), opens (or shares) the store and picks the mode.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.ctx = ctx
 	h.logger = ctx.Logger()
-	repl := caddy.NewReplacer()
-
 	if err := h.prepareConfig(); err != nil {
 		return err // before any store, pool or queue is opened
 	}
-	build := h.provisionVerifier
-	if h.Provider == providerIdempotencyKey {
-		build = h.provisionIdempotencyKey
-	}
-	if err := build(repl); err != nil {
+	if err := h.provisionIntake(); err != nil {
 		return err
 	}
 
@@ -298,7 +259,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.Cache != nil {
 		entries = *h.Cache
 	}
-	b, _, err := openBackend(st, entries)
+	b, err := openBackend(st, entries)
 	if err != nil {
 		return fmt.Errorf("storage %s: %w", st.Backend, err)
 	}
@@ -307,21 +268,23 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if entries > 0 {
 		h.completed = b.completed
 	}
-
 	if err := h.provisionMetrics(ctx); err != nil {
 		return err
 	}
+	h.provisionClaims(ctx)
+	return h.provisionMode(ctx)
+}
+
+// provisionClaims sets up the route's claims (internal/claim) on the open
+// store and starts its retention sweep.
+func (h *Handler) provisionClaims(ctx caddy.Context) {
 	h.claims = claim.New(claim.Options{
-		Store: b.Store, Completions: b.completing, Lease: time.Duration(h.Lease),
+		Store: h.backend.Store, Completions: h.backend.completing, Lease: time.Duration(h.Lease),
 		HoldOnExpiry: h.OnAmbiguous == "hold", StoreTimeout: storeTimeout, Background: ctx.Context,
 		Logger: h.logger, Scope: h.Scope, Timers: metrics.storeTime.claimTimers(),
 	})
-	if err := h.provisionAsync(ctx); err != nil {
-		return err
-	}
-
 	h.sweeper = &claim.Sweeper{
-		Store: b.Store, Every: h.sweepEvery(), Batch: retentionBatch, StoreTimeout: storeTimeout, Logger: h.logger,
+		Store: h.backend.Store, Every: h.sweepEvery(), Batch: retentionBatch, StoreTimeout: storeTimeout, Logger: h.logger,
 		Expiries: func(now time.Time) []store.Expiry {
 			return []store.Expiry{
 				{Scopes: []string{h.Scope}, Cutoff: now.Add(-time.Duration(h.Retention))},
@@ -335,70 +298,19 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		defer close(h.sweepDone)
 		h.sweeper.Run(sweepCtx)
 	}()
-	return nil
 }
 
-// provisionVerifier builds the verifier and the event ID extractor of a
-// signature provider's preset (checkConfig has judged the config).
-func (h *Handler) provisionVerifier(repl *caddy.Replacer) error {
-	secrets, err := h.expandedSecrets()
-	if err != nil {
-		return err
-	}
-	if err := h.provisionProtocol(); err != nil {
-		return err
-	}
-	opts := signature.Options{
-		Secrets:   secrets,
-		Tolerance: time.Duration(h.Tolerance),
-		URL:       repl.ReplaceAll(h.URL, ""),
-		AllowSHA1: h.AllowSHA1,
-		Now:       h.now,
-	}
-	if h.HMAC != nil {
-		opts.HMAC = signature.HMACOptions{
-			Header:    h.HMAC.Header,
-			Algorithm: h.HMAC.Algorithm,
-			Encoding:  h.HMAC.Encoding,
-			Prefix:    h.HMAC.Prefix,
-		}
-	}
-	v, err := h.newVerifier(opts)
-	if err != nil {
-		return err // the signature package's errors name the provider
-	}
-	h.verifier = v
-	if u, err := url.Parse(opts.URL); err == nil && opts.URL != "" {
-		h.signedURL = u.Redacted()
-	}
-
-	var parts [][]eventid.Source
-	if len(h.EventID) > 0 {
-		for _, s := range h.EventID {
-			parts = append(parts, []eventid.Source{s})
-		}
-	} else {
-		var alts []eventid.Source
-		for _, spec := range h.preset.EventID {
-			kind, name, _ := strings.Cut(spec, " ")
-			s, err := eventid.ParseSource(kind, name)
-			if err != nil {
-				return fmt.Errorf("provider %s: default event_id: %w", h.Provider, err)
-			}
-			alts = append(alts, s)
-		}
-		parts = [][]eventid.Source{alts}
-	}
-	if len(parts[0]) > 0 { // else a batch without a delivery ID, keyed on its items (batch.go)
-		if h.extractor, err = eventid.New(parts); err != nil {
-			return fmt.Errorf("event_id: %w", err)
-		}
-	}
-	if h.preset.JSONBody && h.extractor != nil {
-		// The verifier refuses every body that is not a valid JSON object
-		// before the ID is read (the same bytes, the same validator), so
-		// the extractor need not validate it a second time.
-		h.extractor.AssumeValidJSON()
+// provisionMode picks the route's mode: async (registered with the
+// dispatcher), sync under batch split, or sync.
+func (h *Handler) provisionMode(ctx caddy.Context) error {
+	switch {
+	case h.Mode == "async":
+		h.mode = asyncMode{h}
+		return h.provisionAsync(ctx)
+	case h.batch != nil && h.batch.Policy == signature.BatchSplit:
+		h.mode = splitMode{syncMode{h}}
+	default:
+		h.mode = syncMode{h}
 	}
 	return nil
 }
@@ -450,522 +362,24 @@ func (h *Handler) Cleanup() error {
 	return release()
 }
 
-// ServeHTTP verifies, claims, forwards once and settles: the steps of the
-// README's "How it works" table.
+// ServeHTTP takes the request in (intake.go: body, signature, event ID)
+// and hands it to the route's mode (forward.go: claim, forward once,
+// settle; async.go: queue; batch.go: split): the steps of the README's "How
+// it works" table. Whatever is answered at the edge is answered from the
+// one outcome table (answer.go).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	if h.idem != nil {
-		return h.serveIdempotencyKey(w, r, next)
-	}
-	start := time.Now()
-	d := delivery{h: h, start: start}
+	d := &delivery{h: h, r: r, start: time.Now(), buf: getBodyBuf()}
+	defer d.buf.release()
 	defer d.log()
-
-	buf := getBodyBuf()
-	defer buf.release()
-
-	raw, signed, status, reason := h.readBody(w, r, buf.Buffer)
-	if status != 0 {
-		d.outcome, d.reason = outcomeFor(status), reason
-		respondError(w, status, reason, 0)
-		return nil
+	ok, err := h.intake.take(w, next, d)
+	if !ok {
+		return err
 	}
-	// The upstream gets the bytes exactly as they arrived.
-	forwardable := func() *http.Request {
-		buf.forwarded = true
-		sendonce.SetBody(r, raw)
-		return r
-	}
-	hs, handshake := h.matchHandshake(r, signed)
-	if handshake && hs.Challenge.Auth != signature.AuthSignature {
-		return h.serveHandshake(w, r, hs, forwardable, next, &d)
-	}
-	if err := h.verify(r.Context(), signed, r.Header); err != nil {
-		if errors.Is(err, errSecretStore) {
-			d.outcome = outcomeStoreError
-			h.logger.Warn("reading the learned secret failed; answered 503, nothing forwarded", zap.String("scope", h.Scope), zap.Error(err))
-			respondError(w, http.StatusServiceUnavailable, "event store unavailable", unavailableRetryAfter)
-			return nil
-		}
-		d.outcome, d.reason = outcomeInvalidSignature, err.Error()
-		if isBodyRefusal(err) {
-			d.outcome = outcomeBadRequest
-		}
-		if h.preset.NeedsURL {
-			d.signedURL = h.signedURL // a wrong configured url is the usual cause
-		}
-		respondError(w, h.RefuseStatus, signatureReason(err), 0)
-		return nil
-	}
-	if handshake {
-		return h.serveHandshake(w, r, hs, forwardable, next, &d)
-	}
-
-	if h.splitting(signed) {
-		return h.serveSplit(w, r, signed, next, &d)
-	}
-	id, err := h.eventID(signed, r.Header)
-	if err != nil {
-		// An ambiguous ID is not a missing one: the delivery names two
-		// events, and the upstream may act on the other. Always refused.
-		if h.OnMissingID == "forward" && !errors.Is(err, eventid.ErrAmbiguous) {
-			d.outcome = outcomeForwardedNoID
-			h.logger.Warn("delivery has no usable event id; forwarded without deduplication (on_missing_id forward)",
-				zap.String("scope", h.Scope), zap.String("reason", eventIDReason(err)))
-			return h.passOn(w, forwardable(), next, &d)
-		}
-		d.outcome, d.reason = outcomeBadRequest, eventIDReason(err)
-		respondError(w, http.StatusBadRequest, d.reason, 0)
-		return nil
-	}
-	d.eventID = id
-	if h.Mode == "async" {
-		return h.serveAsync(w, r, raw, signed, id, &d)
-	}
-
-	if h.replayOn && h.completed != nil {
-		if h.replayCached(w, r, id, signed, &d) {
-			return nil
-		}
-	} else if h.completed != nil {
-		if status, ok := h.completed.Has(h.Scope, id); ok {
-			h.cacheHit.Inc()
-			d.outcome, d.status, d.cached = outcomeDuplicate, status, true
-			if h.dedupeBody {
-				h.checkSameBody(r.Context(), id, signed)
-			}
-			respondDuplicate(w)
-			return nil
-		}
-		h.cacheMiss.Inc()
-	}
-
-	cl, err := h.claims.Claim(r.Context(), h.Scope, id, "")
-	if err != nil {
-		d.outcome = outcomeStoreError
-		h.logger.Warn("claiming event failed; answered 503, nothing forwarded",
-			zap.String("scope", h.Scope), zap.String("event_id", id), zap.Error(err))
-		respondError(w, http.StatusServiceUnavailable, "event store unavailable", unavailableRetryAfter)
-		return nil
-	}
-	d.attempt = cl.Attempts
-	switch cl.Outcome {
-	case store.Duplicate:
-		if h.replayOn {
-			h.replayStored(w, r, id, signed, cl, &d)
-			return nil
-		}
-		d.outcome, d.status = outcomeDuplicate, cl.Status
-		h.completed.Add(h.Scope, id, cl.Status)
-		if h.dedupeBody {
-			h.checkSameBody(r.Context(), id, signed)
-		}
-		respondDuplicate(w)
-		return nil
-	case store.InFlight:
-		d.outcome = outcomeInFlight
-		respondError(w, http.StatusConflict, "event is being processed by another delivery; retry later", cl.RetryAfter)
-		return nil
-	case store.Held:
-		d.outcome = outcomeHeld
-		respondError(w, http.StatusServiceUnavailable, "event is held after an ambiguous forward; an operator must release it", unavailableRetryAfter)
-		return nil
-	case store.Claimed:
-	default:
-		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("unexpected claim outcome %v", cl.Outcome))
-	}
-
-	claims := []claim.Ref{{Scope: h.Scope, ID: id, Token: cl.Token}}
-	if h.dedupeBody {
-		bc, ok := h.claimBody(w, r, signed, claims[0], &d)
-		if !ok {
-			return nil
-		}
-		claims = append(claims, bc)
-	}
-	return h.forward(w, forwardable(), next, claims, &d)
-}
-
-// passOn runs the next handler for a delivery forwarded without a claim
-// (handshakes, on_missing_id forward) and answers its error itself. A panic
-// of the next handler is raised again once the delivery's status is noted.
-func (h *Handler) passOn(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, d *delivery) error {
-	rec := caddyhttp.NewResponseRecorder(w, nil, nil)
-	upstart := time.Now()
-	panicked, err := runNext(next, rec, r)
-	d.upstream = time.Since(upstart)
-	d.status = finalStatus(rec)
-	if panicked != nil {
-		panic(panicked) // the delivery's line is logged on the way out
-	}
-	return h.answerProxyError(rec, err, d)
-}
-
-// answerProxyError answers an error of the next handler (the upstream
-// refused the connection, timed out, the provider hung up) here instead of
-// returning it to Caddy: Caddy's error log line prints the request's headers,
-// and with them the signature or, for GitLab, the secret token itself.
-// The answer is the error's status (502 when it has none) with a JSON body;
-// the log line names the error, never a header. Routes' handle_errors blocks
-// therefore do not see upstream errors of this handler.
-func (h *Handler) answerProxyError(rec caddyhttp.ResponseRecorder, err error, d *delivery) error {
-	if err == nil {
-		return nil
-	}
-	status := http.StatusBadGateway
-	var he caddyhttp.HandlerError
-	if errors.As(err, &he) && he.StatusCode >= 400 {
-		status = he.StatusCode
-	}
-	if finalStatus(rec) == 0 {
-		respondError(rec, status, "upstream unavailable", 0)
-		d.status = status
-	}
-	if c := h.logger.Check(zapcore.WarnLevel, "upstream error"); c != nil {
-		c.Write(zap.String("scope", h.Scope), zap.String("event_id", d.eventID), zap.Int("status", status), zap.Error(err))
-	}
-	return nil
-}
-
-// forward runs the next handler with the claims held, renewing their leases,
-// and settles them on the upstream's answer. The forward is detached from the
-// provider's connection and bounded by ForwardTimeout instead. Every exit of
-// the next handler (a return, an error, a panic: reverse_proxy raises
-// http.ErrAbortHandler when the upstream's body is cut or the provider's
-// connection fails mid-answer) settles the claims exactly once, balances the
-// in-flight gauge and sets the delivery's outcome; a panic is then raised
-// again with its own value, as net/http expects.
-func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, claims []claim.Ref, d *delivery) error {
-	// Keep the store open until this claim is settled, even if a config
-	// reload drops the handler meanwhile (see Cleanup).
-	defer h.claims.Track()()
-	wire := new(wireTrace)
-	fctx, cancel := context.WithTimeout(wire.with(context.WithoutCancel(r.Context())), time.Duration(h.ForwardTimeout))
-	defer cancel()
-
-	hbDone := make(chan struct{})
-	hbStopped := make(chan struct{})
-	go func() {
-		defer close(hbStopped)
-		h.claims.Keep(fctx, claims, hbDone)
-	}()
-
-	h.claimsInFlight.Inc()
-	var tee *capture // the answer stored for replay
-	if h.replayOn {
-		tee = h.newCapture(w)
-		w = tee
-	}
-	rec := caddyhttp.NewResponseRecorder(w, nil, nil)
-	upstart := time.Now()
-	panicked, err := runNext(next, rec, r.WithContext(fctx))
-	d.upstream = time.Since(upstart)
-	close(hbDone)
-	<-hbStopped
-	h.claimsInFlight.Dec()
-	h.upstreamTime.Observe(d.upstream.Seconds())
-
-	end := forwardEnd{
-		status:   finalStatus(rec),
-		err:      err,
-		panicked: panicked != nil,
-		wire:     wire,
-	}
-	end.timedOut = errors.Is(fctx.Err(), context.DeadlineExceeded) && end.status == 0
-	d.status = end.status
-
-	switch v := h.verdict(end); {
-	case v == verdictComplete:
-		d.outcome = outcomeCompleted
-		if tee != nil {
-			claims[0].Resp = h.storedResponse(tee, end, d)
-		}
-		// Cached first: from now on a duplicate on this instance is
-		// answered from the cache, or waits for the completion (claimWith).
-		h.remember(claims[0], end.status)
-		h.claims.CompleteAfterAnswer(r.Context(), claims, end.status)
-	case v == verdictAmbiguous && h.OnAmbiguous == "hold":
-		// The upstream may or may not have done the work: park the event
-		// as held now, so its retries get 503 and an operator can decide
-		// at once.
-		d.outcome, d.reason = outcomeAmbiguous, end.describe()
-		h.logger.Warn("forward ended with no known outcome; the event is held (on_ambiguous hold)",
-			zap.String("scope", h.Scope), zap.String("event_id", claims[0].ID), zap.String("reason", d.reason))
-		for i := range claims {
-			claims[i].HoldReason = d.reason
-		}
-		h.claims.Settle(r.Context(), claims, 0, claim.Hold)
-	default:
-		d.outcome = outcomeReleased
-		if v == verdictAmbiguous {
-			d.reason = end.describe()
-		}
-		h.claims.Settle(r.Context(), claims, end.status, claim.Release)
-	}
-	if panicked != nil {
-		panic(panicked)
-	}
-	return h.answerProxyError(rec, err, d)
-}
-
-// bodyScope is the scope of body-hash keys (dedupe_body): a scope of its
-// own, so no event ID a sender chooses can collide with a body hash.
-func (h *Handler) bodyScope() string { return h.Scope + "#body" }
-
-func bodyKey(body []byte) string {
-	sum := sha256.Sum256(body)
-	return "sha256:" + hex.EncodeToString(sum[:])
-}
-
-// claimBody claims the SHA-256 of the body next to the event ID (dedupe_body),
-// so a replayed body under a fresh, unsigned ID is not forwarded again. When
-// it returns false it has answered the delivery and released idClaim.
-func (h *Handler) claimBody(w http.ResponseWriter, r *http.Request, body []byte, idClaim claim.Ref, d *delivery) (claim.Ref, bool) {
-	key := bodyKey(body)
-	bc, err := h.claims.Claim(r.Context(), h.bodyScope(), key, "")
-	if err == nil && bc.Outcome == store.Claimed {
-		return claim.Ref{Scope: h.bodyScope(), ID: key, Token: bc.Token}, true
-	}
-	h.claims.Settle(r.Context(), []claim.Ref{idClaim}, 0, claim.Release)
-	switch {
-	case err != nil:
-		d.outcome = outcomeStoreError
-		h.logger.Warn("claiming body hash failed; answered 503, nothing forwarded",
-			zap.String("scope", h.Scope), zap.String("event_id", idClaim.ID), zap.Error(err))
-		respondError(w, http.StatusServiceUnavailable, "event store unavailable", unavailableRetryAfter)
-	case bc.Outcome == store.Duplicate:
-		d.outcome = outcomeBodyReplay
-		h.logger.Warn("body already delivered under another event id; answered as a duplicate, not forwarded (dedupe_body)",
-			zap.String("scope", h.Scope), zap.String("event_id", idClaim.ID))
-		respondDuplicate(w)
-	case bc.Outcome == store.InFlight:
-		d.outcome = outcomeInFlight
-		respondError(w, http.StatusConflict, "the same body is being processed under another event id; retry later", bc.RetryAfter)
-	default:
-		d.outcome = outcomeHeld
-		respondError(w, http.StatusServiceUnavailable, "event is held after an ambiguous forward; an operator must release it", unavailableRetryAfter)
-	}
-	return claim.Ref{}, false
-}
-
-// checkSameBody warns when a completed event ID comes again with a body that
-// was never delivered: the provider changed the payload, or someone reuses
-// IDs. The delivery is still answered as a duplicate.
-func (h *Handler) checkSameBody(parent context.Context, id string, body []byte) {
-	ctx, cancel := context.WithTimeout(parent, storeTimeout)
-	defer cancel()
-	_, err := h.backend.Get(ctx, h.bodyScope(), bodyKey(body))
-	if errors.Is(err, store.ErrNotFound) {
-		h.bodyMismatch.Inc()
-		h.logger.Warn("completed event id arrived with a different body; answered as a duplicate",
-			zap.String("scope", h.Scope), zap.String("event_id", id))
-	}
-}
-
-// readBody reads the raw body, at most MaxBody bytes, into buf. It returns
-// the raw bytes (what the upstream gets) and the bytes the provider signed
-// (the decoded body when Content-Encoding is gzip). A non-zero status means
-// the delivery is refused with that status and reason.
-func (h *Handler) readBody(w http.ResponseWriter, r *http.Request, buf *bytes.Buffer) (raw, signed []byte, status int, reason string) {
-	encs := r.Header.Values("Content-Encoding")
-	if len(encs) > 1 {
-		// The upstream would undo every line; only one is ever verified.
-		return nil, nil, http.StatusUnsupportedMediaType, "unsupported Content-Encoding (sent on several lines)"
-	}
-	enc := ""
-	if len(encs) == 1 {
-		enc = strings.ToLower(strings.TrimSpace(encs[0]))
-	}
-	if enc != "" && enc != "identity" && enc != "gzip" {
-		return nil, nil, http.StatusUnsupportedMediaType, "unsupported Content-Encoding (only gzip and identity)"
-	}
-	if r.ContentLength > h.MaxBody {
-		return nil, nil, http.StatusRequestEntityTooLarge, "body exceeds max_body"
-	}
-	n, err := h.readWithDeadline(w, buf, r.Body)
-	if isTimeout(err) {
-		return nil, nil, http.StatusRequestTimeout, "body not received within read_timeout"
-	}
-	if err != nil {
-		return nil, nil, http.StatusBadRequest, "reading body failed"
-	}
-	if n > h.MaxBody {
-		return nil, nil, http.StatusRequestEntityTooLarge, "body exceeds max_body"
-	}
-	raw = buf.Bytes()
-	if enc != "gzip" {
-		return raw, raw, 0, ""
-	}
-	zr, err := gzip.NewReader(bytes.NewReader(raw))
-	if err != nil {
-		return nil, nil, http.StatusBadRequest, "gzip body is malformed"
-	}
-	var dec bytes.Buffer
-	m, err := dec.ReadFrom(io.LimitReader(zr, h.MaxBody+1))
-	if m > h.MaxBody {
-		return nil, nil, http.StatusRequestEntityTooLarge, "decoded body exceeds max_body"
-	}
-	if err != nil {
-		return nil, nil, http.StatusBadRequest, "gzip body is malformed"
-	}
-	return raw, dec.Bytes(), 0, ""
-}
-
-// readWithDeadline reads the body (readAtMost, at most MaxBody+1 bytes)
-// with the connection's read deadline set ReadTimeout from now, then clears
-// it, so the next request on a kept-alive connection is not cut short.
-// When the deadline passed it stays, and the connection is closed after the
-// answer: net/http would otherwise wait for the rest of the trickled body
-// before writing the 408. Where the writer cannot set a deadline
-// (http.ErrNotSupported) the body is read without one.
-func (h *Handler) readWithDeadline(w http.ResponseWriter, buf *bytes.Buffer, body io.Reader) (int64, error) {
-	rc := http.NewResponseController(w)
-	set := rc.SetReadDeadline(time.Now().Add(time.Duration(h.ReadTimeout))) == nil
-	n, err := readAtMost(buf, body, h.MaxBody)
-	switch {
-	case isTimeout(err):
-		w.Header().Set("Connection", "close")
-	case set:
-		_ = rc.SetReadDeadline(time.Time{})
-	}
-	return n, err
-}
-
-// isTimeout reports a read that ended on a deadline.
-func isTimeout(err error) bool {
-	if err == nil {
-		return false // the common case, without errors.As's allocation
-	}
-	var ne net.Error
-	return errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+	return h.mode.serve(w, next, d)
 }
 
 // retentionInterval is how often the retention sweep runs.
 var retentionInterval = 10 * time.Minute
-
-const maxPooledBuf = 1 << 20
-
-// bodyBuf is a pooled buffer for a request body. The body buffer is pooled
-// for deliveries answered at the edge. Once a request is forwarded the
-// transport may still read its body after the next handler returns, so
-// that buffer is left to the garbage collector.
-type bodyBuf struct {
-	*bytes.Buffer
-	forwarded bool // set when the body is handed to the next handler
-}
-
-// getBodyBuf takes a buffer from the pool. It returns a value, not a
-// pointer, so a delivery costs no allocation for it.
-func getBodyBuf() bodyBuf {
-	b := bufPool.Get().(*bytes.Buffer)
-	b.Reset()
-	return bodyBuf{Buffer: b}
-}
-
-// release returns the buffer to the pool unless it was forwarded or grew
-// past maxPooledBuf.
-func (b *bodyBuf) release() {
-	if !b.forwarded && b.Cap() <= maxPooledBuf {
-		bufPool.Put(b.Buffer)
-	}
-}
-
-var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
-
-// readAtMost reads r into buf until EOF or until more than limit bytes were
-// read, as buf.ReadFrom(io.LimitReader(r, limit+1)) does, but reading
-// straight into buf's spare capacity, without a reader allocated per
-// delivery.
-func readAtMost(buf *bytes.Buffer, r io.Reader, limit int64) (int64, error) {
-	var n int64
-	for n <= limit {
-		if buf.Available() < bytes.MinRead {
-			buf.Grow(bytes.MinRead)
-		}
-		b := buf.AvailableBuffer()
-		b = b[:min(int64(cap(b)), limit+1-n)]
-		m, err := r.Read(b)
-		buf.Write(b[:m]) // b is buf's own spare capacity: no copy beyond itself
-		n += int64(m)
-		if errors.Is(err, io.EOF) {
-			return n, nil
-		}
-		if err != nil {
-			return n, err
-		}
-	}
-	return n, nil
-}
-
-// delivery collects what the per-delivery log line reports.
-type delivery struct {
-	h        *Handler
-	start    time.Time
-	eventID  string
-	outcome  string
-	attempt  int
-	status   int
-	cached   bool
-	upstream time.Duration
-	// reason is why the gateway refused the delivery (the reason its
-	// answer gives; never a secret, signature or body).
-	reason string
-	// signedURL is the configured URL a URL-signed scheme checked, when
-	// that check failed.
-	signedURL string
-	// fingerprint is the request's (provider idempotency_key), stored with
-	// its answer; never logged.
-	fingerprint string
-}
-
-func outcomeFor(status int) string {
-	switch status {
-	case http.StatusRequestEntityTooLarge:
-		return outcomeTooLarge
-	case http.StatusUnsupportedMediaType:
-		return outcomeUnsupported
-	case http.StatusRequestTimeout:
-		return outcomeReadTimeout
-	}
-	return outcomeBadRequest
-}
-
-// log counts the delivery's outcome and writes one info line per delivery:
-// never a body, header, signature or secret.
-func (d *delivery) log() {
-	d.h.deliveries(d.outcome).Inc()
-	if c := d.h.logger.Check(zapcore.InfoLevel, "delivery"); c != nil {
-		// The fields' slice escapes into the core; pooled, the line costs
-		// no allocation (cores serialize the fields before Write returns).
-		fp := logFields.Get().(*[]zap.Field)
-		fields := append((*fp)[:0],
-			zap.String("scope", d.h.Scope),
-			zap.String("provider", d.h.Provider),
-			zap.String("event_id", d.eventID),
-			zap.String("outcome", d.outcome),
-			zap.Int("attempt", d.attempt),
-			zap.Int("status", d.status),
-			zap.Bool("cached", d.cached),
-			zap.Duration("duration", time.Since(d.start)),
-			zap.Duration("upstream", d.upstream),
-		)
-		if d.reason != "" {
-			fields = append(fields, zap.String("reason", d.reason))
-		}
-		if d.signedURL != "" {
-			fields = append(fields, zap.String("signed_url", d.signedURL))
-		}
-		c.Write(fields...)
-		clear(fields) // keep no event ID alive in the pool
-		*fp = fields[:0]
-		logFields.Put(fp)
-	}
-}
-
-// logFields pools the field slices of the per-delivery log line.
-var logFields = sync.Pool{New: func() any {
-	s := make([]zap.Field, 0, 16)
-	return &s
-}}
 
 // Interface guards
 var (
