@@ -263,6 +263,24 @@ func (h *Handler) settle(ctx context.Context, claims []claim.Ref, end forwardEnd
 	}
 }
 
+// remember caches a completed claim: its stored response when it has one,
+// else its status.
+func (h *Handler) remember(c claim.Ref, status int) {
+	if c.Resp != nil {
+		h.completed.AddResponse(c.Scope, c.ID, c.Resp, h.responseTTL())
+		return
+	}
+	if h.idem == nil { // a key's fingerprint must be checked: never by status alone
+		h.completed.Add(c.Scope, c.ID, status)
+	}
+}
+
+// responseTTL keeps a cached response no longer than the route's
+// retention, after which the row, and the answer, are gone.
+func (h *Handler) responseTTL() time.Duration {
+	return min(cacheTTL, time.Duration(h.Retention))
+}
+
 // passOn runs the next handler for a delivery forwarded without a claim
 // (handshakes, on_missing_id forward, requests without an Idempotency-Key)
 // and answers its error itself. A panic of the next handler is raised

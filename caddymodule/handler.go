@@ -221,6 +221,8 @@ type Handler struct {
 	// (configcheck.go).
 	app       any
 	scopeUsed bool
+	// trust describes how a request becomes a claim here (trust.go).
+	trust string
 }
 
 // CaddyModule returns the Caddy module information.
@@ -246,7 +248,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 
 	st := h.storage()
 	h.app = httpApp(ctx)
-	if err := useScopeStorage(h.app, h.Scope, st); err != nil {
+	if err := useScopeStorage(h.app, h.Scope, st, h.trust); err != nil {
 		h.app = nil // nothing recorded to release
 		return err
 	}
@@ -265,6 +267,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.backend, h.poolKey = b, st.poolKey()
 	scopes.add(h.Scope, b)
+	scopeTrusts.add(h.Scope, h.trust)
 	if entries > 0 {
 		h.completed = b.completed
 	}
@@ -339,6 +342,7 @@ func (h *Handler) Cleanup() error {
 	release := func() error {
 		if h.backend != nil {
 			scopes.remove(h.Scope, h.backend)
+			scopeTrusts.remove(h.Scope, h.trust)
 		}
 		if h.poolKey != "" {
 			_, err := backends.Delete(h.poolKey)

@@ -38,6 +38,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/cli"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
 
@@ -605,7 +606,7 @@ func (g *gateway) stripe(secret string, body []byte, ts int64, headers ...string
 // the sign CLI would (buildDelivery), to http://gateway.test/<provider>.
 func signedFor(t *testing.T, provider, secret, body string) *http.Request {
 	t.Helper()
-	d, err := buildDelivery(signParams{Provider: provider, Secret: secret, Body: []byte(body)})
+	d, err := cli.BuildDelivery(cli.SignParams{Provider: provider, Secret: secret, Body: []byte(body)})
 	require.NoError(t, err)
 	req := newDelivery("http://gateway.test/"+provider, d.Body)
 	req.Header = d.Header

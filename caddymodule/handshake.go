@@ -147,9 +147,6 @@ func (h *Handler) provisionProtocol() error {
 // matchHandshake reports whether the request is one of the preset's
 // handshakes (signature.Preset.MatchHandshake) and builds its answer.
 func (h *Handler) matchHandshake(r *http.Request, body []byte) (signature.HandshakeAnswer, bool) {
-	if len(h.preset.Challenges) == 0 {
-		return signature.HandshakeAnswer{}, false
-	}
 	return h.preset.MatchHandshake(r, body, h.answerSecret)
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/stretchr/testify/require"
 
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/cli"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
@@ -56,7 +57,7 @@ func asanaHandshake(secret string) *http.Request {
 // asanaDelivery is an Asana event signed with secret.
 func asanaDelivery(t *testing.T, secret, id string) *http.Request {
 	t.Helper()
-	d, err := buildDelivery(signParams{Provider: "asana", Secret: secret, EventIDFrom: "json id", EventID: id})
+	d, err := cli.BuildDelivery(cli.SignParams{Provider: "asana", Secret: secret, EventIDFrom: "json id", EventID: id})
 	require.NoError(t, err)
 	req := newDelivery("http://gateway.test/asana", d.Body)
 	req.Header = d.Header
@@ -105,7 +106,7 @@ func TestLearnedSecretKeepRefusesReplacement(t *testing.T) {
 	require.Zero(t, g.up.count())
 	// Deliveries verify with the first token only.
 	sign := func(token, id string) *http.Request {
-		d, err := buildDelivery(signParams{Provider: "notion", Secret: token, EventID: id})
+		d, err := cli.BuildDelivery(cli.SignParams{Provider: "notion", Secret: token, EventID: id})
 		require.NoError(t, err)
 		req := newDelivery("http://gateway.test/notion", d.Body)
 		req.Header = d.Header
@@ -168,7 +169,7 @@ func gocardlessBatch(t *testing.T, secret string, ids ...string) *http.Request {
 	for i, id := range ids {
 		items[i] = `{"id":"` + id + `","action":"confirmed"}`
 	}
-	d, err := buildDelivery(signParams{Provider: "gocardless", Secret: secret, Body: []byte(`{"events":[` + strings.Join(items, ",") + `]}`)})
+	d, err := cli.BuildDelivery(cli.SignParams{Provider: "gocardless", Secret: secret, Body: []byte(`{"events":[` + strings.Join(items, ",") + `]}`)})
 	require.NoError(t, err)
 	req := newDelivery("http://gateway.test/gc", d.Body)
 	req.Header = d.Header
@@ -216,7 +217,7 @@ func TestBatchSetOktaKeysOnItems(t *testing.T) {
 		for i, u := range uuids {
 			items[i] = `{"uuid":"` + u + `","eventType":"user.session.start"}`
 		}
-		d, err := buildDelivery(signParams{Provider: "okta", Secret: "okta_secret",
+		d, err := cli.BuildDelivery(cli.SignParams{Provider: "okta", Secret: "okta_secret",
 			Body: []byte(`{"eventId":"` + eventID + `","data":{"events":[` + strings.Join(items, ",") + `]}}`)})
 		require.NoError(t, err)
 		req := newDelivery("http://gateway.test/okta", d.Body)

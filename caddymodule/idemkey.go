@@ -142,6 +142,7 @@ func (h *Handler) provisionIdempotencyKey() {
 		h.RefuseStatus = http.StatusBadRequest // unused: nothing is verified
 	}
 	h.idem = k
+	h.trust = h.trustOf(nil)
 }
 
 // validateIdempotencyKey checks provider idempotency_key's configuration.

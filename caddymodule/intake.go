@@ -93,6 +93,7 @@ func (h *Handler) provisionVerifier(repl *caddy.Replacer) error {
 		return err // the signature package's errors name the provider
 	}
 	h.verifier = v
+	h.trust = h.trustOf(secrets)
 	if u, err := url.Parse(opts.URL); err == nil && opts.URL != "" {
 		h.signedURL = u.Redacted()
 	}
@@ -138,7 +139,11 @@ func (in webhookIntake) take(w http.ResponseWriter, next caddyhttp.Handler, d *d
 	if !h.readBody(w, d) {
 		return false, nil
 	}
-	hs, handshake := h.matchHandshake(r, d.signed)
+	var hs signature.HandshakeAnswer
+	handshake := false
+	if len(h.preset.Challenges) > 0 { // the provider has handshakes (handshake.go)
+		hs, handshake = h.matchHandshake(r, d.signed)
+	}
 	if handshake && hs.Challenge.Auth != signature.AuthSignature {
 		return false, h.serveHandshake(w, hs, next, d)
 	}
@@ -149,7 +154,7 @@ func (in webhookIntake) take(w http.ResponseWriter, next caddyhttp.Handler, d *d
 	if handshake {
 		return false, h.serveHandshake(w, hs, next, d)
 	}
-	if h.splitting(d.signed) {
+	if h.batch != nil && h.splitting(d.signed) { // a batching provider (batch.go)
 		items, err := h.batchItems(d.signed)
 		if err != nil {
 			h.answer(w, d, ansBadRequest, say{reason: eventIDReason(err)})
@@ -205,7 +210,7 @@ func (h *Handler) verify(ctx context.Context, body []byte, hdr http.Header) erro
 // source's, or under batch set the key of the set of its item IDs
 // (batch.go).
 func (h *Handler) eventID(body []byte, hdr http.Header) (string, error) {
-	if h.batched(body) {
+	if h.batch != nil && h.batched(body) {
 		return h.batchKey(body)
 	}
 	return h.extractor.Extract(body, hdr)

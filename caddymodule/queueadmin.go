@@ -11,6 +11,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/cli"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue"
 )
 
@@ -43,7 +44,7 @@ func (QueueAdmin) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-const queueAdminPrefix = "/webhook_idempotency/queue/"
+const queueAdminPrefix = cli.QueueAdminPrefix
 
 // Routes returns the admin routes.
 func (a *QueueAdmin) Routes() []caddy.AdminRoute {

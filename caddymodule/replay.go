@@ -13,7 +13,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -21,7 +20,6 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/claim"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
 
@@ -265,24 +263,6 @@ func (h *Handler) storedResponse(c *capture, end forwardEnd, d *delivery) *store
 	}
 	h.logger.Warn(msg, fields...)
 	return resp
-}
-
-// remember caches a completed claim: its stored response when it has one,
-// else its status.
-func (h *Handler) remember(c claim.Ref, status int) {
-	if c.Resp != nil {
-		h.completed.AddResponse(c.Scope, c.ID, c.Resp, h.responseTTL())
-		return
-	}
-	if h.idem == nil { // a key's fingerprint must be checked: never by status alone
-		h.completed.Add(c.Scope, c.ID, status)
-	}
-}
-
-// responseTTL keeps a cached response no longer than the route's
-// retention, after which the row, and the answer, are gone.
-func (h *Handler) responseTTL() time.Duration {
-	return min(cacheTTL, time.Duration(h.Retention))
 }
 
 // loadResponse reads the stored response of a completed event, bounded by
