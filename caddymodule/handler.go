@@ -33,6 +33,7 @@ import (
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/cache"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/eventid"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/lease"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/sendonce"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
@@ -289,6 +290,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.scopeUsed = true
 	warnHostOnly(h.app, h.logger)
+	if err := checkProxyRetries(h.app); err != nil {
+		return err
+	}
 	entries := defaultCache
 	if h.Cache != nil {
 		entries = *h.Cache
@@ -462,8 +466,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// The upstream gets the bytes exactly as they arrived.
 	forwardable := func() *http.Request {
 		buf.forwarded = true
-		r.Body = io.NopCloser(bytes.NewReader(raw))
-		r.ContentLength = int64(len(raw))
+		sendonce.SetBody(r, raw)
 		return r
 	}
 	hs, handshake := h.matchHandshake(r, signed)

@@ -265,3 +265,43 @@ func TestExamplesShipLogFilterAndCatchAllSites(t *testing.T) {
 		}
 	}
 }
+
+// A reverse_proxy that re-sends written requests (lb_retry_match with
+// lb_retries or lb_try_duration) after webhook_idempotency is refused at
+// load, in the same site, a subroute or a later route; without
+// lb_retry_match (reverse_proxy then re-sends only what it could not
+// connect for), in another handle group, or before the handler, it loads.
+func TestProxyRetriesRefused(t *testing.T) {
+	dir := t.TempDir()
+	hook := func() string {
+		return "\t\twebhook_idempotency {\n\t\t\tprovider stripe\n\t\t\tsecret whsec_x\n\t\t\tstorage sqlite " +
+			filepath.Join(dir, randomHex(4)+".db") + "\n\t\t}\n"
+	}
+	proxy := func(lb string) string {
+		return "\t\treverse_proxy 127.0.0.1:1 {\n" + lb + "\t\t}\n"
+	}
+	retryPOST := "\t\t\tlb_retries 2\n\t\t\tlb_retry_match {\n\t\t\t\tmethod POST\n\t\t\t}\n"
+	retryStatus := "\t\t\tlb_try_duration 5s\n\t\t\tlb_retry_match {\n\t\t\t\texpression `{rp.status_code} in [502, 503]`\n\t\t\t}\n"
+	for _, tc := range []struct {
+		name, site, refused string
+	}{
+		{"same site, method matcher", ":18081 {\n" + hook() + proxy(retryPOST) + "}\n", "lb_retries 2 with lb_retry_match"},
+		{"same site, response matcher", ":18081 {\n" + hook() + proxy(retryStatus) + "}\n", "lb_try_duration with lb_retry_match"},
+		{"handle block", ":18081 {\n\thandle /hooks {\n" + hook() + proxy(retryPOST) + "\t}\n}\n", "lb_retries 2"},
+		{"route then a later proxy", ":18081 {\n\troute /hooks {\n" + hook() + "\t}\n" + proxy(retryPOST) + "}\n", "lb_retries 2"},
+		{"retries without match", ":18081 {\n" + hook() + proxy("\t\t\tlb_retries 2\n") + "}\n", ""},
+		{"other handle group", ":18081 {\n\thandle /hooks {\n" + hook() + "\t\trespond 200\n\t}\n\thandle /api {\n" +
+			proxy(retryPOST) + "\t}\n}\n", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := validateCaddyfile(t, tc.site)
+			if tc.refused == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			require.Contains(t, err.Error(), tc.refused)
+			require.Contains(t, err.Error(), "remove lb_retry_match")
+		})
+	}
+}
