@@ -1,0 +1,345 @@
+package docstest
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"github.com/spf13/cobra"
+	"github.com/stretchr/testify/require"
+
+	// The modules of the custom binary (what ./xcaddy builds).
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+
+	_ "github.com/webhook-idempotency/caddy-webhook-idempotency"
+)
+
+const root = "../.."
+
+// block is a fenced code block of a Markdown page.
+type block struct {
+	file string
+	line int // of the opening fence
+	lang string
+	text string
+}
+
+func (b block) String() string { return b.file + ":" + strconv.Itoa(b.line) }
+
+// pages are the Markdown files users read: the README, docs/, and the other
+// top-level pages.
+func pages(t *testing.T) []string {
+	t.Helper()
+	var out []string
+	for _, pattern := range []string{"*.md", "docs/*.md"} {
+		m, err := filepath.Glob(filepath.Join(root, pattern))
+		require.NoError(t, err)
+		out = append(out, m...)
+	}
+	require.NotEmpty(t, out)
+	return out
+}
+
+func blocks(t *testing.T, lang string) []block {
+	t.Helper()
+	var out []block
+	for _, p := range pages(t) {
+		raw, err := os.ReadFile(p)
+		require.NoError(t, err)
+		rel, _ := filepath.Rel(root, p)
+		var cur *block
+		for i, line := range strings.Split(string(raw), "\n") {
+			trimmed := strings.TrimSpace(line)
+			if !strings.HasPrefix(trimmed, "```") {
+				if cur != nil {
+					cur.text += line + "\n"
+				}
+				continue
+			}
+			if cur == nil {
+				cur = &block{file: rel, line: i + 1, lang: strings.TrimPrefix(trimmed, "```")}
+				continue
+			}
+			if cur.lang == lang {
+				out = append(out, *cur)
+			}
+			cur = nil
+		}
+		require.Nil(t, cur, "%s: a code block is not closed", rel)
+	}
+	return out
+}
+
+// fragmentMarker opens a Caddyfile block that is a part of a site (a route,
+// a handler, a log directive): the test wraps it in a site to adapt it.
+const fragmentMarker = "# fragment"
+
+func caddyfileOf(b block) (string, bool) {
+	first, _, _ := strings.Cut(strings.TrimLeft(b.text, "\n"), "\n")
+	if strings.TrimSpace(first) == fragmentMarker {
+		return ":8080 {\n" + b.text + "}\n", true
+	}
+	return b.text, false
+}
+
+func adapt(t *testing.T, name, text string) []byte {
+	t.Helper()
+	out, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(text), map[string]any{"filename": name})
+	if err != nil {
+		t.Errorf("%s does not adapt: %v", name, err)
+		return nil
+	}
+	for _, w := range warnings {
+		if strings.Contains(w.Message, "not formatted") {
+			continue // the docs align comments with spaces
+		}
+		t.Errorf("%s: adapt warning: %s", name, w.String())
+	}
+	return out
+}
+
+// TestDocsCaddyfilesAdapt adapts every ```caddyfile block of the README, docs/
+// and the other pages; a block whose first line is "# fragment" is wrapped in
+// a site first.
+func TestDocsCaddyfilesAdapt(t *testing.T) {
+	bs := blocks(t, "caddyfile")
+	require.GreaterOrEqual(t, len(bs), 10)
+	for _, b := range bs {
+		text, _ := caddyfileOf(b)
+		adapt(t, b.String(), text)
+	}
+}
+
+// TestReadmeFirstLines: the README opens with the two set-up commands, and a
+// new user finds a complete Stripe Caddyfile and the build command within its
+// first 60 lines.
+func TestReadmeFirstLines(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(root, "README.md"))
+	require.NoError(t, err)
+	lines := strings.Split(string(raw), "\n")
+	require.LessOrEqual(t, len(lines), 301, "the README stays short: details go to docs/")
+	head := strings.Join(lines[:60], "\n")
+	var cmds []string
+	for _, l := range lines[:15] {
+		if strings.HasPrefix(l, "make ") {
+			cmds = append(cmds, strings.Fields(l)[1])
+		}
+	}
+	require.Equal(t, []string{"run", "test"}, cmds, "the first lines hold exactly make run and make test")
+	require.Contains(t, head, "make demo")
+	require.Contains(t, head, "xcaddy build "+caddyVersion(t)+" --with github.com/webhook-idempotency/caddy-webhook-idempotency@v0.0.0=.")
+
+	first := blocks(t, "caddyfile")[0]
+	require.Equal(t, "README.md", first.file)
+	require.Less(t, first.line, 60)
+	text, fragment := caddyfileOf(first)
+	require.False(t, fragment, "the first Caddyfile is complete")
+	require.Contains(t, text, "provider stripe")
+	out := adapt(t, "README Stripe", text)
+	require.Contains(t, string(out), `"provider":"stripe"`)
+	require.Contains(t, string(out), `"handler":"reverse_proxy"`)
+}
+
+// caddyVersion is the Caddy version of go.mod, which the build commands name.
+func caddyVersion(t *testing.T) string {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(root, "go.mod"))
+	require.NoError(t, err)
+	m := regexp.MustCompile(`github.com/caddyserver/caddy/v2 (v\S+)`).FindSubmatch(raw)
+	require.NotNil(t, m)
+	return string(m[1])
+}
+
+// TestBuildCommandsMatchTheCheckedOne: every xcaddy build command of the docs
+// names go.mod's Caddy version and the module with a local replacement, as
+// scripts/xcaddy-check.sh (run by make test) builds it; none promises a
+// published version.
+func TestBuildCommandsMatchTheCheckedOne(t *testing.T) {
+	script, err := os.ReadFile(filepath.Join(root, "scripts", "xcaddy-check.sh"))
+	require.NoError(t, err)
+	require.Contains(t, string(script), `--with "$module@v0.0.0=."`)
+	n := 0
+	for _, p := range pages(t) {
+		raw, err := os.ReadFile(p)
+		require.NoError(t, err)
+		for _, m := range regexp.MustCompile(`xcaddy build[^\n]*(?:\\\n[^\n]*)*`).FindAllString(string(raw), -1) {
+			if !strings.Contains(m, "--with") {
+				continue
+			}
+			n++
+			require.Contains(t, m, "xcaddy build "+caddyVersion(t), "%s: %s", p, m)
+			require.Regexp(t, `github\.com/webhook-idempotency/caddy-webhook-idempotency@v0\.0\.0=\S+`, m, "%s: a checkout, not a released version", p)
+		}
+	}
+	require.Positive(t, n)
+}
+
+// TestExamplesLoad adapts every Caddyfile under examples/ and decodes every
+// JSON config there as a Caddy config.
+func TestExamplesLoad(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join(root, "examples", "*"))
+	require.NoError(t, err)
+	n := 0
+	for _, f := range files {
+		switch {
+		case strings.HasSuffix(f, "Caddyfile"):
+			raw, err := os.ReadFile(f)
+			require.NoError(t, err)
+			adapt(t, f, string(raw))
+			n++
+		case strings.HasSuffix(f, ".json"):
+			raw, err := os.ReadFile(f)
+			require.NoError(t, err)
+			var cfg caddy.Config
+			dec := json.NewDecoder(bytes.NewReader(raw))
+			dec.DisallowUnknownFields()
+			require.NoError(t, dec.Decode(&cfg), f)
+			n++
+		}
+	}
+	require.GreaterOrEqual(t, n, 5)
+}
+
+// TestCompleteCaddyfilesProvision provisions (caddy validate) every complete
+// Caddyfile of the README and examples/: the handler's own checks run, the
+// store opens. Secrets are test values; DSNs the test database.
+func TestCompleteCaddyfilesProvision(t *testing.T) {
+	if testing.Short() {
+		t.Skip("opens stores")
+	}
+	dsn := os.Getenv("TEST_DATABASE_URL")
+	if dsn == "" {
+		dsn = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	}
+	t.Setenv("XDG_DATA_HOME", t.TempDir())
+	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
+	var configs []block
+	for _, b := range blocks(t, "caddyfile") {
+		if _, fragment := caddyfileOf(b); !fragment && b.file == "README.md" {
+			configs = append(configs, b)
+		}
+	}
+	files, err := filepath.Glob(filepath.Join(root, "examples", "*Caddyfile"))
+	require.NoError(t, err)
+	for _, f := range files {
+		raw, err := os.ReadFile(f)
+		require.NoError(t, err)
+		configs = append(configs, block{file: f, text: string(raw)})
+	}
+	envRef := regexp.MustCompile(`\{env\.([A-Z0-9_]+)\}`)
+	for _, c := range configs {
+		for _, m := range envRef.FindAllStringSubmatch(c.text, -1) {
+			v := "docs_test_secret"
+			if strings.Contains(m[1], "DATABASE_URL") {
+				v = dsn
+			}
+			t.Setenv(m[1], v)
+		}
+		cfgJSON := adapt(t, c.String(), c.text)
+		var cfg caddy.Config
+		require.NoError(t, json.Unmarshal(cfgJSON, &cfg), c.String())
+		// Validate provisions every module and cleans up; it starts no
+		// listener and no admin endpoint.
+		require.NoError(t, caddy.Validate(&cfg), "%s does not provision", c)
+	}
+}
+
+// webhookCommand is the CLI's webhook-idempotency command, as caddy builds it.
+func webhookCommand(t *testing.T) *cobra.Command {
+	t.Helper()
+	c, ok := caddycmd.Commands()["webhook-idempotency"]
+	require.True(t, ok)
+	cmd := &cobra.Command{Use: c.Name}
+	c.CobraFunc(cmd)
+	return cmd
+}
+
+// TestDocsCLIExamples parses every "caddy webhook-idempotency ..." line of the
+// docs' shell blocks with the real command: the subcommand and every flag
+// exist and the arguments are accepted. "[...]" marks an optional part, kept.
+func TestDocsCLIExamples(t *testing.T) {
+	n := 0
+	for _, b := range blocks(t, "sh") {
+		for _, line := range strings.Split(b.text, "\n") {
+			line, _, _ = strings.Cut(line, " #")
+			fields := strings.Fields(strings.NewReplacer("[", "", "]", "").Replace(line))
+			if len(fields) < 2 || filepath.Base(fields[0]) != "caddy" || fields[1] != "webhook-idempotency" {
+				continue
+			}
+			n++
+			root := webhookCommand(t)
+			sub, rest, err := root.Find(fields[2:])
+			require.NoError(t, err, "%s: %s", b, line)
+			require.NotEqual(t, root, sub, "%s: no subcommand in %q", b, line)
+			require.NoError(t, sub.ParseFlags(rest), "%s: %s", b, line)
+			require.NoError(t, sub.ValidateArgs(sub.Flags().Args()), "%s: %s", b, line)
+		}
+	}
+	require.GreaterOrEqual(t, n, 15)
+}
+
+// TestDocsMakeAndSendExamples: every make target the docs run exists, and
+// every flag given to go run ./examples/send is one it defines.
+func TestDocsMakeAndSendExamples(t *testing.T) {
+	mk, err := os.ReadFile(filepath.Join(root, "Makefile"))
+	require.NoError(t, err)
+	send, err := os.ReadFile(filepath.Join(root, "examples", "send", "main.go"))
+	require.NoError(t, err)
+	n := 0
+	for _, p := range pages(t) {
+		raw, err := os.ReadFile(p)
+		require.NoError(t, err)
+		for _, m := range regexp.MustCompile("(?m)`make ([a-z-]+)`|^make ([a-z-]+)").FindAllStringSubmatch(string(raw), -1) {
+			target := m[1] + m[2]
+			n++
+			require.Regexp(t, "(?m)^"+regexp.QuoteMeta(target)+":", string(mk), "%s: make %s", p, target)
+		}
+		for _, m := range regexp.MustCompile(`go run \./examples/send([^\n`+"`"+`]*)`).FindAllStringSubmatch(string(raw), -1) {
+			for _, f := range strings.Fields(m[1]) {
+				if strings.HasPrefix(f, "-") {
+					require.Contains(t, string(send), `flag.`, p)
+					require.Regexp(t, `flag\.[A-Za-z]+\("`+regexp.QuoteMeta(strings.TrimLeft(f, "-"))+`"`, string(send), "%s: go run ./examples/send %s", p, f)
+				}
+			}
+		}
+	}
+	require.Positive(t, n)
+}
+
+// TestLogFilterOutputShown: the log filters the docs show are what
+// log-filter prints for the command shown with them, so a pasted filter
+// deletes what the command would (a renamed header included).
+func TestLogFilterOutputShown(t *testing.T) {
+	sec, err := os.ReadFile(filepath.Join(root, "docs", "security.md"))
+	require.NoError(t, err)
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	require.NoError(t, err)
+	for _, c := range []struct {
+		args []string
+		page []byte
+	}{
+		{[]string{"log-filter", "--provider", "stripe,github,gitlab"}, sec},
+		{[]string{"log-filter", "--provider", "stripe", "--header", "X-Relayed-Stripe-Signature", "--site"}, sec},
+		{[]string{"log-filter", "--provider", "github"}, readme},
+	} {
+		cmd := webhookCommand(t)
+		var out bytes.Buffer
+		cmd.SetOut(&out)
+		cmd.SetArgs(c.args)
+		require.NoError(t, cmd.Execute())
+		want := out.String()
+		if strings.Contains(strings.Join(c.args, " "), "github") && !strings.Contains(strings.Join(c.args, " "), "gitlab") {
+			// The README shows the filter inside a complete Caddyfile.
+			want = strings.TrimSuffix(want, "\n")
+		}
+		require.Contains(t, string(c.page), want, "log-filter %v", c.args)
+	}
+}
