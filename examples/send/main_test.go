@@ -28,10 +28,12 @@ func TestSendWithoutGatewayFails(t *testing.T) {
 // A gateway that answers, whatever the status (a 409 of a concurrent
 // duplicate is the demo working), gives exit status 0.
 func TestSendAnsweredSucceeds(t *testing.T) {
-	var calls int
+	var calls, signed int
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		calls++
-		require.NotEmpty(t, r.Header.Get("Stripe-Signature"))
+		calls++ // the deliveries are sent one after another
+		if r.Header.Get("Stripe-Signature") != "" {
+			signed++
+		}
 		if calls > 1 {
 			w.WriteHeader(http.StatusConflict)
 		}
@@ -42,5 +44,6 @@ func TestSendAnsweredSucceeds(t *testing.T) {
 	code := run([]string{"-url", srv.URL, "-n", "3", "-payload", "../payloads/stripe_payment_intent_succeeded.json"}, &out, &errOut)
 	require.Equal(t, 0, code, "stderr: %s", errOut.String())
 	require.Equal(t, 3, calls)
+	require.Equal(t, 3, signed)
 	require.Contains(t, out.String(), "delivery 2: 409")
 }

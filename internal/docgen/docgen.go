@@ -210,7 +210,6 @@ func Build(root string) (*Reference, error) {
 type pending struct {
 	pkg                 *goPkg
 	name, title, prefix string
-	block               string
 }
 
 type walker struct {
