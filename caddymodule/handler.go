@@ -226,6 +226,8 @@ type Handler struct {
 	// (configcheck.go).
 	app       any
 	scopeUsed bool
+	// trust describes how a request becomes a claim here (trust.go).
+	trust string
 }
 
 // Storage selects the store backend.
@@ -284,7 +286,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 
 	st := h.storage()
 	h.app = httpApp(ctx)
-	if err := useScopeStorage(h.app, h.Scope, st); err != nil {
+	if err := useScopeStorage(h.app, h.Scope, st, h.trust); err != nil {
 		h.app = nil // nothing recorded to release
 		return err
 	}
@@ -304,6 +306,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.backend, h.poolKey = b, st.poolKey()
 	h.pending.m = b.completing
 	scopes.add(h.Scope, b)
+	scopeTrusts.add(h.Scope, h.trust)
 	if entries > 0 {
 		h.completed = b.completed
 	}
@@ -353,6 +356,7 @@ func (h *Handler) provisionVerifier(repl *caddy.Replacer) error {
 		return err // the signature package's errors name the provider
 	}
 	h.verifier = v
+	h.trust = h.trustOf(secrets)
 	if u, err := url.Parse(opts.URL); err == nil && opts.URL != "" {
 		h.signedURL = u.Redacted()
 	}
@@ -410,6 +414,7 @@ func (h *Handler) Cleanup() error {
 	release := func() error {
 		if h.backend != nil {
 			scopes.remove(h.Scope, h.backend)
+			scopeTrusts.remove(h.Scope, h.trust)
 		}
 		if h.poolKey != "" {
 			_, err := backends.Delete(h.poolKey)

@@ -150,6 +150,7 @@ func (h *Handler) provisionIdempotencyKey(*caddy.Replacer) error {
 		h.RefuseStatus = http.StatusBadRequest // unused: nothing is verified
 	}
 	h.idem = k
+	h.trust = h.trustOf(nil)
 	return nil
 }
 
