@@ -463,7 +463,7 @@ func Render(ref *Reference) ([]byte, error) {
 		} else {
 			fmt.Fprintf(&body, "## `%s` object\n\n", o.Title)
 		}
-		if o.Doc != "" {
+		if o.Doc != "" && o.Title != "" { // the handler's own doc speaks of Go, not of the config
 			body.WriteString(o.Doc + "\n\n")
 		}
 		for _, f := range o.Fields {
