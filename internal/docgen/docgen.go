@@ -234,13 +234,12 @@ func (w *walker) fields(p *goPkg, typeName, prefix string, obj *Object) error {
 	}
 	file := p.fileOf[typeName]
 	for _, f := range st.Fields.List {
-		if len(f.Names) == 0 { // embedded: its fields sit at this level
-			id, ok := f.Type.(*ast.Ident)
-			if !ok {
-				continue
-			}
-			if err := w.fields(p, id.Name, prefix, obj); err != nil {
-				return err
+		if len(f.Names) == 0 { // embedded: its fields sit at this level (unless tagged)
+			_, nested, _ := w.typeOf(p, file, f.Type)
+			if nested != nil && f.Tag == nil {
+				if err := w.fields(nested.pkg, nested.name, prefix, obj); err != nil {
+					return err
+				}
 			}
 			continue
 		}
