@@ -2,17 +2,23 @@ package docstest
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 	"github.com/stretchr/testify/require"
 
@@ -430,4 +436,92 @@ func TestDocsNoOutsideFiles(t *testing.T) {
 		require.NotContains(t, string(raw), "../shared", p)
 		require.NotContains(t, string(raw), "/work/", p)
 	}
+}
+
+// TestDocsAdminCurlExamples sends every curl example of the docs to a real
+// admin API (an in-process Caddy with an async Stripe route, scope stripe, on
+// PostgreSQL): each path and method is one the API serves. An answer about
+// the example's made-up event ("event not found") is the API working; an
+// unknown path, a refused method or refused parameters fail.
+func TestDocsAdminCurlExamples(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts Caddy on PostgreSQL")
+	}
+	dsn := os.Getenv("TEST_DATABASE_URL")
+	if dsn == "" {
+		dsn = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	}
+	t.Setenv("XDG_DATA_HOME", t.TempDir())
+	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
+	schema := "docs_test_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	pool, err := pgxpool.New(context.Background(), dsn)
+	require.NoError(t, err)
+	defer pool.Close()
+	_, err = pool.Exec(context.Background(), "CREATE SCHEMA "+schema)
+	require.NoError(t, err)
+	defer func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") }()
+
+	admin, listen := freeAddr(t), freeAddr(t)
+	cfg := map[string]any{
+		"admin": map[string]any{"listen": admin},
+		"apps": map[string]any{"http": map[string]any{"servers": map[string]any{"docs": map[string]any{
+			"listen": []string{listen},
+			"routes": []any{map[string]any{"handle": []any{map[string]any{
+				"handler": "webhook_idempotency", "provider": "stripe", "secrets": []string{"whsec_docs_test"},
+				"storage":    map[string]any{"backend": "postgres", "dsn": dsn, "table": schema + ".webhook_events"},
+				"mode":       "async",
+				"deliver_to": "http://" + freeAddr(t),
+			}}}},
+		}}}},
+	}
+	raw, err := json.Marshal(cfg)
+	require.NoError(t, err)
+	require.NoError(t, caddy.Load(raw, true))
+	defer func() { require.NoError(t, caddy.Stop()) }()
+
+	curl := regexp.MustCompile(`^curl (.*)$`)
+	client := &http.Client{Timeout: 10 * time.Second}
+	n := 0
+	for _, b := range blocks(t, "sh") {
+		for _, line := range strings.Split(b.text, "\n") {
+			line, _, _ = strings.Cut(line, " #")
+			m := curl.FindStringSubmatch(strings.TrimSpace(line))
+			if m == nil {
+				continue
+			}
+			method, target := http.MethodGet, ""
+			fields := strings.Fields(m[1])
+			for i := 0; i < len(fields); i++ {
+				switch f := strings.Trim(fields[i], "'"); {
+				case f == "-X":
+					i++
+					method = fields[i]
+				case strings.HasPrefix(f, "localhost:2019/"):
+					target = "http://" + admin + strings.TrimPrefix(f, "localhost:2019")
+				}
+			}
+			require.NotEmpty(t, target, "%s: %s", b, line)
+			n++
+			req, err := http.NewRequest(method, target, nil)
+			require.NoError(t, err)
+			resp, err := client.Do(req)
+			require.NoError(t, err)
+			body, _ := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			ok := resp.StatusCode < 300 ||
+				resp.StatusCode == http.StatusNotFound && bytes.Contains(body, []byte("event not found"))
+			require.True(t, ok, "%s: %s %s answered %d %s", b, method, target, resp.StatusCode, body)
+			t.Logf("%s %s: %d %s", method, strings.TrimPrefix(target, "http://"+admin), resp.StatusCode, bytes.TrimSpace(body))
+		}
+	}
+	require.GreaterOrEqual(t, n, 13)
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	return addr
 }
