@@ -186,6 +186,15 @@ func TestBuildCommandsMatchTheCheckedOne(t *testing.T) {
 		}
 	}
 	require.Positive(t, n)
+
+	// The xcaddy the README installs is the one the tests pin.
+	tools, err := os.ReadFile(filepath.Join(root, "scripts", "tools.sh"))
+	require.NoError(t, err)
+	pin := regexp.MustCompile(`XCADDY_VERSION=(v\S+)`).FindSubmatch(tools)
+	require.NotNil(t, pin)
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	require.NoError(t, err)
+	require.Contains(t, string(readme), "go install github.com/caddyserver/xcaddy/cmd/xcaddy@"+string(pin[1]))
 }
 
 // TestExamplesLoad adapts every Caddyfile under examples/ and decodes every
