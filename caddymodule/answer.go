@@ -28,6 +28,7 @@ const (
 	ansBodyReplay                           // dedupe_body: the body came before under another event ID
 	ansQueued                               // async: stored for delivery
 	ansStoreUnavailable                     // the store failed: nothing forwarded
+	ansStoredUnreadable                     // replay: the stored answer of a completed event could not be read
 	ansInFlight                             // another delivery holds the event's claim
 	ansBodyInFlight                         // dedupe_body: another delivery holds the body's claim
 	ansHeld                                 // the event is held after an ambiguous forward
@@ -91,6 +92,10 @@ var answers = [...]answerRow{
 	ansStoreUnavailable: {outcome: outcomeStoreError, status: http.StatusServiceUnavailable,
 		reason: "event store unavailable", retry: unavailableRetryAfter,
 		title: "Idempotency store unavailable", detail: "The request was not processed; retry later."},
+	// {"error"} JSON under provider idempotency_key too, as this answer
+	// always was (no title); the other store failures there are problems.
+	ansStoredUnreadable: {outcome: outcomeStoreError, status: http.StatusServiceUnavailable,
+		reason: "event store unavailable", retry: unavailableRetryAfter},
 	ansInFlight: {outcome: outcomeInFlight, status: http.StatusConflict,
 		reason: "event is being processed by another delivery; retry later",
 		title:  "A request is outstanding for this Idempotency-Key",

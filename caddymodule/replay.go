@@ -298,7 +298,7 @@ func (h *Handler) replayStored(w http.ResponseWriter, d *delivery, cl store.Clai
 	case err != nil:
 		h.logger.Warn("reading the stored response failed; answered 503",
 			zap.String("scope", h.Scope), zap.String("event_id", id), zap.Error(err))
-		h.answer(w, d, ansStoreUnavailable, say{})
+		h.answer(w, d, ansStoredUnreadable, say{})
 		return
 	}
 	h.completed.AddResponse(h.Scope, id, resp, h.responseTTL())
