@@ -151,8 +151,8 @@ Every ` + "`provider`" + ` preset, what its provider documents about how it deli
 
 `
 
-const deliveryLegend = `Each fact links the provider's document it comes from; *undocumented* means that document does
-not state it. "Retries" is what happens to a delivery that fails (no answer in time, a connection
+const deliveryLegend = `Each fact links the provider's document it comes from; *undocumented* means the provider's webhook
+documentation does not state it, and "not yet checked" that it has not been looked up yet. "Retries" is what happens to a delivery that fails (no answer in time, a connection
 error, or a status the provider does not count as success): a provider that does not retry never
 sends a refused or failed event again. "Refusal" is the status the gateway answers a delivery that
 fails verification with (` + "`refuse_status`" + `) and what the provider documents about it. "Replay stopped
