@@ -1,7 +1,6 @@
 package caddymodule
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,6 +15,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/eventid"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/sendonce"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
@@ -301,8 +301,7 @@ func (h *Handler) forwardItem(r *http.Request, it signature.BatchItem, i, n int,
 		return outcomeStoreError, 0, unavailableRetryAfter
 	}
 	ir := r.Clone(r.Context())
-	ir.Body = io.NopCloser(bytes.NewReader(it.Body))
-	ir.ContentLength = int64(len(it.Body))
+	sendonce.SetBody(ir, it.Body)
 	ir.Header.Del("Content-Length")
 	ir.Header.Del("Content-Encoding")
 	// Which item of which batch, for the upstream's logs.
