@@ -119,7 +119,7 @@ func protoRoutes(t *testing.T) []protoRoute {
 	add("gocardless", "/p/gocardless-split", "batch split")
 	add("hubspot", "")
 	add("adyen", "")
-	add("adyen", "/p/adyen-basic", `secret "basic:ws_adyen:{env.WI_TEST_ADYEN_PASS}"`)
+	add("adyen", "/p/adyen-basic", `secret "basic:ws_adyen:{env.WI_TEST_ADYEN_PASS}"`, "scope adyen_basic")
 	return routes
 }
 
