@@ -148,6 +148,7 @@ func buildAdyen(_ Preset, o Options) (signer, error) {
 }
 
 func (a *adyen) Verify(body []byte, h http.Header) error {
+	body = eventid.JSONText(body)
 	if err := a.VerifyDelivery(body, h); err != nil {
 		return err
 	}
@@ -160,6 +161,7 @@ func (a *adyen) Verify(body []byte, h http.Header) error {
 }
 
 func (a *adyen) VerifyDelivery(body []byte, h http.Header) error {
+	body = eventid.JSONText(body)
 	if len(a.basic) > 0 {
 		v, err := oneValue(h, "Authorization")
 		if err != nil {

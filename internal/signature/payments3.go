@@ -19,6 +19,8 @@ import (
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/eventid"
 )
 
 // Payment providers of issue 25 beyond adyen.go: the HMAC schemes the
@@ -362,6 +364,7 @@ type midtrans struct{ keys []string }
 var midtransFields = []string{"order_id", "status_code", "gross_amount"}
 
 func (m *midtrans) Verify(body []byte, _ http.Header) error {
+	body = eventid.JSONText(body)
 	if !isJSONObject(body) {
 		return fmt.Errorf("body is not a JSON object carrying signature_key: %w", ErrMissingHeader)
 	}
@@ -489,6 +492,7 @@ func (m *mercadoPago) Verify(body []byte, h http.Header) error {
 
 // manifest builds "id:<data.id>;request-id:<x-request-id>;ts:<ts>;".
 func (m *mercadoPago) manifest(body []byte, h http.Header, ts string) ([]byte, error) {
+	body = eventid.JSONText(body)
 	var b strings.Builder
 	if isJSONObject(body) {
 		id, err := lookupOnce(body, "data.id")
