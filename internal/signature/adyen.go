@@ -173,7 +173,7 @@ func (a *adyen) VerifyDelivery(body []byte, h http.Header) error {
 			ok |= subtle.ConstantTimeCompare(d[:], want)
 		}
 		if ok == 0 {
-			return fmt.Errorf("Authorization matches none of %d Basic credential(s): %w", len(a.basic), ErrNoMatchingSignature)
+			return fmt.Errorf("header Authorization matches none of %d Basic credential(s): %w", len(a.basic), ErrNoMatchingSignature)
 		}
 	}
 	if !isJSONObject(body) {

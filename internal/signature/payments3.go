@@ -336,11 +336,11 @@ func (b *basicAuth) Verify(_ []byte, h http.Header) error {
 	}
 	scheme, cred, ok := strings.Cut(v, " ")
 	if !ok || scheme != "Basic" || strings.Contains(cred, " ") {
-		return fmt.Errorf("Authorization is not Basic credentials: %w", ErrMalformedHeader)
+		return fmt.Errorf("header Authorization is not Basic credentials: %w", ErrMalformedHeader)
 	}
 	raw, err := base64.StdEncoding.DecodeString(cred)
 	if err != nil || !strings.Contains(string(raw), ":") {
-		return fmt.Errorf("Authorization does not hold base64 user:password: %w", ErrMalformedHeader)
+		return fmt.Errorf("header Authorization does not hold base64 user:password: %w", ErrMalformedHeader)
 	}
 	d := sha256.Sum256(raw)
 	ok2 := 0
@@ -348,7 +348,7 @@ func (b *basicAuth) Verify(_ []byte, h http.Header) error {
 		ok2 |= subtle.ConstantTimeCompare(d[:], want)
 	}
 	if ok2 == 0 {
-		return fmt.Errorf("Authorization matches none of %d credential(s): %w", len(b.digests), ErrNoMatchingSignature)
+		return fmt.Errorf("header Authorization matches none of %d credential(s): %w", len(b.digests), ErrNoMatchingSignature)
 	}
 	return nil
 }
