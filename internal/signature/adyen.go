@@ -54,6 +54,7 @@ import (
 func init() {
 	register(Preset{
 		Name:            "adyen",
+		SecretFormat:    "HMAC keys in hex, plus optional `basic:<user>:<password>` Basic credentials (then required on every delivery)",
 		Doc:             "https://docs.adyen.com/development-resources/webhooks/secure-webhooks/verify-hmac-signatures",
 		SignatureHeader: "additionalData.hmacSignature in each notification item (optional Authorization: Basic)",
 		Oracle:          "@adyen/api-library",

@@ -159,6 +159,7 @@ func init() {
 	// event_id (data.id with event, say).
 	register(Preset{
 		Name:            "flutterwave",
+		SecretFormat:    "the secret hash set on the dashboard",
 		Doc:             "https://developer.flutterwave.com/docs/webhooks#verifying-webhook-signatures",
 		SignatureHeader: "verif-hash: <secret hash>",
 		DedupeBody:      true,
@@ -172,6 +173,7 @@ func init() {
 	// and a webhook-id that names the event for deduplication.
 	register(Preset{
 		Name:            "xendit",
+		SecretFormat:    "the webhook verification token",
 		Doc:             "https://docs.xendit.co/docs/handling-webhooks",
 		SignatureHeader: "x-callback-token: <verification token>",
 		EventID:         ids(headerID("webhook-id")),
@@ -187,6 +189,7 @@ func init() {
 	// signs the body. Secrets are "<user>:<password>".
 	register(Preset{
 		Name:            "chargebee",
+		SecretFormat:    "`<user>:<password>`, the Basic credentials set on the webhook",
 		Doc:             "https://www.chargebee.com/docs/2.0/webhook_settings.html",
 		SignatureHeader: "Authorization: Basic <user:password>",
 		EventID:         ids(jsonID("id")),
@@ -205,6 +208,7 @@ func init() {
 	// transaction_status, say).
 	register(Preset{
 		Name:            "midtrans",
+		SecretFormat:    "the server key",
 		Doc:             "https://docs.midtrans.com/docs/https-notification-webhooks#verifying-notification-authenticity",
 		SignatureHeader: "none: body signature_key = <hex SHA-512>",
 		DedupeBody:      true,
@@ -241,6 +245,7 @@ func init() {
 	// Secrets are "<access key>:<secret key>".
 	register(Preset{
 		Name:             "rapyd",
+		SecretFormat:     "`<access key>:<secret key>`",
 		Doc:              "https://docs.rapyd.net/en/webhook-authentication.html",
 		SignatureHeader:  "signature: <base64 of hex> (with salt, timestamp)",
 		DefaultTolerance: 5 * time.Minute,
@@ -262,6 +267,7 @@ func init() {
 	// bt_payload. The bt_challenge GET verifies the destination.
 	register(Preset{
 		Name:            "braintree",
+		SecretFormat:    "`<public key>:<private key>`, one per API key pair",
 		Doc:             "https://developer.paypal.com/braintree/docs/guides/webhooks/parse/node",
 		SignatureHeader: "none: form fields bt_signature (public key|hex) and bt_payload",
 		EventID:         ids("form_sha256 bt_payload"),
