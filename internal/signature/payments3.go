@@ -126,7 +126,14 @@ func init() {
 	// FastSpring batches events in events[]; automatic retries keep each
 	// event's id (manual resends get new ones).
 	register(Preset{
-		Name:            "fastspring",
+		Name: "fastspring",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true,
+				Note:    "automatic retries keep each event's id; manual resends get new ones",
+				Source:  "https://developer.fastspring.com/docs/webhooks-overview",
+			},
+		},
 		Doc:             "https://developer.fastspring.com/docs/message-security",
 		SignatureHeader: "X-FS-Signature: <base64>",
 		DedupeBody:      true,
@@ -188,7 +195,15 @@ func init() {
 	// the endpoint (the chargebee library's basicAuthValidator); nothing
 	// signs the body. Secrets are "<user>:<password>".
 	register(Preset{
-		Name:            "chargebee",
+		Name: "chargebee",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, Attempts: 8,
+				Note:   "a timeout or error is retried up to 7 times on a growing schedule; the site's admins are mailed when all fail",
+				Source: "https://chargebee.com/docs/2.0/site-configuration/articles-and-faq/at-which-rate-can-we-expect-the-webhook-calls-in-chargebee-will-there-be-any-performance-disruption.html",
+			},
+			Answer: Answer{Status: 200, Source: "https://chargebee.com/docs/1.0/site-configuration/articles-and-faq/how-would-i-know-if-the-configured-webhook-url-in-my-chargebee-site-is-failing.html"},
+		},
 		SecretFormat:    "`<user>:<password>`, the Basic credentials set on the webhook",
 		Doc:             "https://www.chargebee.com/docs/2.0/webhook_settings.html",
 		SignatureHeader: "Authorization: Basic <user:password>",
