@@ -14,7 +14,19 @@ func init() {
 	// answered with the raw challenge as text; revocation messages are
 	// ordinary deliveries.
 	register(Preset{
-		Name:             "twitch",
+		Name: "twitch",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true,
+				Note:    "at least once: an event Twitch is unsure was received is sent again",
+				Source:  "https://dev.twitch.tv/docs/eventsub/#handling-duplicate-events",
+			},
+			Timeout: Timeout{
+				Note:   "a few seconds (no figure); too many slow answers revoke the subscription (notification_failures_exceeded)",
+				Source: "https://dev.twitch.tv/docs/eventsub/handling-webhook-events/",
+			},
+			Answer: Answer{Note: "answer before processing", Source: "https://dev.twitch.tv/docs/eventsub/handling-webhook-events/"},
+		},
 		Doc:              "https://dev.twitch.tv/docs/eventsub/handling-webhook-events/#verifying-the-event-message",
 		SignatureHeader:  "Twitch-Eventsub-Message-Signature: sha256=<hex> (with Twitch-Eventsub-Message-Id, -Timestamp)",
 		DefaultTolerance: 10 * time.Minute,
