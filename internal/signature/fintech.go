@@ -1,0 +1,59 @@
+package signature
+
+import "time"
+
+// Banking, payroll and identity-verification APIs. Each is data for the
+// generic engine; the official SDK named in Oracle is the scheme's source.
+func init() {
+	// Modern Treasury: X-Signature, the hex HMAC-SHA256 of the body under
+	// the webhook key (modern-treasury's webhooks.validateSignature).
+	// Payloads carry no top-level event ID: configure one.
+	register(Preset{
+		Name:            "moderntreasury",
+		Doc:             "https://github.com/Modern-Treasury/modern-treasury-node/blob/main/src/resources/webhooks.ts",
+		SignatureHeader: "X-Signature: <hex>",
+		DedupeBody:      true,
+		Oracle:          "modern-treasury",
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "X-Signature"}},
+			Signed:    "{body}",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+		},
+	})
+	// Finch: Standard Webhooks' scheme under finch-* headers ("v1,<base64>"
+	// entries over "<finch-event-id>.<finch-timestamp>.<body>"), keyed with
+	// the base64-decoded secret; @tryfinch/finch-api allows five minutes.
+	register(Preset{
+		Name:             "finch",
+		Doc:              "https://github.com/Finch-API/finch-api-node/blob/main/src/resources/webhooks.ts",
+		SignatureHeader:  "finch-signature: v1,<base64> (with finch-event-id, finch-timestamp)",
+		DefaultTolerance: 5 * time.Minute,
+		EventID:          ids(headerID("finch-event-id")),
+		Oracle:           "@tryfinch/finch-api",
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "finch-signature", Timestamp: "finch-timestamp", ID: "finch-event-id"}},
+			Format:    Format{List: " ", Pair: ",", SigKey: "v1", Lenient: true},
+			Signed:    "{id}.{timestamp}.{body}",
+			Algorithm: "sha256",
+			Encoding:  "base64",
+			Secret:    "whsec",
+		},
+	})
+	// Onfido (Entrust): X-SHA2-Signature, the hex HMAC-SHA256 of the body
+	// under the webhook token (@onfido/api WebhookEventVerifier). Payloads
+	// name a resource, not an event: configure an event ID.
+	register(Preset{
+		Name:            "onfido",
+		Doc:             "https://documentation.identity.entrust.com/api/manual-webhook-signature-verification/",
+		SignatureHeader: "X-SHA2-Signature: <hex>",
+		DedupeBody:      true,
+		Oracle:          "@onfido/api",
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "X-SHA2-Signature"}},
+			Signed:    "{body}",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+		},
+	})
+}
