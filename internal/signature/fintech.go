@@ -56,4 +56,23 @@ func init() {
 			Encoding:  "hex",
 		},
 	})
+	// Cashfree Payments: x-webhook-signature, the base64 HMAC-SHA256 of the
+	// x-webhook-timestamp header (Unix ms) followed by the body, under the
+	// client secret (cashfree-pg's PGVerifyWebhookSignature, which does not
+	// bound the timestamp's age; Cashfree recommends a five-minute window,
+	// which this preset applies). Payloads carry no event ID: configure one.
+	register(Preset{
+		Name:             "cashfree",
+		Doc:              "https://www.cashfree.com/docs/payments/online/webhooks/signature-verification",
+		SignatureHeader:  "x-webhook-signature: <base64> (with x-webhook-timestamp, ms)",
+		DefaultTolerance: 5 * time.Minute,
+		Oracle:           "cashfree-pg",
+		Scheme: Scheme{
+			Headers:       []HeaderSet{{Signature: "x-webhook-signature", Timestamp: "x-webhook-timestamp"}},
+			Signed:        "{timestamp}{body}",
+			Algorithm:     "sha256",
+			Encoding:      "base64",
+			TimestampUnit: time.Millisecond,
+		},
+	})
 }

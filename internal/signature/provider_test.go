@@ -462,6 +462,8 @@ var documentedTolerance = map[string]time.Duration{
 	"workos":   3 * time.Minute,  // @workos-inc/node default 180 s
 	"twitch":   10 * time.Minute, // Twitch EventSub guide
 	"box":      10 * time.Minute, // Box SDKs' maximum message age
+	// cloudinary verifyNotificationSignature's valid_for default: 7,200 s
+	"cloudinary": 2 * time.Hour,
 }
 
 // TestPresetData checks the table the README is generated from.

@@ -140,6 +140,8 @@ var fixtures = []fixture{
 	{provider: "easypost", secrets: [2]string{"ep_current", "ep_previous"}, body: jsonBody},
 	{provider: "xero", secrets: [2]string{"xero_current", "xero_previous"}, body: jsonBody},
 	{provider: "intuit", secrets: [2]string{"intuit_current", "intuit_previous"}, body: jsonBody},
+	{provider: "cashfree", secrets: [2]string{"cf_client_secret_current", "cf_client_secret_previous"}, body: jsonBody},
+	{provider: "cloudinary", secrets: [2]string{"cld_api_secret_current", "cld_api_secret_previous"}, body: jsonBody},
 	{provider: "zendesk", secrets: [2]string{"zd_current", "zd_previous"}, body: jsonBody},
 	{provider: "segment", secrets: [2]string{"seg_current", "seg_previous"}, body: `{"messageId":"ajs-RT-1","type":"track","event":"Order Completed"}`},
 	{provider: "clickup", secrets: [2]string{"cu_current", "cu_previous"}, body: jsonBody},

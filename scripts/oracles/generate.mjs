@@ -772,6 +772,49 @@ async function standardFamily(preset, libName, Webhook, prefix, libSecret, confi
   }
 }
 
+// ---- Cashfree: cashfree-pg PGVerifyWebhookSignature (timestamp ms + body; it
+// does not bound the timestamp's age, so there is no stale case).
+{
+  const { Cashfree, CFEnvironment } = require('cashfree-pg');
+  const lib = 'cashfree-pg', ver = version(lib);
+  const secret = 'cf_oracle_client_secret';
+  const cf = new Cashfree(CFEnvironment.SANDBOX, 'cf_oracle_client_id', secret);
+  const hdr = (b, t, s = secret) => ({ 'x-webhook-timestamp': String(t), 'x-webhook-signature': HMAC('sha256', s, `${t}${b}`, 'base64') });
+  const how = 'signed with the documented formula (node:crypto), verified with PGVerifyWebhookSignature()';
+  for (const [name, b, h, ok] of [
+    ['valid', body, hdr(body, NOW), true],
+    ['tampered body', tamper(body), hdr(body, NOW), false],
+    ['wrong secret', body, hdr(body, NOW, 'cf_other'), false],
+  ]) {
+    await add({ preset: 'cashfree', case: name, library: lib, version: ver, how, secrets: [secret], headers: h, body: b },
+      () => cf.PGVerifyWebhookSignature(h['x-webhook-signature'], b, h['x-webhook-timestamp']), ok);
+  }
+}
+
+// ---- Cloudinary: cloudinary utils.webhook_signature signs, verifyNotificationSignature verifies (7,200 s).
+{
+  const cloudinary = require('cloudinary').v2;
+  const lib = 'cloudinary', ver = version(lib);
+  const secret = 'cld_oracle_api_secret';
+  const b = '{"notification_type":"upload","public_id":"orders/1000","version":1764547200}';
+  const sign = (x, t, s, alg = 'sha1') => {
+    cloudinary.config({ api_secret: s, signature_algorithm: alg });
+    return cloudinary.utils.webhook_signature(x, t, { api_secret: s, signature_algorithm: alg });
+  };
+  const how = 'signed with utils.webhook_signature(), verified with utils.verifyNotificationSignature()';
+  for (const [name, bb, t, s, alg, ok] of [
+    ['valid', b, NOW_S, sign(b, NOW_S, secret), 'sha1', true],
+    ['valid sha256 account', b, NOW_S, sign(b, NOW_S, secret, 'sha256'), 'sha256', true],
+    ['tampered body', b.replace('1000', '9000'), NOW_S, sign(b, NOW_S, secret), 'sha1', false],
+    ['wrong secret', b, NOW_S, sign(b, NOW_S, 'cld_other'), 'sha1', false],
+    ['stale timestamp', b, NOW_S - 7201, sign(b, NOW_S - 7201, secret), 'sha1', false],
+  ]) {
+    await add({ preset: 'cloudinary', case: name, library: lib, version: ver, how, secrets: [secret],
+      headers: { 'X-Cld-Signature': s, 'X-Cld-Timestamp': String(t) }, body: bb },
+    () => { cloudinary.config({ api_secret: secret, signature_algorithm: alg }); return cloudinary.utils.verifyNotificationSignature(bb, t, s); }, ok);
+  }
+}
+
 vectors.sort((a, b) => (a.preset + a.case).localeCompare(b.preset + b.case));
 const libraries = {};
 for (const v of vectors) libraries[v.library] = v.version;
