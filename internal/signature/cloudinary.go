@@ -22,7 +22,14 @@ import (
 // an asset, not an event: configure an event ID.
 func init() {
 	register(Preset{
-		Name:             "cloudinary",
+		Name: "cloudinary",
+		Delivery: Delivery{
+			Retry:   Retry{Source: Undocumented},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Source: Undocumented},
+			Answer:  Answer{Source: Undocumented},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:              "https://cloudinary.com/documentation/notifications#verifying_notification_signatures",
 		SignatureHeader:  "X-Cld-Signature: <hex> (with X-Cld-Timestamp)",
 		DefaultTolerance: 2 * time.Hour,

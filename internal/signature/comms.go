@@ -33,7 +33,14 @@ func init() {
 	// headers may list several signatures separated by commas. Plivo names
 	// no event ID and signs no time: configure an ID; DedupeBody.
 	register(Preset{
-		Name:            "plivo",
+		Name: "plivo",
+		Delivery: Delivery{
+			Retry:   Retry{Source: Undocumented},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Source: Undocumented},
+			Answer:  Answer{Source: Undocumented},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:             "https://docs.plivo.com/docs/voice/xml/request/validation",
 		SignatureHeader: "X-Plivo-Signature-V3: <base64>[,<base64>] (with X-Plivo-Signature-V3-Nonce)",
 		DedupeBody:      true,
@@ -60,7 +67,14 @@ func init() {
 	// nbf are honoured when present, as @vonage/jwt (jsonwebtoken) does.
 	// Vonage names no event ID that survives retries: configure one.
 	register(Preset{
-		Name:             "vonage",
+		Name: "vonage",
+		Delivery: Delivery{
+			Retry:   Retry{Retries: true, Note: "Voice answer URL: retried twice when no answer comes in time, then the fallback answer URL", Source: "https://developer.vonage.com/en/voice/voice-api/guides/troubleshooting"},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 5 * time.Second, Note: "Voice answer URL; the TCP connection within 3 s", Source: "https://developer.vonage.com/en/voice/voice-api/guides/troubleshooting"},
+			Answer:  Answer{Source: Undocumented},
+			Refusal: Refusal{Note: "Vonage may rarely send an unsigned callback after an internal error and retries it, signed, only when answered 5xx; the gateway's 4xx refusal drops it", Source: "https://developer.vonage.com/en/messages/concepts/signed-webhooks"},
+		},
 		Doc:              "https://developer.vonage.com/en/getting-started/concepts/webhooks#decoding-signed-webhooks",
 		SignatureHeader:  "Authorization: Bearer <HS256 JWT with payload_hash, iat>",
 		DefaultTolerance: 5 * time.Minute,
@@ -87,7 +101,14 @@ func init() {
 	// events; there is no timestamp and no delivery ID: configure one;
 	// DedupeBody.
 	register(Preset{
-		Name:            "mandrill",
+		Name: "mandrill",
+		Delivery: Delivery{
+			Retry:   Retry{Source: Undocumented},
+			MaxBody: MaxBody{Note: "up to 1,000 events per mandrill_events batch", Source: "https://mailchimp.com/developer/transactional/docs/webhooks/"},
+			Timeout: Timeout{Source: Undocumented},
+			Answer:  Answer{Source: Undocumented},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:             "https://mailchimp.com/developer/transactional/guides/track-respond-activity-webhooks/#authenticating-webhook-requests",
 		SignatureHeader: "X-Mandrill-Signature: <base64>",
 		DedupeBody:      true,
@@ -113,7 +134,14 @@ func init() {
 	// the body, hence DedupeBody. Postmark's RecordType and MessageID do not
 	// name one event: configure an ID.
 	register(Preset{
-		Name:            "postmark",
+		Name: "postmark",
+		Delivery: Delivery{
+			Retry:   Retry{Retries: true, For: 10*time.Hour + 30*time.Minute, Attempts: 11, Note: "10 retries from 1 minute to 6 hours apart (documented for inbound webhooks); a 403 stops them at once", Source: "https://postmarkapp.com/support/article/understanding-inbound-webhook-retries-in-postmark"},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Source: Undocumented},
+			Answer:  Answer{Status: 200, Source: "https://postmarkapp.com/support/article/understanding-inbound-webhook-retries-in-postmark"},
+			Refusal: Refusal{Note: "retried like any failure except 403, which stops the retries", Source: "https://postmarkapp.com/support/article/understanding-inbound-webhook-retries-in-postmark"},
+		},
 		Doc:             "https://postmarkapp.com/developer/webhooks/webhooks-overview#protecting-your-webhook",
 		SignatureHeader: "Authorization: Basic <base64 user:password>",
 		DedupeBody:      true,
@@ -137,7 +165,14 @@ func init() {
 	// under the app secret (X-Pusher-Key names the app; pusher's
 	// WebHook.isValid). Bodies batch events without IDs: configure one.
 	register(Preset{
-		Name:            "pusher",
+		Name: "pusher",
+		Delivery: Delivery{
+			Retry:   Retry{Retries: true, For: 5 * time.Minute, Note: "non-2xx answers are retried with exponential backoff", Source: "https://docs.bird.com/pusher/channels/channels/webhooks/channels-webhook-timeouts-and-retries"},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 4 * time.Second, Source: "https://docs.bird.com/pusher/channels/channels/webhooks/channels-webhook-timeouts-and-retries"},
+			Answer:  Answer{Note: "any 2xx within 4 seconds", Source: "https://docs.bird.com/pusher/channels/channels/webhooks/channels-webhook-timeouts-and-retries"},
+			Refusal: Refusal{Note: "retried for 5 minutes like any non-2xx", Source: "https://docs.bird.com/pusher/channels/channels/webhooks/channels-webhook-timeouts-and-retries"},
+		},
 		Doc:             "https://github.com/pusher/pusher-http-node#webhooks",
 		SignatureHeader: "X-Pusher-Signature: <hex> (with X-Pusher-Key)",
 		DedupeBody:      true,

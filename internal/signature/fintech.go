@@ -9,7 +9,14 @@ func init() {
 	// the webhook key (modern-treasury's webhooks.validateSignature).
 	// Payloads carry no top-level event ID: configure one.
 	register(Preset{
-		Name:            "moderntreasury",
+		Name: "moderntreasury",
+		Delivery: Delivery{
+			Retry:   Retry{Source: Undocumented},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Source: Undocumented},
+			Answer:  Answer{Source: Undocumented},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:             "https://github.com/Modern-Treasury/modern-treasury-node/blob/main/src/resources/webhooks.ts",
 		SignatureHeader: "X-Signature: <hex>",
 		DedupeBody:      true,
@@ -25,7 +32,14 @@ func init() {
 	// entries over "<finch-event-id>.<finch-timestamp>.<body>"), keyed with
 	// the base64-decoded secret; @tryfinch/finch-api allows five minutes.
 	register(Preset{
-		Name:             "finch",
+		Name: "finch",
+		Delivery: Delivery{
+			Retry:   Retry{Source: Undocumented},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Source: Undocumented},
+			Answer:  Answer{Source: Undocumented},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:              "https://github.com/Finch-API/finch-api-node/blob/main/src/resources/webhooks.ts",
 		SignatureHeader:  "finch-signature: v1,<base64> (with finch-event-id, finch-timestamp)",
 		DefaultTolerance: 5 * time.Minute,
@@ -44,7 +58,14 @@ func init() {
 	// under the webhook token (@onfido/api WebhookEventVerifier). Payloads
 	// name a resource, not an event: configure an event ID.
 	register(Preset{
-		Name:            "onfido",
+		Name: "onfido",
+		Delivery: Delivery{
+			Retry:   Retry{Source: Undocumented},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Source: Undocumented},
+			Answer:  Answer{Source: Undocumented},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:             "https://documentation.identity.entrust.com/api/manual-webhook-signature-verification/",
 		SignatureHeader: "X-SHA2-Signature: <hex>",
 		DedupeBody:      true,
@@ -62,7 +83,14 @@ func init() {
 	// bound the timestamp's age; Cashfree recommends a five-minute window,
 	// which this preset applies). Payloads carry no event ID: configure one.
 	register(Preset{
-		Name:             "cashfree",
+		Name: "cashfree",
+		Delivery: Delivery{
+			Retry:   Retry{Retries: true, For: 42 * time.Minute, Attempts: 4, Note: "default policy: 3 retries at 2, 10 and 30 minutes; configurable per endpoint (up to 10 retries)", Source: "https://www.cashfree.com/docs/api-reference/webhooks/reliability-and-operations#retry-policy"},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Source: Undocumented},
+			Answer:  Answer{Status: 200, Note: "anything else, 3xx included, is a failed delivery", Source: "https://www.cashfree.com/docs/api-reference/webhooks/reliability-and-operations#retry-policy"},
+			Refusal: Refusal{Note: "retried like any failure", Source: "https://www.cashfree.com/docs/api-reference/webhooks/reliability-and-operations#retry-policy"},
+		},
 		Doc:              "https://www.cashfree.com/docs/payments/online/webhooks/signature-verification",
 		SignatureHeader:  "x-webhook-signature: <base64> (with x-webhook-timestamp, ms)",
 		DefaultTolerance: 5 * time.Minute,

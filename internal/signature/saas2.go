@@ -13,7 +13,14 @@ func init() {
 	// preset uses apply. Event-subscription payloads carry an id;
 	// trigger and automation payloads are the user's, so configure one there.
 	register(Preset{
-		Name:             "zendesk",
+		Name: "zendesk",
+		Delivery: Delivery{
+			Retry:   Retry{Retries: true, Note: "retries requests that fail with certain status codes; a circuit breaker pauses a webhook whose requests keep failing", Source: "https://developer.zendesk.com/api-reference/webhooks/introduction/#webhook-retries"},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Source: Undocumented},
+			Answer:  Answer{Source: Undocumented},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:              "https://developer.zendesk.com/documentation/webhooks/verifying/",
 		SignatureHeader:  "X-Zendesk-Webhook-Signature: <base64> (with X-Zendesk-Webhook-Signature-Timestamp, RFC 3339)",
 		DefaultTolerance: 5 * time.Minute,
@@ -32,7 +39,14 @@ func init() {
 	// event of a batched Actions request, so batching must stay off: a batch
 	// never verifies here.
 	register(Preset{
-		Name:            "segment",
+		Name: "segment",
+		Delivery: Delivery{
+			Retry:   Retry{Retries: true, Note: "a timed-out event is retried later", Source: "https://segment.com/docs/connections/destinations/catalog/webhooks/#webhooks-timeouts"},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 5 * time.Second, Source: "https://segment.com/docs/connections/destinations/catalog/webhooks/#webhooks-timeouts"},
+			Answer:  Answer{Source: Undocumented},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:             "https://segment.com/docs/connections/destinations/catalog/actions-webhook/",
 		SignatureHeader: "X-Signature: <hex>",
 		EventID:         ids(jsonID("messageId")),
@@ -46,7 +60,14 @@ func init() {
 	// ClickUp: X-Signature, the hex HMAC-SHA256 of the body under the
 	// webhook's secret. Payloads carry no event ID: configure one.
 	register(Preset{
-		Name:            "clickup",
+		Name: "clickup",
+		Delivery: Delivery{
+			Retry:   Retry{Retries: true, Attempts: 5, Note: "then the event is dropped and fail_count grows; 100 failures suspend the webhook, a 410 suspends it at once; failed events are never resent", Source: "https://developer.clickup.com/docs/webhookhealth"},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 7 * time.Second, Source: "https://developer.clickup.com/docs/webhookhealth"},
+			Answer:  Answer{Note: "a successful status in a timely manner", Source: "https://developer.clickup.com/docs/webhookhealth"},
+			Refusal: Refusal{Note: "counts as a failure toward the 100 that suspend the webhook", Source: "https://developer.clickup.com/docs/webhookhealth"},
+		},
 		Doc:             "https://developer.clickup.com/docs/webhooksignature",
 		SignatureHeader: "X-Signature: <hex>",
 		DedupeBody:      true,
@@ -62,7 +83,14 @@ func init() {
 	// not bound the timestamp's age; this preset does (five minutes). The
 	// payload is the user's GROQ projection: configure an event ID.
 	register(Preset{
-		Name:             "sanity",
+		Name: "sanity",
+		Delivery: Delivery{
+			Retry:   Retry{Retries: true, For: time.Minute, Attempts: 3, Note: "only 429 and 5xx are retried, twice, 30 s apart", Source: "https://www.sanity.io/docs/changelog/50ec6abf-fe0c-475b-ae72-314148860132"},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Source: Undocumented},
+			Answer:  Answer{Source: Undocumented},
+			Refusal: Refusal{Note: "a 4xx other than 429 is not retried", Source: "https://www.sanity.io/docs/changelog/50ec6abf-fe0c-475b-ae72-314148860132"},
+		},
 		Doc:              "https://github.com/sanity-io/webhook-toolkit#readme",
 		SignatureHeader:  "sanity-webhook-signature: t=<ms>,v1=<base64url>",
 		DefaultTolerance: 5 * time.Minute,
@@ -78,16 +106,37 @@ func init() {
 	})
 	// Liveblocks and Lithic deliver through Svix with the webhook-* headers
 	// of Standard Webhooks and whsec_ secrets.
-	register(standardBased("liveblocks", "https://liveblocks.io/docs/platform/webhooks", "whsec", "@liveblocks/node"))
-	register(standardBased("lithic", "https://github.com/lithic-com/lithic-go/blob/main/webhook.go", "whsec", "lithic"))
+	liveblocks := standardBased("liveblocks", "https://liveblocks.io/docs/platform/webhooks", "whsec", "@liveblocks/node")
+	liveblocks.Delivery = Delivery{
+		Retry:   Retry{Retries: true, Note: "a non-2xx answer is retried; an endpoint failing every delivery for 5 consecutive days is disabled", Source: "https://liveblocks.io/docs/platform/webhooks"},
+		MaxBody: MaxBody{Source: Undocumented},
+		Timeout: Timeout{Source: Undocumented},
+		Answer:  Answer{Note: "any 2xx (200-299)", Source: "https://liveblocks.io/docs/platform/webhooks"},
+		Refusal: Refusal{Note: "retried like any non-2xx", Source: "https://liveblocks.io/docs/platform/webhooks"},
+	}
+	register(liveblocks)
+	lithic := standardBased("lithic", "https://github.com/lithic-com/lithic-go/blob/main/webhook.go", "whsec", "lithic")
+	lithic.Delivery = Delivery{
+		Retry: Retry{Source: Undocumented}, MaxBody: MaxBody{Source: Undocumented}, Timeout: Timeout{Source: Undocumented},
+		Answer: Answer{Source: Undocumented}, Refusal: Refusal{Source: Undocumented},
+	}
+	register(lithic)
 	// AfterShip Tracking: aftership-hmac-sha256, the base64 HMAC-SHA256 of
-	// the body under the account's webhook secret. No event ID is
-	// documented: configure one.
+	// the body under the account's webhook secret. event_id (a UUID) names
+	// the webhook event, per the webhook specifications
+	// (https://www.aftership.com/docs/tracking/2025-01/webhook/webhook-specifications).
 	register(Preset{
-		Name:            "aftership",
+		Name: "aftership",
+		Delivery: Delivery{
+			Retry:   Retry{Retries: true, Note: "an unsuccessful event (a status outside 200-299) is retried", Source: "https://www.aftership.com/blog/aftership-introduces-webhook"},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Source: Undocumented},
+			Answer:  Answer{Note: "a status in 200-299", Source: "https://www.aftership.com/blog/aftership-introduces-webhook"},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:             "https://www.aftership.com/docs/tracking/webhook/webhook-signature",
 		SignatureHeader: "aftership-hmac-sha256: <base64>",
-		DedupeBody:      true,
+		EventID:         ids(jsonID("event_id")),
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "aftership-hmac-sha256"}},
 			Signed:    "{body}",
