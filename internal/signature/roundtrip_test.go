@@ -142,6 +142,7 @@ var fixtures = []fixture{
 	{provider: "intuit", secrets: [2]string{"intuit_current", "intuit_previous"}, body: jsonBody},
 	{provider: "cashfree", secrets: [2]string{"cf_client_secret_current", "cf_client_secret_previous"}, body: jsonBody},
 	{provider: "cloudinary", secrets: [2]string{"cld_api_secret_current", "cld_api_secret_previous"}, body: jsonBody},
+	{provider: "hygraph", secrets: [2]string{"hygraph_current", "hygraph_previous"}, body: "{\"operation\":\"update\",\"data\":{\"id\":\"ck1\",\"title\":\"<caf\u00e9> & \\\"q\\\"\\n\"}}"},
 	{provider: "zendesk", secrets: [2]string{"zd_current", "zd_previous"}, body: jsonBody},
 	{provider: "segment", secrets: [2]string{"seg_current", "seg_previous"}, body: `{"messageId":"ajs-RT-1","type":"track","event":"Order Completed"}`},
 	{provider: "clickup", secrets: [2]string{"cu_current", "cu_previous"}, body: jsonBody},

@@ -1,6 +1,15 @@
 package signature
 
-import "time"
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
 
 // Support desks, analytics, content and collaboration platforms beyond
 // saas.go. Each is data for the generic engine.
@@ -144,4 +153,133 @@ func init() {
 			Encoding:  "base64",
 		},
 	})
+}
+
+// Hygraph (GraphCMS): gcms-signature: "sign=<base64>, env=<environment>,
+// t=<ms>", the base64 HMAC-SHA256 of the JSON text
+// {"Body":<body as a JSON string>,"EnvironmentName":<env>,"TimeStamp":<t>}
+// as JavaScript's JSON.stringify writes it (@hygraph/utils
+// verifyWebhookSignature, which does not bound the timestamp's age; this
+// preset allows five minutes). The engine cannot rebuild that text.
+func init() {
+	register(Preset{
+		Name: "hygraph",
+		Delivery: Delivery{
+			Retry: Retry{Source: Undocumented}, MaxBody: MaxBody{Source: Undocumented}, Timeout: Timeout{Source: Undocumented},
+			Answer: Answer{Source: Undocumented}, Refusal: Refusal{Source: Undocumented},
+		},
+		Doc:              "https://www.npmjs.com/package/@hygraph/utils",
+		SignatureHeader:  "gcms-signature: sign=<base64>, env=<environment>, t=<ms>",
+		DefaultTolerance: 5 * time.Minute,
+		Oracle:           "@hygraph/utils",
+		Scheme: Scheme{
+			Headers:       []HeaderSet{{Signature: "gcms-signature"}},
+			Signed:        `{"Body":<{body} as a JSON string>,"EnvironmentName":<env>,"TimeStamp":<t>}`,
+			Algorithm:     "sha256",
+			Encoding:      "base64",
+			TimestampUnit: time.Millisecond,
+		},
+		build: func(p Preset, o Options) (signer, error) {
+			keys, err := decodeSecrets("raw", o.Secrets)
+			if err != nil {
+				return nil, err
+			}
+			tolerance, now := clock(p, o)
+			return &hygraphVerifier{keys: keys, tolerance: tolerance, now: now}, nil
+		},
+	})
+}
+
+type hygraphVerifier struct {
+	keys      [][]byte
+	tolerance time.Duration
+	now       func() time.Time
+}
+
+const hygraphHeader = "gcms-signature"
+
+func (v *hygraphVerifier) Verify(body []byte, h http.Header) error {
+	raw, err := oneValue(h, hygraphHeader)
+	if err != nil {
+		return err
+	}
+	parts := strings.Split(raw, ", ")
+	if len(parts) != 3 || !strings.HasPrefix(parts[0], "sign=") || !strings.HasPrefix(parts[1], "env=") || !strings.HasPrefix(parts[2], "t=") {
+		return fmt.Errorf("header %s is not sign=<base64>, env=<name>, t=<ms>: %w", hygraphHeader, ErrMalformedHeader)
+	}
+	b64 := codec{name: "base64", decode: base64.StdEncoding.Strict().DecodeString}
+	sig, ok := b64.decodeDigest(strings.TrimPrefix(parts[0], "sign="), sha256.Size)
+	if !ok {
+		return fmt.Errorf("header %s does not hold a base64 digest of %d bytes: %w", hygraphHeader, sha256.Size, ErrMalformedHeader)
+	}
+	env, ts := strings.TrimPrefix(parts[1], "env="), strings.TrimPrefix(parts[2], "t=")
+	if err := checkTimestamp(ts, time.Millisecond, v.tolerance, v.now()); err != nil {
+		return err
+	}
+	msg := hygraphSigned(body, env, ts)
+	for _, key := range v.keys {
+		if hmac.Equal(hmacSum(sha256.New, key, msg), sig) {
+			return nil
+		}
+	}
+	return fmt.Errorf("%s: checked against %d secret(s): %w", hygraphHeader, len(v.keys), ErrNoMatchingSignature)
+}
+
+func (v *hygraphVerifier) sign(body []byte, h http.Header, ts time.Time) error {
+	t := strconv.FormatInt(ts.UnixMilli(), 10)
+	sig := base64.StdEncoding.EncodeToString(hmacSum(sha256.New, v.keys[0], hygraphSigned(body, "master", t)))
+	h.Set(hygraphHeader, "sign="+sig+", env=master, t="+t)
+	return nil
+}
+
+// hygraphSigned is the JSON text Hygraph signs. ts is decimal digits
+// (checked before), so it is written as is, as the number JSON.stringify
+// prints.
+func hygraphSigned(body []byte, env, ts string) string {
+	var b strings.Builder
+	b.WriteString(`{"Body":`)
+	jsString(&b, string(body))
+	b.WriteString(`,"EnvironmentName":`)
+	jsString(&b, env)
+	b.WriteString(`,"TimeStamp":`)
+	b.WriteString(strings.TrimLeft(ts, "0"))
+	if strings.TrimLeft(ts, "0") == "" {
+		b.WriteByte('0')
+	}
+	b.WriteByte('}')
+	return b.String()
+}
+
+// jsString writes s as JavaScript's JSON.stringify quotes a string: ", \
+// and control characters escaped (\b \f \n \r \t, else \u00xx), every other
+// character as is (unlike encoding/json, which also escapes <, >, & and
+// U+2028/U+2029). Invalid UTF-8 cannot come from a JavaScript string; it is
+// written as U+FFFD, as a UTF-8 decoder would read it.
+func jsString(b *strings.Builder, s string) {
+	b.WriteByte('"')
+	for _, r := range s {
+		switch r {
+		case '"':
+			b.WriteString(`\"`)
+		case '\\':
+			b.WriteString(`\\`)
+		case '\b':
+			b.WriteString(`\b`)
+		case '\f':
+			b.WriteString(`\f`)
+		case '\n':
+			b.WriteString(`\n`)
+		case '\r':
+			b.WriteString(`\r`)
+		case '\t':
+			b.WriteString(`\t`)
+		default:
+			if r < 0x20 {
+				fmt.Fprintf(b, `\u%04x`, r)
+				continue
+			}
+			b.WriteRune(r)
+		}
+	}
+	b.WriteByte('"')
 }

@@ -815,6 +815,29 @@ async function standardFamily(preset, libName, Webhook, prefix, libSecret, confi
   }
 }
 
+// ---- Hygraph: @hygraph/utils verifyWebhookSignature (HMAC over a JSON
+// text holding the body as a string; it does not bound the timestamp's age).
+{
+  const { verifyWebhookSignature } = require('@hygraph/utils');
+  const lib = '@hygraph/utils', ver = version(lib);
+  const secret = 'hygraph_oracle_secret';
+  // The documented formula written out (generateWebhookSignature reads the clock).
+  const sign = (raw, t, s = secret, env = 'master') =>
+    `sign=${HMAC('sha256', s, JSON.stringify({ Body: raw, EnvironmentName: env, TimeStamp: t }), 'base64')}, env=${env}, t=${t}`;
+  const odd = '{"operation":"update","data":{"title":"<caf\u00e9> & \\"q\\"\n\ttab \u2028 \u0001 \u{1F600}","amount":1000}}';
+  const how = 'signed with the documented formula (node:crypto, JSON.stringify), verified with verifyWebhookSignature({rawPayload})';
+  for (const [name, b, h, ok] of [
+    ['valid', body, sign(body, NOW), true],
+    ['escapes in the body', odd, sign(odd, NOW, secret, 'staging'), true],
+    ['tampered body', tamper(body), sign(body, NOW), false],
+    ['wrong secret', body, sign(body, NOW, 'hygraph_other'), false],
+    ['other environment named', body, sign(body, NOW).replace('env=master', 'env=staging'), false],
+  ]) {
+    await add({ preset: 'hygraph', case: name, library: lib, version: ver, how, secrets: [secret], headers: { 'gcms-signature': h }, body: b },
+      () => verifyWebhookSignature({ rawPayload: b, signature: h, secret }), ok);
+  }
+}
+
 vectors.sort((a, b) => (a.preset + a.case).localeCompare(b.preset + b.case));
 const libraries = {};
 for (const v of vectors) libraries[v.library] = v.version;
