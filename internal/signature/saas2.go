@@ -130,6 +130,53 @@ func init() {
 		Answer: Answer{Source: Undocumented}, Refusal: Refusal{Source: Undocumented},
 	}
 	register(lithic)
+	// Attio: Attio-Signature (duplicated as X-Attio-Signature), the hex
+	// HMAC-SHA256 of the body under the webhook secret. Idempotency-Key is
+	// the same across retries and redeliveries of one message, but unsigned
+	// and without a timestamp, hence DedupeBody.
+	register(Preset{
+		Name: "attio",
+		Delivery: Delivery{
+			Retry:   Retry{Retries: true, For: 3 * 24 * time.Hour, Attempts: 11, Note: "up to 10 retries with exponential backoff over about 3 days; then the webhook is marked degraded", Source: "https://docs.attio.com/rest-api/how-to/webhooks"},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Source: Undocumented},
+			Answer:  Answer{Note: "200 or 202", Source: "https://docs.attio.com/rest-api/how-to/webhooks"},
+			Refusal: Refusal{Note: "retried like any answer other than 200 or 202", Source: "https://docs.attio.com/rest-api/how-to/webhooks"},
+		},
+		Doc:             "https://docs.attio.com/rest-api/how-to/webhooks",
+		SignatureHeader: "Attio-Signature: <hex> (also X-Attio-Signature)",
+		EventID:         ids(headerID("Idempotency-Key")),
+		IDStability:     StabilityStable,
+		DedupeBody:      true,
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "Attio-Signature"}, {Signature: "X-Attio-Signature"}},
+			Signed:    "{body}",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+		},
+	})
+	// LaunchDarkly: X-LD-Signature, the hex HMAC-SHA256 of the payload
+	// under the webhook's secret. The payload is an audit log entry; its
+	// _id names it.
+	register(Preset{
+		Name: "launchdarkly",
+		Delivery: Delivery{
+			Retry:   Retry{Retries: true, Attempts: 2, Note: "one retry after a non-2xx answer; delivery is not guaranteed", Source: "https://launchdarkly.com/docs/home/infrastructure/webhooks"},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Source: Undocumented},
+			Answer:  Answer{Source: "https://launchdarkly.com/docs/home/infrastructure/webhooks"},
+			Refusal: Refusal{Note: "retried once like any non-2xx", Source: "https://launchdarkly.com/docs/home/infrastructure/webhooks"},
+		},
+		Doc:             "https://launchdarkly.com/docs/home/infrastructure/webhooks",
+		SignatureHeader: "X-LD-Signature: <hex>",
+		EventID:         ids(jsonID("_id")),
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "X-LD-Signature"}},
+			Signed:    "{body}",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+		},
+	})
 	// AfterShip Tracking: aftership-hmac-sha256, the base64 HMAC-SHA256 of
 	// the body under the account's webhook secret. event_id (a UUID) names
 	// the webhook event, per the webhook specifications
