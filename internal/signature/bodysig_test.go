@@ -24,10 +24,12 @@ func TestBodySigned(t *testing.T) {
 	secrets := map[string][2]string{
 		"mailgun": {"key-mailgun-current", "key-mailgun-previous"},
 		"msgraph": {"client-state-current", "client-state-previous"},
+		"adyen":   {adyenKey, adyenKeyOld},
 	}
 	bodies := map[string]string{
 		"mailgun": `{"event-data":{"id":"CPgfbmQMTCKtHW6uIWtuVe","event":"delivered"}}`,
 		"msgraph": `{"value":[{"subscriptionId":"s1","changeType":"created","resource":"Users/1"},{"subscriptionId":"s1","changeType":"updated","resource":"Users/2"}]}`,
+		"adyen":   adyenBody,
 	}
 	require.Len(t, secrets, len(bodySigned))
 	for _, name := range bodySigned {
@@ -285,6 +287,8 @@ func TestSignDeliveryEveryPreset(t *testing.T) {
 	for _, name := range bodySigned {
 		secretFor[name] = [2]string{"body-secret", "body-secret"}
 	}
+	secretFor["adyen"] = [2]string{adyenKey, adyenKey}
+	bodyFor := map[string]string{"adyen": adyenBody}
 	for _, name := range signature.Providers() {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -299,6 +303,9 @@ func TestSignDeliveryEveryPreset(t *testing.T) {
 				h.Set(k, v)
 			}
 			body := `{"id":"evt_1","event-data":{"id":"e1"},"data":{"amount":1000}}`
+			if b, ok := bodyFor[name]; ok {
+				body = b
+			}
 			s := secretFor[name]
 			o := signature.Options{Secrets: []string{s[0]}, URL: f.url, HMAC: f.hmac, Now: clock(now)}
 			out, err := signature.SignDelivery(name, o, []byte(body), h, now)
