@@ -177,6 +177,25 @@ func init() {
 			Encoding:  "hex",
 		},
 	})
+	// Help Scout: X-HelpScout-Signature, the base64 HMAC-SHA1 of the body
+	// under the webhook's secret key. Payloads are the changed object, with
+	// no event ID: configure one.
+	register(Preset{
+		Name: "helpscout",
+		Delivery: Delivery{
+			Retry: Retry{Source: Undocumented}, MaxBody: MaxBody{Source: Undocumented}, Timeout: Timeout{Source: Undocumented},
+			Answer: Answer{Source: Undocumented}, Refusal: Refusal{Source: Undocumented},
+		},
+		Doc:             "https://developer.helpscout.com/webhooks/",
+		SignatureHeader: "X-HelpScout-Signature: <base64>",
+		DedupeBody:      true,
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "X-HelpScout-Signature"}},
+			Signed:    "{body}",
+			Algorithm: "sha1",
+			Encoding:  "base64",
+		},
+	})
 	// AfterShip Tracking: aftership-hmac-sha256, the base64 HMAC-SHA256 of
 	// the body under the account's webhook secret. event_id (a UUID) names
 	// the webhook event, per the webhook specifications
