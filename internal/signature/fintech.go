@@ -103,4 +103,28 @@ func init() {
 			TimestampUnit: time.Millisecond,
 		},
 	})
+	// Orb: X-Orb-Signature "v1=<hex>" (several separated by spaces), the
+	// HMAC-SHA256 of "v1:<X-Orb-Timestamp>:<body>" under the webhook secret;
+	// the timestamp is ISO 8601 without a zone (UTC). orb-billing's
+	// webhooks.verifySignature allows five minutes either way. The event's
+	// ID is not documented here: configure one.
+	register(Preset{
+		Name: "orb",
+		Delivery: Delivery{
+			Retry: Retry{Source: Undocumented}, MaxBody: MaxBody{Source: Undocumented}, Timeout: Timeout{Source: Undocumented},
+			Answer: Answer{Source: Undocumented}, Refusal: Refusal{Source: Undocumented},
+		},
+		Doc:              "https://github.com/orbcorp/orb-typescript/blob/main/src/resources/webhooks.ts",
+		SignatureHeader:  "X-Orb-Signature: v1=<hex> (with X-Orb-Timestamp, ISO 8601 UTC)",
+		DefaultTolerance: 5 * time.Minute,
+		Oracle:           "orb-billing",
+		Scheme: Scheme{
+			Headers:         []HeaderSet{{Signature: "X-Orb-Signature", Timestamp: "X-Orb-Timestamp"}},
+			Format:          Format{List: " ", Pair: "=", SigKey: "v1"},
+			Signed:          "v1:{timestamp}:{body}",
+			Algorithm:       "sha256",
+			Encoding:        "hex",
+			TimestampLayout: layoutISOUTC,
+		},
+	})
 }

@@ -874,6 +874,28 @@ async function standardFamily(preset, libName, Webhook, prefix, libSecret, confi
   }
 }
 
+// ---- Orb: orb-billing webhooks.verifySignature (ISO 8601 timestamp without a zone, 300 s).
+{
+  const { default: Orb } = require('orb-billing');
+  const lib = 'orb-billing', ver = version(lib);
+  const orb = new Orb({ apiKey: 'oracle' });
+  const secret = 'orb_oracle_webhook_secret';
+  const iso = (ms, zone = '') => new Date(ms).toISOString().replace('Z', '') + zone;
+  const hdr = (b, t, s = secret) => ({ 'X-Orb-Timestamp': t, 'X-Orb-Signature': `v1=${HMAC('sha256', s, `v1:${t}:${b}`, 'hex')}` });
+  const how = 'signed with the documented formula (node:crypto), verified with orb.webhooks.verifySignature()';
+  for (const [name, b, h, ok] of [
+    ['valid', body, hdr(body, iso(NOW)), true],
+    ['valid, timestamp with Z', body, hdr(body, iso(NOW, 'Z')), true],
+    ['tampered body', tamper(body), hdr(body, iso(NOW)), false],
+    ['wrong secret', body, hdr(body, iso(NOW), 'orb_other'), false],
+    ['stale timestamp', body, hdr(body, iso(NOW - 301000)), false],
+    ['timestamp ahead', body, hdr(body, iso(NOW + 301000)), false],
+  ]) {
+    await add({ preset: 'orb', case: name, library: lib, version: ver, how, secrets: [secret], headers: h, body: b },
+      () => orb.webhooks.verifySignature(b, h, secret), ok);
+  }
+}
+
 vectors.sort((a, b) => (a.preset + a.case).localeCompare(b.preset + b.case));
 const libraries = {};
 for (const v of vectors) libraries[v.library] = v.version;
