@@ -24,6 +24,17 @@ func TestDocumentedFormulaVectors(t *testing.T) {
 		header                            map[string]string
 	}{
 		{
+			// The page's own example: secret, payload and expected signature.
+			name: "coinify: docs signature example", provider: "coinify", secret: "my-shared-secret",
+			body:   `{"examplePayload":true}`,
+			header: map[string]string{"X-Coinify-Webhook-Signature": "bcdbb89e3031905f3cc1a20d16b5f969a17a7d8fa0c26e4a807c2193402d66f4"},
+		},
+		{
+			name: "moonpay: docs steps (t from the docs' header example), documented formula", provider: "moonpay", secret: "moonpay-docs-webhook-key", now: 1492774577,
+			body:   `{"type":"transaction_updated","data":{"id":"354b1f46-480c-4307-9896-f4c81c1e1e17","status":"completed","baseCurrencyAmount":1000}}`,
+			header: map[string]string{"Moonpay-Signature-V2": "t=1492774577,s=0d20f805128561edc82d7ec8d6a19150b7c3901e607b4b80106664dbd8a63466"},
+		},
+		{
 			name: "segment: docs Page call, documented formula", provider: "segment", secret: "segment-docs-shared-secret",
 			body:   `{"version":1,"type":"page","userId":"019mr8mf4r","properties":{"path":"/pricing","referrer":"https://segment.com","title":"Segment Pricing","url":"https://segment.com/pricing"},"timestamp":"2012-12-02T00:30:08.276Z","messageId":"ajs-RT-docs"}`,
 			header: map[string]string{"X-Signature": "5ea94f00e42341899b73bd3a0f37c6120a5498bf"},
@@ -97,7 +108,7 @@ func TestDocumentedFormulaVectors(t *testing.T) {
 		})
 	}
 	// Every documentation-only preset of issue 25 has one.
-	for _, name := range []string{"zendesk", "segment", "clickup", "attio", "launchdarkly", "helpscout", "aftership", "mandrill", "postmark"} {
+	for _, name := range []string{"zendesk", "segment", "clickup", "attio", "launchdarkly", "helpscout", "aftership", "mandrill", "postmark", "coinify", "moonpay"} {
 		p, ok := signature.Lookup(name)
 		require.True(t, ok, name)
 		require.Empty(t, p.Oracle, name)

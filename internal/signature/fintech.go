@@ -127,4 +127,46 @@ func init() {
 			TimestampLayout: layoutISOUTC,
 		},
 	})
+	// Coinify: X-Coinify-Webhook-Signature, the lowercase hex HMAC-SHA256
+	// of the body under the shared secret; Coinify's page gives a test
+	// vector (pinned in TestDocumentedFormulaVectors). No event ID is
+	// documented there: configure one.
+	register(Preset{
+		Name: "coinify",
+		Delivery: Delivery{
+			Retry: Retry{Source: Undocumented}, MaxBody: MaxBody{Source: Undocumented}, Timeout: Timeout{Source: Undocumented},
+			Answer: Answer{Source: Undocumented}, Refusal: Refusal{Source: Undocumented},
+		},
+		Doc:             "https://coinify.readme.io/docs/webhook-signature",
+		SignatureHeader: "X-Coinify-Webhook-Signature: <hex>",
+		DedupeBody:      true,
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "X-Coinify-Webhook-Signature"}},
+			Signed:    "{body}",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+		},
+	})
+	// MoonPay: Moonpay-Signature-V2 "t=<ts>,s=<hex>", the HMAC-SHA256 of
+	// "<t>.<body>" under the webhook API key (a GET request signs its query
+	// string instead; the gateway verifies POSTed bodies). MoonPay states no
+	// bound on the timestamp's age: five minutes, as every timestamped
+	// preset. Configure an event ID.
+	register(Preset{
+		Name: "moonpay",
+		Delivery: Delivery{
+			Retry: Retry{Source: Undocumented}, MaxBody: MaxBody{Source: Undocumented}, Timeout: Timeout{Source: Undocumented},
+			Answer: Answer{Source: Undocumented}, Refusal: Refusal{Source: Undocumented},
+		},
+		Doc:              "https://dev.moonpay.com/reference/reference-webhooks-signature",
+		SignatureHeader:  "Moonpay-Signature-V2: t=<ts>,s=<hex>",
+		DefaultTolerance: 5 * time.Minute,
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "Moonpay-Signature-V2"}},
+			Format:    Format{List: ",", Pair: "=", SigKey: "s", TimestampKey: "t"},
+			Signed:    "{timestamp}.{body}",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+		},
+	})
 }

@@ -147,6 +147,8 @@ var fixtures = []fixture{
 	{provider: "launchdarkly", secrets: [2]string{"ld_current", "ld_previous"}, body: `{"_id":"57c0a8e29969090743529965","kind":"flag","name":"checkout"}`},
 	{provider: "helpscout", secrets: [2]string{"hs_secret_current", "hs_secret_previous"}, body: jsonBody},
 	{provider: "orb", secrets: [2]string{"orb_whsec_current", "orb_whsec_previous"}, body: jsonBody},
+	{provider: "coinify", secrets: [2]string{"coinify_current", "coinify_previous"}, body: jsonBody},
+	{provider: "moonpay", secrets: [2]string{"moonpay_current", "moonpay_previous"}, body: jsonBody},
 	{provider: "zendesk", secrets: [2]string{"zd_current", "zd_previous"}, body: jsonBody},
 	{provider: "segment", secrets: [2]string{"seg_current", "seg_previous"}, body: `{"messageId":"ajs-RT-1","type":"track","event":"Order Completed"}`},
 	{provider: "clickup", secrets: [2]string{"cu_current", "cu_previous"}, body: jsonBody},
