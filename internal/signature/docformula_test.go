@@ -35,6 +35,11 @@ func TestDocumentedFormulaVectors(t *testing.T) {
 			header: map[string]string{"Moonpay-Signature-V2": "t=1492774577,s=0d20f805128561edc82d7ec8d6a19150b7c3901e607b4b80106664dbd8a63466"},
 		},
 		{
+			name: "jira: secure admin webhooks (WebSub sha256=), documented formula", provider: "jira", secret: "jira-docs-secret",
+			body:   `{"timestamp":1764547200000,"webhookEvent":"jira:issue_created","issue":{"id":"10002","key":"PAY-1"}}`,
+			header: map[string]string{"X-Hub-Signature": "sha256=f9aa63028f02122220f708f63b47be2472b378259dfd7f760eb5e0cb0354ffc5", "X-Atlassian-Webhook-Identifier": "1234-docs"},
+		},
+		{
 			name: "segment: docs Page call, documented formula", provider: "segment", secret: "segment-docs-shared-secret",
 			body:   `{"version":1,"type":"page","userId":"019mr8mf4r","properties":{"path":"/pricing","referrer":"https://segment.com","title":"Segment Pricing","url":"https://segment.com/pricing"},"timestamp":"2012-12-02T00:30:08.276Z","messageId":"ajs-RT-docs"}`,
 			header: map[string]string{"X-Signature": "5ea94f00e42341899b73bd3a0f37c6120a5498bf"},
@@ -108,7 +113,7 @@ func TestDocumentedFormulaVectors(t *testing.T) {
 		})
 	}
 	// Every documentation-only preset of issue 25 has one.
-	for _, name := range []string{"zendesk", "segment", "clickup", "attio", "launchdarkly", "helpscout", "aftership", "mandrill", "postmark", "coinify", "moonpay"} {
+	for _, name := range []string{"zendesk", "segment", "clickup", "attio", "launchdarkly", "helpscout", "aftership", "mandrill", "postmark", "coinify", "moonpay", "jira"} {
 		p, ok := signature.Lookup(name)
 		require.True(t, ok, name)
 		require.Empty(t, p.Oracle, name)

@@ -196,6 +196,28 @@ func init() {
 			Encoding:  "base64",
 		},
 	})
+	// Jira Cloud admin webhooks saved with a secret (WebSub signatures):
+	// X-Hub-Signature: sha256=<hex>, HMAC-SHA256 of the body. Webhooks that
+	// apps register are not signed this way. X-Atlassian-Webhook-Identifier
+	// names the delivery, unsigned and without a timestamp, hence DedupeBody.
+	register(Preset{
+		Name: "jira",
+		Delivery: Delivery{
+			Retry: Retry{Source: Undocumented}, MaxBody: MaxBody{Source: Undocumented}, Timeout: Timeout{Source: Undocumented},
+			Answer: Answer{Source: Undocumented}, Refusal: Refusal{Source: Undocumented},
+		},
+		Doc:             "https://developer.atlassian.com/cloud/jira/platform/webhooks/#secure-admin-webhooks",
+		SignatureHeader: "X-Hub-Signature: sha256=<hex>",
+		EventID:         ids(headerID("X-Atlassian-Webhook-Identifier")),
+		DedupeBody:      true,
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "X-Hub-Signature"}},
+			Format:    Format{Prefix: "sha256="},
+			Signed:    "{body}",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+		},
+	})
 	// AfterShip Tracking: aftership-hmac-sha256, the base64 HMAC-SHA256 of
 	// the body under the account's webhook secret. event_id (a UUID) names
 	// the webhook event, per the webhook specifications

@@ -35,7 +35,7 @@ const DOCUMENTATION_ONLY = [
   'trello', 'twitch', 'typeform', 'vercel', 'woocommerce', 'xero', 'zoom',
   // No official library verifies these (postmark, node-zendesk and
   // @mailchimp/mailchimp_transactional only call the APIs).
-  'aftership', 'attio', 'clickup', 'coinify', 'helpscout', 'launchdarkly', 'mandrill', 'moonpay', 'postmark', 'segment', 'zendesk',
+  'aftership', 'attio', 'clickup', 'coinify', 'helpscout', 'jira', 'launchdarkly', 'mandrill', 'moonpay', 'postmark', 'segment', 'zendesk',
 ];
 
 const NOW = 1764547200000; // 2025-12-01T00:00:00Z, the vectors' clock
