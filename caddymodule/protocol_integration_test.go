@@ -130,7 +130,7 @@ func protoRoutes(t *testing.T) []protoRoute {
 		r.idFrom = "form " + f.field
 	}
 	add("adyen", "")
-	add("adyen", "/p/adyen-basic", `secret "basic:ws_adyen:{env.WI_TEST_ADYEN_PASS}"`)
+	add("adyen", "/p/adyen-basic", `secret "basic:ws_adyen:{env.WI_TEST_ADYEN_PASS}"`, "scope adyen_basic")
 	return routes
 }
 

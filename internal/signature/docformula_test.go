@@ -106,7 +106,7 @@ func TestDocumentedFormulaVectors(t *testing.T) {
 				h.Set(k, val)
 			}
 			require.NoError(t, v.Verify([]byte(tc.body), h))
-			if credentialLike[tc.provider] {
+			if tokenLike[tc.provider] {
 				return
 			}
 			require.ErrorIs(t, v.Verify([]byte(tc.body+" "), h), signature.ErrNoMatchingSignature)

@@ -142,6 +142,10 @@ type Format struct {
 	// Lenient skips list entries without a Pair separator instead of
 	// refusing the header, as the Standard Webhooks libraries do.
 	Lenient bool
+	// TimestampFirst: the list's entries have no keys; the first is the
+	// timestamp and the others are signatures (Recurly's
+	// "<ts>,<hex>[,<hex>]"). Pair, SigKey and TimestampKey are unused.
+	TimestampFirst bool
 }
 
 // LegacyHeader is a fallback signature header with its own prefix and hash.
@@ -235,12 +239,12 @@ func (s Scheme) validate(p Preset) error {
 	if err != nil {
 		return err
 	}
-	hasTS := s.Format.TimestampKey != ""
+	hasTS := s.Format.TimestampKey != "" || s.Format.TimestampFirst
 	for _, hs := range s.Headers {
 		if hs.Signature == "" {
 			return fmt.Errorf("header set without a signature header")
 		}
-		if hs.Timestamp != "" && s.Format.TimestampKey != "" {
+		if hs.Timestamp != "" && (s.Format.TimestampKey != "" || s.Format.TimestampFirst) {
 			return fmt.Errorf("timestamp both in a header and in the signature header")
 		}
 		hasTS = hasTS || hs.Timestamp != ""
@@ -266,7 +270,10 @@ func (s Scheme) validate(p Preset) error {
 			}
 		}
 	}
-	if s.Format.List != "" && (s.Format.Pair == "" || s.Format.SigKey == "") {
+	if s.Format.TimestampFirst && (s.Format.List == "" || s.Format.TimestampKey != "") {
+		return fmt.Errorf("TimestampFirst needs List and no TimestampKey")
+	}
+	if s.Format.List != "" && !s.Format.TimestampFirst && (s.Format.Pair == "" || s.Format.SigKey == "") {
 		return fmt.Errorf("a list format needs Pair and SigKey")
 	}
 	if s.Secret != "raw" && s.Secret != "whsec" {
