@@ -131,6 +131,7 @@ func (b Batch) array(body []byte, items *eventid.Path) (gjson.Result, error) {
 // ambiguously (Split then refuses it): whether a delivery is keyed as a
 // batch when the preset has an event ID of its own too.
 func (b Batch) Present(body []byte) bool {
+	body = eventid.JSONText(body)
 	items, _, err := b.paths()
 	if err != nil || !gjson.ValidBytes(body) {
 		return false
@@ -159,6 +160,7 @@ func (b Batch) Split(body []byte) ([]BatchItem, error) {
 // returns the accepted items and how many were refused; a nil check
 // accepts every item.
 func (b Batch) SplitChecked(body []byte, check func(raw []byte) error) ([]BatchItem, int, error) {
+	body = eventid.JSONText(body)
 	if !gjson.ValidBytes(body) {
 		return nil, 0, fmt.Errorf("body is not JSON: %w", ErrBadBatch)
 	}
