@@ -138,7 +138,7 @@ func protoRoutes(t *testing.T) []protoRoute {
 // generic route (TestProtocolsThroughCaddy "<name> delivers").
 var presetsB = []string{
 	"zendesk", "segment", "clickup", "sanity", "liveblocks", "lithic", "aftership", "moderntreasury", "finch",
-	"onfido", "cashfree", "cloudinary", "pusher", "vonage", "postmark", "hygraph", "attio", "launchdarkly", "helpscout", "orb", "coinify", "moonpay", "jira",
+	"onfido", "cashfree", "cloudinary", "pusher", "vonage", "postmark", "hygraph", "attio", "launchdarkly", "helpscout", "orb", "coinify", "moonpay", "jira", "fintoc", "zohopayments",
 }
 
 // protoConfig renders the Caddyfile: every route on table, plus extra

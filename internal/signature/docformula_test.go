@@ -40,6 +40,11 @@ func TestDocumentedFormulaVectors(t *testing.T) {
 			header: map[string]string{"X-Hub-Signature": "sha256=f9aa63028f02122220f708f63b47be2472b378259dfd7f760eb5e0cb0354ffc5", "X-Atlassian-Webhook-Identifier": "1234-docs"},
 		},
 		{
+			name: "zohopayments: docs steps (t from the docs' sample header), documented formula", provider: "zohopayments", secret: "zoho-docs-signing-key", now: 1734340423,
+			body:   `{"id":"pay_docs_1","status":"success","amount":1000}`,
+			header: map[string]string{"X-Zoho-Webhook-Signature": "t=1734340423138,v=3c1a7f18fc371cf3b1f7e0a32d9552b613e149b4f1c6a08b659f7f3fd125cdc9"},
+		},
+		{
 			name: "segment: docs Page call, documented formula", provider: "segment", secret: "segment-docs-shared-secret",
 			body:   `{"version":1,"type":"page","userId":"019mr8mf4r","properties":{"path":"/pricing","referrer":"https://segment.com","title":"Segment Pricing","url":"https://segment.com/pricing"},"timestamp":"2012-12-02T00:30:08.276Z","messageId":"ajs-RT-docs"}`,
 			header: map[string]string{"X-Signature": "5ea94f00e42341899b73bd3a0f37c6120a5498bf"},
@@ -113,7 +118,7 @@ func TestDocumentedFormulaVectors(t *testing.T) {
 		})
 	}
 	// Every documentation-only preset of issue 25 has one.
-	for _, name := range []string{"zendesk", "segment", "clickup", "attio", "launchdarkly", "helpscout", "aftership", "mandrill", "postmark", "coinify", "moonpay", "jira"} {
+	for _, name := range []string{"zendesk", "segment", "clickup", "attio", "launchdarkly", "helpscout", "aftership", "mandrill", "postmark", "coinify", "moonpay", "jira", "zohopayments"} {
 		p, ok := signature.Lookup(name)
 		require.True(t, ok, name)
 		require.Empty(t, p.Oracle, name)

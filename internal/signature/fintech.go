@@ -169,4 +169,51 @@ func init() {
 			Encoding:  "hex",
 		},
 	})
+	// Fintoc: Fintoc-Signature "t=<ts>,v1=<hex>", the HMAC-SHA256 of
+	// "<t>.<body>" under the webhook endpoint's secret; fintoc's
+	// WebhookSignature.verifyHeader allows 300 s either way. Configure an
+	// event ID.
+	register(Preset{
+		Name: "fintoc",
+		Delivery: Delivery{
+			Retry: Retry{Source: Undocumented}, MaxBody: MaxBody{Source: Undocumented}, Timeout: Timeout{Source: Undocumented},
+			Answer: Answer{Source: Undocumented}, Refusal: Refusal{Source: Undocumented},
+		},
+		Doc:              "https://docs.fintoc.com/docs/webhooks-validating",
+		SignatureHeader:  "Fintoc-Signature: t=<ts>,v1=<hex>",
+		DefaultTolerance: 5 * time.Minute,
+		Oracle:           "fintoc",
+		Scheme: Scheme{
+			Headers:   []HeaderSet{{Signature: "Fintoc-Signature"}},
+			Format:    Format{List: ",", Pair: "=", SigKey: "v1", TimestampKey: "t"},
+			Signed:    "{timestamp}.{body}",
+			Algorithm: "sha256",
+			Encoding:  "hex",
+		},
+	})
+	// Zoho Payments: X-Zoho-Webhook-Signature "t=<ms>,v=<hex>", the
+	// HMAC-SHA256 of "<t>.<payload>" under the webhook's signing key. Zoho
+	// states no bound on the timestamp's age: five minutes, as every
+	// timestamped preset. Configure an event ID.
+	register(Preset{
+		Name: "zohopayments",
+		Delivery: Delivery{
+			Retry:   Retry{Source: Undocumented},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 15 * time.Second, Source: "https://zoho.com/in/payments/developerdocs/webhooks/verification"},
+			Answer:  Answer{Note: "any 2xx within 15 seconds, before complex logic", Source: "https://zoho.com/in/payments/developerdocs/webhooks/verification"},
+			Refusal: Refusal{Source: Undocumented},
+		},
+		Doc:              "https://zoho.com/in/payments/developerdocs/webhooks/verification",
+		SignatureHeader:  "X-Zoho-Webhook-Signature: t=<ms>,v=<hex>",
+		DefaultTolerance: 5 * time.Minute,
+		Scheme: Scheme{
+			Headers:       []HeaderSet{{Signature: "X-Zoho-Webhook-Signature"}},
+			Format:        Format{List: ",", Pair: "=", SigKey: "v", TimestampKey: "t"},
+			Signed:        "{timestamp}.{body}",
+			Algorithm:     "sha256",
+			Encoding:      "hex",
+			TimestampUnit: time.Millisecond,
+		},
+	})
 }

@@ -157,6 +157,8 @@ var fixtures = []fixture{
 	{provider: "coinify", secrets: [2]string{"coinify_current", "coinify_previous"}, body: jsonBody},
 	{provider: "moonpay", secrets: [2]string{"moonpay_current", "moonpay_previous"}, body: jsonBody},
 	{provider: "jira", secrets: [2]string{"jira_current", "jira_previous"}, body: jsonBody},
+	{provider: "fintoc", secrets: [2]string{"fintoc_current", "fintoc_previous"}, body: jsonBody},
+	{provider: "zohopayments", secrets: [2]string{"zoho_current", "zoho_previous"}, body: jsonBody},
 	{provider: "zendesk", secrets: [2]string{"zd_current", "zd_previous"}, body: jsonBody},
 	{provider: "segment", secrets: [2]string{"seg_current", "seg_previous"}, body: `{"messageId":"ajs-RT-1","type":"track","event":"Order Completed"}`},
 	{provider: "clickup", secrets: [2]string{"cu_current", "cu_previous"}, body: jsonBody},

@@ -35,7 +35,7 @@ const DOCUMENTATION_ONLY = [
   'trello', 'twitch', 'typeform', 'vercel', 'woocommerce', 'xero', 'zoom',
   // No official library verifies these (postmark, node-zendesk and
   // @mailchimp/mailchimp_transactional only call the APIs).
-  'aftership', 'attio', 'clickup', 'coinify', 'helpscout', 'jira', 'launchdarkly', 'mandrill', 'moonpay', 'postmark', 'segment', 'zendesk',
+  'aftership', 'attio', 'clickup', 'coinify', 'helpscout', 'jira', 'launchdarkly', 'mandrill', 'moonpay', 'postmark', 'segment', 'zendesk', 'zohopayments',
   // No official npm library verifies these schemes: recurly 4.81,
   // authorizenet 1.0.10, flutterwave-node-v3 1.4.1, xendit-node 7.0,
   // midtrans-client 1.4.3 and @airwallex/node-sdk 2.1.0-beta.5 have no
@@ -1006,6 +1006,25 @@ async function standardFamily(preset, libName, Webhook, prefix, libSecret, confi
     const b = form(sig, payload);
     await add({ preset: 'braintree', case: name, library: lib, version: ver, how, secrets: ['bt_oracle_public:bt_oracle_private'], headers: { 'Content-Type': 'application/x-www-form-urlencoded' }, body: b },
       () => good.webhookNotification.parse(sig, payload), ok);
+  }
+}
+
+// ---- Fintoc: fintoc WebhookSignature.verifyHeader (t=,v1= over "<t>.<body>", 300 s).
+{
+  const { WebhookSignature } = require('fintoc');
+  const lib = 'fintoc', ver = version(lib);
+  const secret = 'fintoc_oracle_webhook_secret';
+  const hdr = (b, t, s = secret) => `t=${t},v1=${HMAC('sha256', s, `${t}.${b}`, 'hex')}`;
+  const how = 'signed with the documented formula (node:crypto), verified with WebhookSignature.verifyHeader()';
+  for (const [name, b, h, ok] of [
+    ['valid', body, hdr(body, NOW_S), true],
+    ['tampered body', tamper(body), hdr(body, NOW_S), false],
+    ['wrong secret', body, hdr(body, NOW_S, 'fintoc_other'), false],
+    ['stale timestamp', body, hdr(body, NOW_S - 301), false],
+    ['timestamp ahead', body, hdr(body, NOW_S + 301), false],
+  ]) {
+    await add({ preset: 'fintoc', case: name, library: lib, version: ver, how, secrets: [secret], headers: { 'Fintoc-Signature': h }, body: b },
+      () => WebhookSignature.verifyHeader(b, h, secret), ok);
   }
 }
 
