@@ -30,7 +30,7 @@ func init() {
 			Answer:  Answer{Source: Undocumented},
 			Refusal: Refusal{Source: Undocumented},
 		},
-		Doc:              "https://cloudinary.com/documentation/notifications#verifying_notification_signatures",
+		Doc:              "https://cloudinary.com/documentation/notification_signatures",
 		SignatureHeader:  "X-Cld-Signature: <hex> (with X-Cld-Timestamp)",
 		DefaultTolerance: 2 * time.Hour,
 		Oracle:           "cloudinary",
