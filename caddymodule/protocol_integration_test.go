@@ -259,8 +259,6 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 	// ?validationtoken=; Graph with validationToken.
 	t.Run("msgraph lower-case validationtoken", func(t *testing.T) {
 		r := byPath["/p/msgraph"]
-		// The validationToken subtest before delivered to this path: count
-		// from here rather than require an empty upstream.
 		before := len(up.got(r.path))
 		st, h, body := doReq(t, http.MethodPost, r.path+"?validationtoken=sp-token-1", nil, nil)
 		require.Equal(t, http.StatusOK, st, body)
