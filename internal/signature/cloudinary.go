@@ -22,7 +22,8 @@ import (
 // an asset, not an event: configure an event ID.
 func init() {
 	register(Preset{
-		Name: "cloudinary",
+		Name:         "cloudinary",
+		SecretFormat: "the account's API secret",
 		Delivery: Delivery{
 			Retry:   Retry{Source: Undocumented},
 			MaxBody: MaxBody{Source: Undocumented},

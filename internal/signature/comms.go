@@ -33,7 +33,8 @@ func init() {
 	// headers may list several signatures separated by commas. Plivo names
 	// no event ID and signs no time: configure an ID; DedupeBody.
 	register(Preset{
-		Name: "plivo",
+		Name:         "plivo",
+		SecretFormat: "the Auth Token of the account (or subaccount) the callback belongs to",
 		Delivery: Delivery{
 			Retry:   Retry{Source: Undocumented},
 			MaxBody: MaxBody{Source: Undocumented},
@@ -67,7 +68,8 @@ func init() {
 	// nbf are honoured when present, as @vonage/jwt (jsonwebtoken) does.
 	// Vonage names no event ID that survives retries: configure one.
 	register(Preset{
-		Name: "vonage",
+		Name:         "vonage",
+		SecretFormat: "the account's signature secret (not the API secret)",
 		Delivery: Delivery{
 			Retry:   Retry{Retries: true, Note: "Voice answer URL: retried twice when no answer comes in time, then the fallback answer URL", Source: "https://developer.vonage.com/en/voice/voice-api/guides/troubleshooting"},
 			MaxBody: MaxBody{Source: Undocumented},
@@ -101,7 +103,8 @@ func init() {
 	// events; there is no timestamp and no delivery ID: configure one;
 	// DedupeBody.
 	register(Preset{
-		Name: "mandrill",
+		Name:         "mandrill",
+		SecretFormat: "the webhook's authentication key",
 		Delivery: Delivery{
 			Retry:   Retry{Source: Undocumented},
 			MaxBody: MaxBody{Note: "up to 1,000 events per mandrill_events batch", Source: "https://mailchimp.com/developer/transactional/docs/webhooks/"},
@@ -134,7 +137,8 @@ func init() {
 	// the body, hence DedupeBody. Postmark's RecordType and MessageID do not
 	// name one event: configure an ID.
 	register(Preset{
-		Name: "postmark",
+		Name:         "postmark",
+		SecretFormat: "`<user>:<password>`, the Basic credentials written into the webhook URL",
 		Delivery: Delivery{
 			Retry:   Retry{Retries: true, For: 10*time.Hour + 30*time.Minute, Attempts: 11, Note: "10 retries from 1 minute to 6 hours apart (documented for inbound webhooks); a 403 stops them at once", Source: "https://postmarkapp.com/support/article/understanding-inbound-webhook-retries-in-postmark"},
 			MaxBody: MaxBody{Source: Undocumented},
@@ -165,7 +169,8 @@ func init() {
 	// under the app secret (X-Pusher-Key names the app; pusher's
 	// WebHook.isValid). Bodies batch events without IDs: configure one.
 	register(Preset{
-		Name: "pusher",
+		Name:         "pusher",
+		SecretFormat: "the app secret",
 		Delivery: Delivery{
 			Retry:   Retry{Retries: true, For: 5 * time.Minute, Note: "non-2xx answers are retried with exponential backoff", Source: "https://docs.bird.com/pusher/channels/channels/webhooks/channels-webhook-timeouts-and-retries"},
 			MaxBody: MaxBody{Source: Undocumented},

@@ -9,7 +9,8 @@ func init() {
 	// the webhook key (modern-treasury's webhooks.validateSignature).
 	// Payloads carry no top-level event ID: configure one.
 	register(Preset{
-		Name: "moderntreasury",
+		Name:         "moderntreasury",
+		SecretFormat: "the webhook key",
 		Delivery: Delivery{
 			Retry:   Retry{Source: Undocumented},
 			MaxBody: MaxBody{Source: Undocumented},
@@ -58,7 +59,8 @@ func init() {
 	// under the webhook token (@onfido/api WebhookEventVerifier). Payloads
 	// name a resource, not an event: configure an event ID.
 	register(Preset{
-		Name: "onfido",
+		Name:         "onfido",
+		SecretFormat: "the webhook token",
 		Delivery: Delivery{
 			Retry:   Retry{Source: Undocumented},
 			MaxBody: MaxBody{Source: Undocumented},
@@ -83,7 +85,8 @@ func init() {
 	// bound the timestamp's age; Cashfree recommends a five-minute window,
 	// which this preset applies). Payloads carry no event ID: configure one.
 	register(Preset{
-		Name: "cashfree",
+		Name:         "cashfree",
+		SecretFormat: "the client secret",
 		Delivery: Delivery{
 			Retry:   Retry{Retries: true, For: 42 * time.Minute, Attempts: 4, Note: "default policy: 3 retries at 2, 10 and 30 minutes; configurable per endpoint (up to 10 retries)", Source: "https://www.cashfree.com/docs/api-reference/webhooks/reliability-and-operations#retry-policy"},
 			MaxBody: MaxBody{Source: Undocumented},

@@ -138,6 +138,12 @@ func ProvidersDoc() string {
 			fact(escapePipes(p.ReplayGuard()), Source(p.Doc)),
 			proof)
 	}
+	b.WriteString("\n## Secrets\n\nEach `secret` is the provider's signing secret as it displays it, except:\n\n")
+	for _, name := range Providers() {
+		if f := registry[name].SecretFormat; f != "" {
+			fmt.Fprintf(&b, "- `%s`: %s\n", name, f)
+		}
+	}
 	b.WriteString("\n## Signature schemes\n\n")
 	b.WriteString(MarkdownTable())
 	return b.String()
