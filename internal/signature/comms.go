@@ -32,7 +32,7 @@ func init() {
 	// "." and X-Plivo-Signature-V3-Nonce (plivo's validateV3Signature). The
 	// headers may list several signatures separated by commas. Plivo names
 	// no event ID and signs no time: configure an ID; DedupeBody.
-	register(Preset{
+	register(Preset{ //nolint:gosec // SecretFormat describes the secret; it holds none
 		Name:         "plivo",
 		SecretFormat: "the Auth Token of the account (or subaccount) the callback belongs to",
 		Delivery: Delivery{
@@ -67,7 +67,7 @@ func init() {
 	// payload hash and iat (within the tolerance) are all required; exp and
 	// nbf are honoured when present, as @vonage/jwt (jsonwebtoken) does.
 	// Vonage names no event ID that survives retries: configure one.
-	register(Preset{
+	register(Preset{ //nolint:gosec // SecretFormat describes the secret; it holds none
 		Name:         "vonage",
 		SecretFormat: "the account's signature secret (not the API secret)",
 		Delivery: Delivery{
@@ -102,7 +102,7 @@ func init() {
 	// name+value. Bodies are forms whose mandrill_events holds up to 1,000
 	// events; there is no timestamp and no delivery ID: configure one;
 	// DedupeBody.
-	register(Preset{
+	register(Preset{ //nolint:gosec // SecretFormat describes the secret; it holds none
 		Name:         "mandrill",
 		SecretFormat: "the webhook's authentication key",
 		Delivery: Delivery{
@@ -136,7 +136,7 @@ func init() {
 	// the credentials are compared in constant time. They cover no byte of
 	// the body, hence DedupeBody. Postmark's RecordType and MessageID do not
 	// name one event: configure an ID.
-	register(Preset{
+	register(Preset{ //nolint:gosec // SecretFormat describes the secret; it holds none
 		Name:         "postmark",
 		SecretFormat: "`<user>:<password>`, the Basic credentials written into the webhook URL",
 		Delivery: Delivery{
@@ -168,7 +168,7 @@ func init() {
 	// Pusher Channels: X-Pusher-Signature, the hex HMAC-SHA256 of the body
 	// under the app secret (X-Pusher-Key names the app; pusher's
 	// WebHook.isValid). Bodies batch events without IDs: configure one.
-	register(Preset{
+	register(Preset{ //nolint:gosec // SecretFormat describes the secret; it holds none
 		Name:         "pusher",
 		SecretFormat: "the app secret",
 		Delivery: Delivery{

@@ -8,7 +8,7 @@ func init() {
 	// Modern Treasury: X-Signature, the hex HMAC-SHA256 of the body under
 	// the webhook key (modern-treasury's webhooks.validateSignature).
 	// Payloads carry no top-level event ID: configure one.
-	register(Preset{
+	register(Preset{ //nolint:gosec // SecretFormat describes the secret; it holds none
 		Name:         "moderntreasury",
 		SecretFormat: "the webhook key",
 		Delivery: Delivery{
@@ -58,7 +58,7 @@ func init() {
 	// Onfido (Entrust): X-SHA2-Signature, the hex HMAC-SHA256 of the body
 	// under the webhook token (@onfido/api WebhookEventVerifier). Payloads
 	// name a resource, not an event: configure an event ID.
-	register(Preset{
+	register(Preset{ //nolint:gosec // SecretFormat describes the secret; it holds none
 		Name:         "onfido",
 		SecretFormat: "the webhook token",
 		Delivery: Delivery{
@@ -84,7 +84,7 @@ func init() {
 	// client secret (cashfree-pg's PGVerifyWebhookSignature, which does not
 	// bound the timestamp's age; Cashfree recommends a five-minute window,
 	// which this preset applies). Payloads carry no event ID: configure one.
-	register(Preset{
+	register(Preset{ //nolint:gosec // SecretFormat describes the secret; it holds none
 		Name:         "cashfree",
 		SecretFormat: "the client secret",
 		Delivery: Delivery{
