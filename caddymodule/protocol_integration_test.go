@@ -264,7 +264,7 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 	// ?validationtoken=; Graph with validationToken.
 	t.Run("msgraph lower-case validationtoken", func(t *testing.T) {
 		r := byPath["/p/msgraph"]
-		before := len(up.got(r.path)) // the previous subtest delivered
+		before := len(up.got(r.path))
 		st, h, body := doReq(t, http.MethodPost, r.path+"?validationtoken=sp-token-1", nil, nil)
 		require.Equal(t, http.StatusOK, st, body)
 		require.Empty(t, h.Get("X-Upstream"), "answered at the edge")

@@ -8,14 +8,14 @@ import (
 	"time"
 )
 
-// MarkdownTable renders the provider presets as the README's provider table:
+// MarkdownTable renders the provider presets as the scheme table of docs/providers.md:
 // name, signature header, signed bytes, algorithm and encoding, default event
 // ID, default tolerance, dedupe_body default, the status a delivery that fails verification is refused
 // with (refuse_status), whether the event ID stays the
 // same across the provider's retries, handshakes, batch policy, the official
 // library whose vectors prove the preset (testdata/oracles.json, versions
-// there) and the documentation link. The README's table is generated from it
-// (see readme_test.go), so the two cannot drift.
+// there) and the documentation link. ProvidersDoc embeds it, so the
+// document cannot drift from the presets.
 func MarkdownTable() string {
 	var b strings.Builder
 	b.WriteString("| provider | signature header | signed bytes | algorithm | default event ID | tolerance | dedupe_body | refuse_status | replay | ID across retries | handshake | batch | oracle | docs |\n")
