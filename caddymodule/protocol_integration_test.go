@@ -400,16 +400,16 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 		t.Helper()
 		_, field, _ := strings.Cut(r.idFrom, " ")
 		form.Set(field, id)
-		sp := signParams{Provider: r.provider, Secret: r.signing, URL: r.url, Body: []byte(form.Encode()),
+		sp := cli.SignParams{Provider: r.provider, Secret: r.signing, URL: r.url, Body: []byte(form.Encode()),
 			ContentType: "application/x-www-form-urlencoded", EventIDFrom: r.idFrom, EventID: id}
-		d, err := buildDelivery(sp)
+		d, err := cli.BuildDelivery(sp)
 		require.NoError(t, err)
 		st, h, body := doReq(t, http.MethodPost, r.path, d.Body, d.Header)
 		require.Equal(t, http.StatusOK, st, "delivery refused: %s", body)
 		require.Equal(t, "yes", h.Get("X-Upstream"))
 		got := up.got(r.path)
 		require.Equal(t, d.Body, got[len(got)-1].body, "forwarded byte for byte")
-		d, err = buildDelivery(sp) // signed again (Plivo: a new nonce)
+		d, err = cli.BuildDelivery(sp) // signed again (Plivo: a new nonce)
 		require.NoError(t, err)
 		st, h, body = doReq(t, http.MethodPost, r.path, d.Body, d.Header)
 		require.Equal(t, http.StatusOK, st, body)
