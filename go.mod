@@ -16,8 +16,8 @@ require (
 	github.com/tidwall/gjson v1.20.2
 	github.com/tidwall/sjson v1.2.9
 	github.com/tsenart/vegeta/v12 v12.13.0
-	golang.org/x/sync v0.25.0
 	go.uber.org/zap v1.28.0
+	golang.org/x/sync v0.25.0
 	modernc.org/sqlite v1.62.0
 )
 
