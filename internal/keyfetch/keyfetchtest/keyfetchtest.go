@@ -4,10 +4,14 @@
 package keyfetchtest
 
 import (
+	"bytes"
 	"crypto/x509"
+	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -22,32 +26,28 @@ type Server struct {
 	mu       sync.Mutex
 	handlers map[string]http.Handler
 	hits     map[string]*atomic.Int64
-	anchors  map[string][]byte
+	anchors  map[string][]byte            // name → PEM bundle
+	jwks     map[string][]json.RawMessage // host+path → JWKs
+	byKeyID  map[string][]byte            // host+path#key_id → body
 }
 
 // Start starts a server and installs it for every Fetcher of the process.
 func Start() *Server {
-	s := &Server{handlers: map[string]http.Handler{}, hits: map[string]*atomic.Int64{}, anchors: map[string][]byte{}}
+	s := &Server{
+		handlers: map[string]http.Handler{}, hits: map[string]*atomic.Int64{},
+		anchors: map[string][]byte{}, jwks: map[string][]json.RawMessage{}, byKeyID: map[string][]byte{},
+	}
 	s.srv = httptest.NewTLSServer(http.HandlerFunc(s.serve))
-	s.install()
-	return s
-}
-
-func (s *Server) install() {
 	pool := x509.NewCertPool()
 	pool.AddCert(s.srv.Certificate())
-	s.mu.Lock()
-	anchors := make(map[string][]byte, len(s.anchors))
-	for k, v := range s.anchors {
-		anchors[k] = v
-	}
-	s.mu.Unlock()
 	keyfetch.SetTestOverride(&keyfetch.TestOverride{
 		Addr:       s.srv.Listener.Addr().String(),
 		RootCAs:    pool,
 		ServerName: "example.com", // in httptest's certificate
-		Anchors:    anchors,
+		Anchor:     s.anchor,
+		Publish:    s.Publish,
 	})
+	return s
 }
 
 // Close stops the server and removes the override.
@@ -56,12 +56,65 @@ func (s *Server) Close() {
 	s.srv.Close()
 }
 
-// SetAnchor replaces the embedded trust anchor name (keyfetch.Anchor).
-func (s *Server) SetAnchor(name string, pem []byte) {
+func (s *Server) anchor(name string) []byte {
 	s.mu.Lock()
-	s.anchors[name] = pem
-	s.mu.Unlock()
-	s.install()
+	defer s.mu.Unlock()
+	return bytes.Clone(s.anchors[name])
+}
+
+// Publish takes what keyfetch.Publish is given:
+//   - "anchor:<name>": a PEM certificate added to trust anchor name;
+//   - "jwks:<url>": a JWK added to the key set served at url;
+//   - "<url>#<key_id>": the answer of a POST to url whose JSON body names
+//     key_id (Plaid's key endpoint);
+//   - "<url>": the answer of a GET of url.
+func (s *Server) Publish(key string, body []byte) {
+	switch {
+	case strings.HasPrefix(key, "anchor:"):
+		s.mu.Lock()
+		name := strings.TrimPrefix(key, "anchor:")
+		s.anchors[name] = append(append(s.anchors[name], body...), '\n')
+		s.mu.Unlock()
+	case strings.HasPrefix(key, "jwks:"):
+		u := strings.TrimPrefix(key, "jwks:")
+		s.mu.Lock()
+		k := hostPath(u)
+		s.jwks[k] = append(s.jwks[k], json.RawMessage(body))
+		s.mu.Unlock()
+		s.Handle(u, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			s.mu.Lock()
+			set, _ := json.Marshal(map[string]any{"keys": s.jwks[k]})
+			s.mu.Unlock()
+			w.Header().Set("Cache-Control", "public, max-age=3600")
+			_, _ = w.Write(set)
+		}))
+	case strings.Contains(key, "#"):
+		u, kid, _ := strings.Cut(key, "#")
+		k := hostPath(u)
+		s.mu.Lock()
+		s.byKeyID[k+"#"+kid] = body
+		s.mu.Unlock()
+		s.Handle(u, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			var req struct {
+				KeyID string `json:"key_id"`
+			}
+			b, _ := io.ReadAll(io.LimitReader(r.Body, 1<<16))
+			if r.Method != http.MethodPost || json.Unmarshal(b, &req) != nil {
+				http.Error(w, "want a JSON POST", http.StatusBadRequest)
+				return
+			}
+			s.mu.Lock()
+			ans, ok := s.byKeyID[k+"#"+req.KeyID]
+			s.mu.Unlock()
+			if !ok {
+				http.Error(w, `{"error_code":"INVALID_KEY_ID"}`, http.StatusBadRequest)
+				return
+			}
+			_, _ = w.Write(ans)
+		}))
+	default:
+		s.Put(key, body, "")
+	}
 }
 
 // Put serves body (200, with the given Cache-Control when not "") at the
@@ -77,7 +130,7 @@ func (s *Server) Put(rawURL string, body []byte, cacheControl string) {
 
 // Handle serves h at the host and path of rawURL.
 func (s *Server) Handle(rawURL string, h http.Handler) {
-	k := key(rawURL)
+	k := hostPath(rawURL)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.handlers[k] = h
@@ -90,13 +143,13 @@ func (s *Server) Handle(rawURL string, h http.Handler) {
 func (s *Server) Hits(rawURL string) int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if c := s.hits[key(rawURL)]; c != nil {
+	if c := s.hits[hostPath(rawURL)]; c != nil {
 		return c.Load()
 	}
 	return 0
 }
 
-func key(rawURL string) string {
+func hostPath(rawURL string) string {
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		panic(err)
