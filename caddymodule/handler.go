@@ -477,6 +477,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			respondError(w, http.StatusServiceUnavailable, "event store unavailable", unavailableRetryAfter)
 			return nil
 		}
+		if errors.Is(err, signature.ErrKeyUnavailable) {
+			// Not a verdict on the delivery: the provider retries a 503.
+			d.outcome = outcomeKeyUnavailable
+			h.logger.Warn("fetching the provider's signing key failed; answered 503, nothing recorded nor forwarded",
+				zap.String("scope", h.Scope), zap.String("provider", h.Provider), zap.Error(err))
+			respondError(w, http.StatusServiceUnavailable, signature.ErrKeyUnavailable.Error(), unavailableRetryAfter)
+			return nil
+		}
 		d.outcome, d.reason = outcomeInvalidSignature, err.Error()
 		if isBodyRefusal(err) {
 			d.outcome = outcomeBadRequest
