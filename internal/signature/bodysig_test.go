@@ -24,9 +24,11 @@ func TestBodySigned(t *testing.T) {
 	secrets := map[string][2]string{
 		"mailgun": {"key-mailgun-current", "key-mailgun-previous"},
 		"msgraph": {"client-state-current", "client-state-previous"},
+		"sns":     {signingSecret("sns", snsTopic), signingSecret("sns", "arn:aws:sns:eu-west-1:123456789012:previous")},
 	}
 	bodies := map[string]string{
 		"mailgun": `{"event-data":{"id":"CPgfbmQMTCKtHW6uIWtuVe","event":"delivered"}}`,
+		"sns":     snsBody,
 		"msgraph": `{"value":[{"subscriptionId":"s1","changeType":"created","resource":"Users/1"},{"subscriptionId":"s1","changeType":"updated","resource":"Users/2"}]}`,
 	}
 	require.Len(t, secrets, len(bodySigned))
@@ -285,6 +287,7 @@ func TestSignDeliveryEveryPreset(t *testing.T) {
 	for _, name := range bodySigned {
 		secretFor[name] = [2]string{"body-secret", "body-secret"}
 	}
+	secretFor["sns"] = [2]string{signingSecret("sns", snsTopic), snsTopic}
 	for _, name := range signature.Providers() {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

@@ -7,6 +7,8 @@ import (
 	"crypto/sha1" //nolint:gosec // SignatureVersion 1 is SHA1withRSA, as AWS signs it
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -59,7 +61,7 @@ func init() {
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "x-amz-sns-message-type"}},
 			Signed:    "Name\\nvalue\\n of the signed fields, certificate from SigningCertURL",
-			Algorithm: "rsa-sha1 (v1), rsa-sha256 (v2)",
+			Algorithm: "rsa-sha1|rsa-sha256",
 			Encoding:  "base64",
 		},
 		build: buildSNS,
@@ -226,6 +228,18 @@ func snsDigest(hash crypto.Hash, s string) []byte {
 func (v *sns) signBody(body []byte, ts time.Time) ([]byte, error) {
 	if v.key == nil {
 		return nil, errors.New("signing needs a private key: secret <topic ARN>|<base64 PKCS#8 key> (NewSigningSecret)")
+	}
+	if !gjson.GetBytes(body, "Message").Exists() {
+		// Not an SNS message yet: wrap it as SNS does a published message,
+		// with a message ID derived from it (the same event, the same ID).
+		sum := sha256.Sum256(body)
+		env, err := json.Marshal(map[string]string{
+			"Type": "Notification", "MessageId": hex.EncodeToString(sum[:16]), "Message": string(body),
+		})
+		if err != nil {
+			return nil, err
+		}
+		body = env
 	}
 	var err error
 	set := func(name, val string) {

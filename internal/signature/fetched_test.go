@@ -1,0 +1,352 @@
+package signature_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/keyfetch/keyfetchtest"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
+)
+
+// keys is the local key server every fetched-key preset of this package's
+// tests reads from (keyfetch's test override; see keyfetchtest).
+var keys *keyfetchtest.Server
+
+func TestMain(m *testing.M) {
+	keys = keyfetchtest.Start()
+	code := m.Run()
+	keys.Close()
+	os.Exit(code)
+}
+
+// signingSecret makes a signing secret for a fetched-key preset.
+func signingSecret(provider, setting string) string {
+	s, err := signature.NewSigningSecret(provider, setting)
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
+
+const (
+	paypalWebhookID = "8PT597110X687430LKGECATA"
+	snsTopic        = "arn:aws:sns:us-east-1:123456789012:orders"
+	pubsubEmail     = "push@project-1.iam.gserviceaccount.com"
+	pubsubURL       = "https://hooks.example.test/pubsub"
+)
+
+// Fetched-key presets in the round-trip fixtures (sns signs in the body:
+// bodySigned).
+func init() {
+	fixtures = append(fixtures,
+		fixture{
+			provider: "paypal", body: jsonBody,
+			secrets: [2]string{signingSecret("paypal", paypalWebhookID), signingSecret("paypal", "5GP028458E2496506")},
+		},
+		fixture{
+			provider: "pubsub", body: pubsubBody, url: pubsubURL,
+			secrets: [2]string{signingSecret("pubsub", pubsubEmail), signingSecret("pubsub", "other@project-2.iam.gserviceaccount.com")},
+		},
+	)
+	bodySigned = append(bodySigned, "sns")
+	unsignedBody["pubsub"] = true
+}
+
+// unsignedBody are presets whose token covers no byte of the body but has
+// a format of its own (a JWT), unlike tokenLike.
+var unsignedBody = map[string]bool{}
+
+const pubsubBody = `{"message":{"attributes":{"k":"v"},"data":"eyJ2ZXJzaW9uIjoiMS4wIn0=","messageId":"2070443601311540","publishTime":"2025-12-01T00:00:00.000Z"},"subscription":"projects/p/subscriptions/s"}`
+
+const snsBody = `{"TopicArn":"arn:aws:sns:us-east-1:123456789012:orders","Type":"Notification","MessageId":"22b80b92-fdea-4c2c-8f9d-bdfb0c7bf324","Subject":"order","Message":"{\"order\":1000}","Timestamp":"2025-12-01T00:00:00.000Z","UnsubscribeURL":"https://sns.us-east-1.amazonaws.com/?Action=Unsubscribe"}`
+
+func verifyWith(t *testing.T, provider string, o signature.Options, body []byte, h http.Header) error {
+	t.Helper()
+	if o.Now == nil {
+		o.Now = clock(now)
+	}
+	v, err := signature.New(provider, o)
+	require.NoError(t, err)
+	err = v.Verify(body, h)
+	if err != nil {
+		requireOneSentinel(t, err)
+	}
+	return err
+}
+
+func TestPayPal(t *testing.T) {
+	t.Parallel()
+	secret := signingSecret("paypal", paypalWebhookID)
+	signed := func(t *testing.T) http.Header {
+		h := http.Header{}
+		require.NoError(t, signature.Sign("paypal", signature.Options{Secrets: []string{secret}}, []byte(jsonBody), h, now))
+		return h
+	}
+	cfg := signature.Options{Secrets: []string{paypalWebhookID}}
+	t.Run("signed string is PayPal's", func(t *testing.T) {
+		t.Parallel()
+		h := signed(t)
+		require.NoError(t, verifyWith(t, "paypal", cfg, []byte(jsonBody), h))
+		require.Contains(t, h.Get("Paypal-Cert-Url"), "https://api.sandbox.paypal.com/v1/notifications/certs/CERT-")
+	})
+	for _, tc := range []struct {
+		name   string
+		mutate func(h http.Header, body *string, o *signature.Options)
+		want   error
+	}{
+		{"wrong webhook ID", func(_ http.Header, _ *string, o *signature.Options) { o.Secrets = []string{"WH0THER"} }, signature.ErrNoMatchingSignature},
+		{"tampered body", func(_ http.Header, b *string, _ *signature.Options) { *b = strings.Replace(*b, "1000", "9000", 1) }, signature.ErrNoMatchingSignature},
+		{"other transmission ID", func(h http.Header, _ *string, _ *signature.Options) { h.Set("Paypal-Transmission-Id", "tx-other") }, signature.ErrNoMatchingSignature},
+		{"other transmission time", func(h http.Header, _ *string, _ *signature.Options) {
+			h.Set("Paypal-Transmission-Time", now.Add(time.Second).UTC().Format(time.RFC3339))
+		}, signature.ErrNoMatchingSignature},
+		{"certificate host not PayPal's", func(h http.Header, _ *string, _ *signature.Options) {
+			h.Set("Paypal-Cert-Url", strings.Replace(h.Get("Paypal-Cert-Url"), "api.sandbox.paypal.com", "api.sandbox.paypal.com.evil.example", 1))
+		}, signature.ErrMalformedHeader},
+		{"certificate over http", func(h http.Header, _ *string, _ *signature.Options) {
+			h.Set("Paypal-Cert-Url", strings.Replace(h.Get("Paypal-Cert-Url"), "https:", "http:", 1))
+		}, signature.ErrMalformedHeader},
+		{"certificate outside the certs path", func(h http.Header, _ *string, _ *signature.Options) {
+			h.Set("Paypal-Cert-Url", "https://api.paypal.com/v1/oauth2/token")
+		}, signature.ErrMalformedHeader},
+		{"certificate not found: unavailable", func(h http.Header, _ *string, _ *signature.Options) {
+			h.Set("Paypal-Cert-Url", "https://api.paypal.com/v1/notifications/certs/CERT-unknown")
+		}, signature.ErrKeyUnavailable},
+		{"other algorithm", func(h http.Header, _ *string, _ *signature.Options) { h.Set("Paypal-Auth-Algo", "SHA1withRSA") }, signature.ErrMalformedHeader},
+		{"missing certificate URL", func(h http.Header, _ *string, _ *signature.Options) { h.Del("Paypal-Cert-Url") }, signature.ErrMissingHeader},
+		{"stale with a configured tolerance", func(_ http.Header, _ *string, o *signature.Options) {
+			o.Tolerance, o.Now = time.Minute, clock(now.Add(61*time.Second))
+		}, signature.ErrTimestampOutOfTolerance},
+		{"fresh with a configured tolerance", func(_ http.Header, _ *string, o *signature.Options) {
+			o.Tolerance, o.Now = time.Minute, clock(now.Add(60*time.Second))
+		}, nil},
+		{"days later without a tolerance (PayPal retries for 3 days)", func(_ http.Header, _ *string, o *signature.Options) {
+			o.Now = clock(now.Add(72 * time.Hour))
+		}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h, body, o := signed(t), jsonBody, cfg
+			tc.mutate(h, &body, &o)
+			err := verifyWith(t, "paypal", o, []byte(body), h)
+			if tc.want == nil {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, tc.want)
+		})
+	}
+	t.Run("certificate refused before any fetch", func(t *testing.T) {
+		t.Parallel()
+		h := signed(t)
+		u := "https://api.paypal.com.evil.example/v1/notifications/certs/CERT-x"
+		keys.Put(u, []byte("not fetched"), "")
+		h.Set("Paypal-Cert-Url", u)
+		require.ErrorIs(t, verifyWith(t, "paypal", cfg, []byte(jsonBody), h), signature.ErrMalformedHeader)
+		require.Zero(t, keys.Hits(u))
+	})
+	t.Run("expired certificate", func(t *testing.T) {
+		t.Parallel()
+		o := cfg
+		o.Now = clock(now.Add(400 * 24 * time.Hour))
+		require.ErrorIs(t, verifyWith(t, "paypal", o, []byte(jsonBody), signed(t)), signature.ErrKeyUnavailable)
+	})
+}
+
+func snsSigned(t *testing.T, secret, body string) string {
+	t.Helper()
+	out, err := signature.SignBody("sns", signature.Options{Secrets: []string{secret}}, []byte(body), now)
+	require.NoError(t, err)
+	return string(out)
+}
+
+func TestSNS(t *testing.T) {
+	t.Parallel()
+	secret := signingSecret("sns", snsTopic)
+	cfg := signature.Options{Secrets: []string{snsTopic}}
+	for _, version := range []string{"1", "2"} {
+		t.Run("SignatureVersion "+version, func(t *testing.T) {
+			t.Parallel()
+			body, err := sjson.Set(snsBody, "SignatureVersion", version)
+			require.NoError(t, err)
+			signed := snsSigned(t, secret, body)
+			require.NoError(t, verifyWith(t, "sns", cfg, []byte(signed), http.Header{}))
+			other := strings.Replace(signed, `"SignatureVersion":"`+version, `"SignatureVersion":"`+map[string]string{"1": "2", "2": "1"}[version], 1)
+			require.ErrorIs(t, verifyWith(t, "sns", cfg, []byte(other), http.Header{}), signature.ErrNoMatchingSignature)
+		})
+	}
+	signed := snsSigned(t, secret, snsBody)
+	for _, tc := range []struct {
+		name   string
+		mutate func(body string) string
+		h      http.Header
+		cfg    []string
+		want   error
+	}{
+		{"valid", nil, nil, nil, nil},
+		{"message type header agrees", nil, http.Header{"X-Amz-Sns-Message-Type": {"Notification"}}, nil, nil},
+		{"message type header disagrees", nil, http.Header{"X-Amz-Sns-Message-Type": {"SubscriptionConfirmation"}}, nil, signature.ErrMalformedHeader},
+		{"tampered message", func(b string) string { return strings.Replace(b, "1000", "9000", 1) }, nil, nil, signature.ErrNoMatchingSignature},
+		{"topic not configured", nil, nil, []string{"arn:aws:sns:us-east-1:123456789012:other"}, signature.ErrNoMatchingSignature},
+		{"certificate host not SNS", func(b string) string {
+			u := gjson.Get(b, "SigningCertURL").Str
+			return mustSet(b, "SigningCertURL", strings.Replace(u, "sns.us-east-1.amazonaws.com", "sns.us-east-1.amazonaws.com.evil.example", 1))
+		}, nil, nil, signature.ErrMalformedHeader},
+		{"certificate host one label deeper", func(b string) string {
+			return mustSet(b, "SigningCertURL", "https://sns.x.evil.amazonaws.com/SimpleNotificationService-1.pem")
+		}, nil, nil, signature.ErrMalformedHeader},
+		{"certificate over http", func(b string) string {
+			return mustSet(b, "SigningCertURL", strings.Replace(gjson.Get(b, "SigningCertURL").Str, "https:", "http:", 1))
+		}, nil, nil, signature.ErrMalformedHeader},
+		{"certificate not a .pem", func(b string) string {
+			return mustSet(b, "SigningCertURL", "https://sns.us-east-1.amazonaws.com/cert")
+		}, nil, nil, signature.ErrMalformedHeader},
+		{"certificate unavailable", func(b string) string {
+			return mustSet(b, "SigningCertURL", "https://sns.eu-west-1.amazonaws.com/SimpleNotificationService-gone.pem")
+		}, nil, nil, signature.ErrKeyUnavailable},
+		{"unknown signature version", func(b string) string { return mustSet(b, "SignatureVersion", "3") }, nil, nil, signature.ErrMalformedHeader},
+		{"Signature twice", func(b string) string { return strings.Replace(b, `{`, `{"Signature":"AAAA",`, 1) }, nil, nil, signature.ErrMalformedHeader},
+		{"no Signature", func(b string) string { return mustDelete(b, "Signature") }, nil, nil, signature.ErrMissingHeader},
+		{"unknown Type", func(b string) string { return mustSet(b, "Type", "Other") }, nil, nil, signature.ErrMalformedHeader},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			body := signed
+			if tc.mutate != nil {
+				body = tc.mutate(body)
+			}
+			o := cfg
+			if tc.cfg != nil {
+				o.Secrets = tc.cfg
+			}
+			h := tc.h
+			if h == nil {
+				h = http.Header{}
+			}
+			err := verifyWith(t, "sns", o, []byte(body), h)
+			if tc.want == nil {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, tc.want)
+		})
+	}
+	t.Run("topic checked before any fetch", func(t *testing.T) {
+		t.Parallel()
+		u := "https://sns.ap-south-1.amazonaws.com/SimpleNotificationService-topic-first.pem"
+		body := mustSet(signed, "SigningCertURL", u)
+		err := verifyWith(t, "sns", signature.Options{Secrets: []string{"arn:aws:sns:us-east-1:123456789012:other"}}, []byte(body), http.Header{})
+		require.ErrorIs(t, err, signature.ErrNoMatchingSignature)
+		require.Zero(t, keys.Hits(u))
+	})
+}
+
+// TestSNSSubscription: SubscriptionConfirmation and UnsubscribeConfirmation
+// are handshakes, signed over their own field list (with Token and
+// SubscribeURL), forwarded without a claim; a SubscribeURL outside SNS is
+// refused even when signed.
+func TestSNSSubscription(t *testing.T) {
+	t.Parallel()
+	secret := signingSecret("sns", snsTopic)
+	p, ok := signature.Lookup("sns")
+	require.True(t, ok)
+	for _, typ := range []string{"SubscriptionConfirmation", "UnsubscribeConfirmation"} {
+		t.Run(typ, func(t *testing.T) {
+			t.Parallel()
+			body := `{"Type":"` + typ + `","MessageId":"165545c9-2a5c-472c-8df2-7ff2be2b3b1b","Token":"2336412f37fb687f5d51e6e2425","TopicArn":"` + snsTopic +
+				`","Message":"You have chosen to subscribe to the topic.","SubscribeURL":"https://sns.us-east-1.amazonaws.com/?Action=ConfirmSubscription&TopicArn=arn:aws:sns:us-east-1:123456789012:orders&Token=2336412f37fb687f5d51e6e2425","Timestamp":"2025-12-01T00:00:00.000Z"}`
+			signed := snsSigned(t, secret, body)
+			require.NoError(t, verifyWith(t, "sns", signature.Options{Secrets: []string{snsTopic}}, []byte(signed), http.Header{}))
+			r := httptest.NewRequest(http.MethodPost, "/sns", strings.NewReader(signed))
+			a, ok := p.MatchHandshake(r, []byte(signed), "")
+			require.True(t, ok)
+			require.True(t, a.Forward)
+			require.Equal(t, signature.AuthSignature, a.Challenge.Auth)
+
+			tampered := strings.Replace(signed, "2336412f37fb687f5d51e6e2425", "2336412f37fb687f5d51e6e2426", 1)
+			require.ErrorIs(t, verifyWith(t, "sns", signature.Options{Secrets: []string{snsTopic}}, []byte(tampered), http.Header{}), signature.ErrNoMatchingSignature, "Token is signed")
+
+			elsewhere := snsSigned(t, secret, mustSet(body, "SubscribeURL", "https://evil.example/?Action=ConfirmSubscription"))
+			require.ErrorIs(t, verifyWith(t, "sns", signature.Options{Secrets: []string{snsTopic}}, []byte(elsewhere), http.Header{}), signature.ErrMalformedHeader)
+		})
+	}
+	notification := snsSigned(t, secret, snsBody)
+	_, ok = p.MatchHandshake(httptest.NewRequest(http.MethodPost, "/sns", strings.NewReader(notification)), []byte(notification), "")
+	require.False(t, ok, "a Notification is a delivery")
+}
+
+func mustSet(body, path, value string) string {
+	out, err := sjson.Set(body, path, value)
+	if err != nil {
+		panic(err)
+	}
+	return out
+}
+
+func mustDelete(body, path string) string {
+	out, err := sjson.Delete(body, path)
+	if err != nil {
+		panic(err)
+	}
+	return out
+}
+
+func TestPubSub(t *testing.T) {
+	t.Parallel()
+	secret := signingSecret("pubsub", pubsubEmail)
+	other := signingSecret("pubsub", pubsubEmail)
+	signed := func(t *testing.T, secret, url string, at time.Time) http.Header {
+		h := http.Header{}
+		require.NoError(t, signature.Sign("pubsub", signature.Options{Secrets: []string{secret}, URL: url}, []byte(pubsubBody), h, at))
+		return h
+	}
+	cfg := signature.Options{Secrets: []string{pubsubEmail}, URL: pubsubURL}
+	for _, tc := range []struct {
+		name string
+		h    func(t *testing.T) http.Header
+		o    func(o *signature.Options)
+		want error
+	}{
+		{"valid", func(t *testing.T) http.Header { return signed(t, secret, pubsubURL, now) }, nil, nil},
+		{"valid near expiry", func(t *testing.T) http.Header { return signed(t, secret, pubsubURL, now.Add(-time.Hour-4*time.Minute)) }, nil, nil},
+		{"expired", func(t *testing.T) http.Header { return signed(t, secret, pubsubURL, now.Add(-time.Hour-6*time.Minute)) }, nil, signature.ErrTimestampOutOfTolerance},
+		{"issued in the future", func(t *testing.T) http.Header { return signed(t, secret, pubsubURL, now.Add(6*time.Minute)) }, nil, signature.ErrTimestampOutOfTolerance},
+		{"other audience", func(t *testing.T) http.Header { return signed(t, secret, "https://other.example.test/pubsub", now) }, nil, signature.ErrNoMatchingSignature},
+		{"other service account", func(t *testing.T) http.Header { return signed(t, secret, pubsubURL, now) },
+			func(o *signature.Options) { o.Secrets = []string{"someone@else.iam.gserviceaccount.com"} }, signature.ErrNoMatchingSignature},
+		{"key not Google's", func(t *testing.T) http.Header {
+			h := signed(t, secret, pubsubURL, now)
+			// Same kid, signature by another key: swap the signature part.
+			o := signed(t, other, pubsubURL, now)
+			tok, otok := strings.TrimPrefix(h.Get("Authorization"), "Bearer "), strings.TrimPrefix(o.Get("Authorization"), "Bearer ")
+			h.Set("Authorization", "Bearer "+tok[:strings.LastIndex(tok, ".")]+otok[strings.LastIndex(otok, "."):])
+			return h
+		}, nil, signature.ErrNoMatchingSignature},
+		{"alg none", func(*testing.T) http.Header {
+			return http.Header{"Authorization": {"Bearer eyJhbGciOiJub25lIn0.eyJpc3MiOiJhY2NvdW50cy5nb29nbGUuY29tIn0."}}
+		}, nil, signature.ErrMalformedHeader},
+		{"not bearer", func(*testing.T) http.Header { return http.Header{"Authorization": {"Basic dXNlcjpwYXNz"}} }, nil, signature.ErrMalformedHeader},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			o := cfg
+			if tc.o != nil {
+				tc.o(&o)
+			}
+			err := verifyWith(t, "pubsub", o, []byte(pubsubBody), tc.h(t))
+			if tc.want == nil {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, tc.want)
+		})
+	}
+}
