@@ -233,9 +233,11 @@ func (v *sns) signBody(body []byte, ts time.Time) ([]byte, error) {
 		// Not an SNS message yet: wrap it as SNS does a published message,
 		// with a message ID derived from it (the same event, the same ID).
 		sum := sha256.Sum256(body)
-		env, err := json.Marshal(map[string]string{
-			"Type": "Notification", "MessageId": hex.EncodeToString(sum[:16]), "Message": string(body),
-		})
+		id := hex.EncodeToString(sum[:16])
+		if v := gjson.GetBytes(body, "MessageId"); v.Type == gjson.String {
+			id = v.Str
+		}
+		env, err := json.Marshal(map[string]string{"Type": "Notification", "MessageId": id, "Message": string(body)})
 		if err != nil {
 			return nil, err
 		}
