@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,6 +30,7 @@ type Server struct {
 	anchors  map[string][]byte            // name → PEM bundle
 	jwks     map[string][]json.RawMessage // host+path → JWKs
 	byKeyID  map[string][]byte            // host+path#key_id → body
+	failing  map[string]bool              // host+path answered 503
 }
 
 // Start starts a server and installs it for every Fetcher of the process.
@@ -36,6 +38,7 @@ func Start() *Server {
 	s := &Server{
 		handlers: map[string]http.Handler{}, hits: map[string]*atomic.Int64{},
 		anchors: map[string][]byte{}, jwks: map[string][]json.RawMessage{}, byKeyID: map[string][]byte{},
+		failing: map[string]bool{},
 	}
 	s.srv = httptest.NewTLSServer(http.HandlerFunc(s.serve))
 	pool := x509.NewCertPool()
@@ -79,6 +82,16 @@ func (s *Server) Publish(key string, body []byte) {
 		u := strings.TrimPrefix(key, "jwks:")
 		s.mu.Lock()
 		k := hostPath(u)
+		var kid struct {
+			Kid string `json:"kid"`
+		}
+		_ = json.Unmarshal(body, &kid)
+		s.jwks[k] = slices.DeleteFunc(s.jwks[k], func(old json.RawMessage) bool {
+			var o struct {
+				Kid string `json:"kid"`
+			}
+			return json.Unmarshal(old, &o) == nil && o.Kid == kid.Kid
+		})
 		s.jwks[k] = append(s.jwks[k], json.RawMessage(body))
 		s.mu.Unlock()
 		s.Handle(u, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
@@ -139,6 +152,14 @@ func (s *Server) Handle(rawURL string, h http.Handler) {
 	}
 }
 
+// SetFailing makes the host and path of rawURL answer 503 (on) or what
+// was put there (off).
+func (s *Server) SetFailing(rawURL string, on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failing[hostPath(rawURL)] = on
+}
+
 // Hits is how many requests reached the host and path of rawURL.
 func (s *Server) Hits(rawURL string) int64 {
 	s.mu.Lock()
@@ -160,8 +181,12 @@ func hostPath(rawURL string) string {
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	k := r.Host + r.URL.Path
 	s.mu.Lock()
-	h, c := s.handlers[k], s.hits[k]
+	h, c, failing := s.handlers[k], s.hits[k], s.failing[k]
 	s.mu.Unlock()
+	if failing {
+		http.Error(w, "unavailable", http.StatusServiceUnavailable)
+		return
+	}
 	if h == nil {
 		http.NotFound(w, r)
 		return
