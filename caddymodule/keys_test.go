@@ -27,6 +27,7 @@ var fetchedSetting = map[string]string{
 	"paypal": "8PT597110X687430LKGECATA",
 	"sns":    "arn:aws:sns:us-east-1:123456789012:orders",
 	"pubsub": "push@project-1.iam.gserviceaccount.com",
+	"wise":   "test",
 }
 
 // fetchedSigningSecret returns a signing secret (setting|private key) for

@@ -118,7 +118,7 @@ func protoRoutes(t *testing.T) []protoRoute {
 	add("sendgrid", "/p/sendgrid-split", "batch split", "scope sendgrid_split")
 	add("gocardless", "/p/gocardless-split", "batch split")
 	add("hubspot", "")
-	for _, p := range []string{"paypal", "sns", "pubsub"} {
+	for _, p := range []string{"paypal", "sns", "pubsub", "wise"} {
 		add(p, "")
 	}
 	return routes
@@ -465,8 +465,8 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 		require.Equal(t, "true", rh.Get("Idempotent-Replayed"))
 	})
 
-	t.Run("paypal, sns and pubsub verified with the provider's fetched keys", func(t *testing.T) {
-		for _, p := range []string{"/p/paypal", "/p/sns", "/p/pubsub"} {
+	t.Run("paypal, sns, pubsub and wise verified with the provider's keys", func(t *testing.T) {
+		for _, p := range []string{"/p/paypal", "/p/sns", "/p/pubsub", "/p/wise"} {
 			requireDelivers(t, byPath[p], byPath[p].signing)
 		}
 		// A signature PayPal's certificate does not verify is refused.

@@ -52,6 +52,10 @@ func init() {
 			secrets: [2]string{signingSecret("paypal", paypalWebhookID), signingSecret("paypal", "5GP028458E2496506")},
 		},
 		fixture{
+			provider: "wise", body: jsonBody,
+			secrets: [2]string{signingSecret("wise", "test"), signingSecret("wise", "test")},
+		},
+		fixture{
 			provider: "pubsub", body: pubsubBody, url: pubsubURL,
 			secrets: [2]string{signingSecret("pubsub", pubsubEmail), signingSecret("pubsub", "other@project-2.iam.gserviceaccount.com")},
 		},
@@ -349,4 +353,20 @@ func TestPubSub(t *testing.T) {
 			require.ErrorIs(t, err, tc.want)
 		})
 	}
+}
+
+// Wise's own signed example (github.com/transferwise/digital-signatures-
+// examples, verify-webhook-signature), checked with the embedded sandbox
+// key; the production key refuses it.
+func TestWiseDocumentedVector(t *testing.T) {
+	t.Parallel()
+	body := `{"data":{"resource":{"id":49983981,"profile_id":16055450,"account_id":14124090,"type":"transfer"},"current_state":"incoming_payment_waiting","previous_state":null,"occurred_at":"2021-08-23T10:12:50Z"},"subscription_id":"90aa8e14-4ef1-4a56-861c-f3c9cde097ea","event_type":"transfers#state-change","schema_version":"2.0.0","sent_at":"2021-08-23T10:12:50Z"}`
+	h := http.Header{"X-Signature-Sha256": {"wKcKCYXAzxNgiu7xmoDm943NUni7Rz33QN8JkEA9dWSGebgndonabgSj18Y4C08OrwVmueGsED2s00M7DtJVcYKOS1i3G4TMVx+mgM3aL9djMBkQtiYNBFUd6wrPI7ZUNHv/TrlKSjTMc+6JFvUvJ7owY3z85e3I4jLRLJowMFvO8kvCJ60+1pY9wDwZvtZ//WS93LrwGjk9Dvwzpmu0w+P4J75tETT5qC3Uv0y5G2yO8SEoO3yNP/tg/BOli02niHb53vEOUWUb9bly6thnfMoXoiV/osoGxgF20R58RlvkAmezyyl1Sv542TfS2DpiwVnmjjjkCyXeSUcKookYLQ=="}}
+	require.NoError(t, verifyWith(t, "wise", signature.Options{Secrets: []string{"sandbox"}}, []byte(body), h))
+	require.NoError(t, verifyWith(t, "wise", signature.Options{Secrets: []string{"production", "sandbox"}}, []byte(body), h))
+	require.ErrorIs(t, verifyWith(t, "wise", signature.Options{Secrets: []string{"production"}}, []byte(body), h), signature.ErrNoMatchingSignature)
+	tampered := strings.Replace(body, "49983981", "49983982", 1)
+	require.ErrorIs(t, verifyWith(t, "wise", signature.Options{Secrets: []string{"sandbox"}}, []byte(tampered), h), signature.ErrNoMatchingSignature)
+	_, err := signature.New("wise", signature.Options{Secrets: []string{"staging"}})
+	require.ErrorContains(t, err, "not production, sandbox or a base64 RSA public key")
 }
