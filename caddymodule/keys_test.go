@@ -1,7 +1,6 @@
 package caddymodule
 
 import (
-	"os"
 	"testing"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/keyfetch/keyfetchtest"
@@ -11,15 +10,8 @@ import (
 // keys is the local key server of this package's tests: the presets
 // verified with the provider's fetched keys (paypal, sns, pubsub) read
 // their certificates and key sets from it, through keyfetch's test-only
-// override (no configuration can install it).
+// override (no configuration can install it). TestMain starts it.
 var keys *keyfetchtest.Server
-
-func TestMain(m *testing.M) {
-	keys = keyfetchtest.Start()
-	code := m.Run()
-	keys.Close()
-	os.Exit(code)
-}
 
 // fetchedSetting is what each fetched-key preset is configured with in
 // tests: PayPal's webhook ID, the SNS topic, the Pub/Sub service account.
