@@ -25,11 +25,13 @@ func TestBodySigned(t *testing.T) {
 		"mailgun": {"key-mailgun-current", "key-mailgun-previous"},
 		"msgraph": {"client-state-current", "client-state-previous"},
 		"sns":     {signingSecret("sns", snsTopic), signingSecret("sns", "arn:aws:sns:eu-west-1:123456789012:previous")},
+		"adyen":   {adyenKey, adyenKeyOld},
 	}
 	bodies := map[string]string{
 		"mailgun": `{"event-data":{"id":"CPgfbmQMTCKtHW6uIWtuVe","event":"delivered"}}`,
 		"sns":     snsBody,
 		"msgraph": `{"value":[{"subscriptionId":"s1","changeType":"created","resource":"Users/1"},{"subscriptionId":"s1","changeType":"updated","resource":"Users/2"}]}`,
+		"adyen":   adyenBody,
 	}
 	require.Len(t, secrets, len(bodySigned))
 	for _, name := range bodySigned {
@@ -288,6 +290,8 @@ func TestSignDeliveryEveryPreset(t *testing.T) {
 		secretFor[name] = [2]string{"body-secret", "body-secret"}
 	}
 	secretFor["sns"] = [2]string{signingSecret("sns", snsTopic), snsTopic}
+	secretFor["adyen"] = [2]string{adyenKey, adyenKey}
+	bodyFor := map[string]string{"adyen": adyenBody}
 	for _, name := range signature.Providers() {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -302,6 +306,9 @@ func TestSignDeliveryEveryPreset(t *testing.T) {
 				h.Set(k, v)
 			}
 			body := `{"id":"evt_1","event-data":{"id":"e1"},"data":{"amount":1000}}`
+			if b, ok := bodyFor[name]; ok {
+				body = b
+			}
 			s := secretFor[name]
 			o := signature.Options{Secrets: []string{s[0]}, URL: f.url, HMAC: f.hmac, Now: clock(now)}
 			out, err := signature.SignDelivery(name, o, []byte(body), h, now)

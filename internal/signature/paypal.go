@@ -40,7 +40,14 @@ import (
 // documentation.
 func init() {
 	register(Preset{
-		Name:            "paypal",
+		Name: "paypal",
+		Delivery: Delivery{
+			Retry:   Retry{Retries: true, For: 3 * 24 * time.Hour, Note: "up to 25 retries when the answer is not 2xx, there is none, or PayPal cannot connect", Source: "https://developer.paypal.com/api/rest/webhooks/rest/#link-subscribingalistenerurl"},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Source: Undocumented},
+			Answer:  Answer{Note: "HTTP 2xx every time one is posted", Source: "https://developer.paypal.com/api/rest/webhooks/rest/#link-subscribingalistenerurl"},
+			Refusal: Refusal{Note: "no status required; any non-2xx is retried like a failure", Source: "https://developer.paypal.com/api/rest/webhooks/rest/#link-subscribingalistenerurl"},
+		},
 		Doc:             "https://developer.paypal.com/api/rest/webhooks/rest/#link-verifyeventnotifications",
 		SignatureHeader: "PAYPAL-TRANSMISSION-SIG: <base64 RSA> (with PAYPAL-TRANSMISSION-ID, -TIME, PAYPAL-CERT-URL, PAYPAL-AUTH-ALGO)",
 		EventID:         ids(jsonID("id")),

@@ -2,7 +2,6 @@ package signature
 
 import (
 	"fmt"
-	"net/http"
 	"slices"
 	"time"
 )
@@ -39,7 +38,8 @@ type Preset struct {
 	// RefuseStatus is the HTTP status the provider's documentation requires
 	// for a delivery that fails verification (a bad, missing or stale
 	// signature). 0 when registering means 400, the status every provider
-	// accepts as "not retried, not processed"; Lookup always returns the
+	// accepts as "not processed"; a documented Delivery.Refusal.Status
+	// sets it. Lookup always returns the
 	// resolved status. Only a documented requirement sets another: Discord
 	// sends deliberately bad signatures to an interactions endpoint and
 	// removes the endpoint unless it answers 401 (see Doc).
@@ -60,6 +60,9 @@ type Preset struct {
 	// testdata/oracles.json prove this preset; "" means the preset rests on
 	// the provider's documentation only. TestOracles keeps the two in step.
 	Oracle string
+	// Delivery is how the provider delivers (retries, maximum body,
+	// timeout, expected answer, refusal), each fact with its source.
+	Delivery Delivery
 
 	// Scheme is how the provider signs. For presets with bespoke code it
 	// only describes the scheme (Signed is then prose, not a template).
@@ -175,9 +178,14 @@ func register(p Preset) {
 	if p.Doc == "" || p.SignatureHeader == "" {
 		panic("signature: preset " + p.Name + " lacks Doc or SignatureHeader")
 	}
-	if p.RefuseStatus == 0 {
-		p.RefuseStatus = http.StatusBadRequest
+	if err := p.Delivery.validate(); err != nil {
+		panic(fmt.Sprintf("signature: preset %s: delivery: %v", p.Name, err))
 	}
+	status, err := deliveryRefuseStatus(p)
+	if err != nil {
+		panic(fmt.Sprintf("signature: preset %s: %v", p.Name, err))
+	}
+	p.RefuseStatus = status
 	if p.RefuseStatus < 400 || p.RefuseStatus > 499 {
 		panic(fmt.Sprintf("signature: preset %s: refusal status %d is not 4xx", p.Name, p.RefuseStatus))
 	}

@@ -31,7 +31,7 @@ const linearBody = `{"action":"create","type":"Issue","webhookTimestamp":1764547
 
 // bodySigned are the presets whose signature lives in the body (SignBody);
 // TestBodySigned covers them instead of the header round trips.
-var bodySigned = []string{"mailgun", "msgraph"}
+var bodySigned = []string{"mailgun", "msgraph", "adyen"}
 
 // tokenLike are the presets whose secret covers no byte of the body.
 var tokenLike = map[string]bool{"gitlab": true, "okta": true}

@@ -51,7 +51,14 @@ func init() {
 		}
 	}
 	register(Preset{
-		Name:            "sns",
+		Name: "sns",
+		Delivery: Delivery{
+			Retry:   Retry{Retries: true, Attempts: 4, Note: "default policy: 3 retries 20 s apart after server-side errors; an HTTP/S delivery policy may set more, at most 3,600 s in all", Source: "https://docs.aws.amazon.com/sns/latest/dg/sns-message-delivery-retries.html"},
+			MaxBody: MaxBody{Bytes: 256 << 10, Note: "the published message; the JSON envelope adds its fields, signature and URLs", Source: "https://docs.aws.amazon.com/sns/latest/api/API_Publish.html"},
+			Timeout: Timeout{Source: Undocumented},
+			Answer:  Answer{Source: Undocumented},
+			Refusal: Refusal{Note: "retries follow server-side errors only: a 4xx refusal is not retried", Source: "https://docs.aws.amazon.com/sns/latest/dg/sns-message-delivery-retries.html"},
+		},
 		Doc:             "https://docs.aws.amazon.com/sns/latest/dg/sns-verify-signature-of-message.html",
 		SignatureHeader: "body: Signature, SignatureVersion 1|2, SigningCertURL (x-amz-sns-message-type header)",
 		EventID:         ids(jsonID("MessageId")),

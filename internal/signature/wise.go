@@ -30,7 +30,14 @@ import (
 // vector (TestWiseDocumentedVector).
 func init() {
 	register(Preset{
-		Name:            "wise",
+		Name: "wise",
+		Delivery: Delivery{
+			Retry:   Retry{Retries: true, For: 14 * 24 * time.Hour, Attempts: 25, Note: "increasing intervals over two weeks, at most 25 times", Source: "https://docs.wise.com/guides/developer/webhooks/event-handling"},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 5 * time.Second, Source: "https://docs.wise.com/guides/developer/webhooks/event-handling"},
+			Answer:  Answer{Note: "2xx within 5 seconds; store the event and process it apart", Source: "https://docs.wise.com/guides/developer/webhooks/event-handling"},
+			Refusal: Refusal{Note: "no status required; anything but 2xx is a failed attempt, retried", Source: "https://docs.wise.com/guides/developer/webhooks/event-handling"},
+		},
 		Doc:             "https://docs.wise.com/guides/developer/webhooks/event-handling",
 		SignatureHeader: "X-Signature-SHA256: <base64 RSA>",
 		DedupeBody:      true,

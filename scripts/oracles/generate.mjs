@@ -607,6 +607,42 @@ async function standardFamily(preset, libName, Webhook, prefix, libSecret, confi
   }
 }
 
+// ---- Adyen: @adyen/api-library HmacValidator signs each notification item
+// (calculateHmac) and verifies it (validateHMAC); a delivery is valid when
+// every item is.
+{
+  const { hmacValidator: HmacValidator } = require('@adyen/api-library');
+  const hv = new HmacValidator();
+  const lib = '@adyen/api-library', ver = version(lib);
+  const key = '44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056';
+  const other = '0A1B2C3D4E5F60718293A4B5C6D7E8F90A1B2C3D4E5F60718293A4B5C6D7E8F9';
+  const items = [
+    { additionalData: { authCode: '58747' }, amount: { currency: 'EUR', value: 1000 }, eventCode: 'AUTHORISATION', eventDate: '2025-12-01T00:00:00+01:00', merchantAccountCode: 'TestMerchant', merchantReference: 'order-1', pspReference: '7914073381342284', reason: '', success: 'true' },
+    { additionalData: {}, amount: { currency: 'EUR', value: 2500 }, eventCode: 'CAPTURE', eventDate: '2025-12-01T00:00:01+01:00', merchantAccountCode: 'TestMerchant', merchantReference: 'order-2', originalReference: '8313842560770001', pspReference: '8825408195409505', reason: '', success: 'true' },
+  ];
+  const signedBody = (k) => JSON.stringify({
+    live: 'false',
+    notificationItems: items.map((it) => {
+      const c = structuredClone(it);
+      c.additionalData.hmacSignature = hv.calculateHmac(c, k);
+      return { NotificationRequestItem: c };
+    }),
+  });
+  const check = (b) => () => JSON.parse(b).notificationItems.every((n) => hv.validateHMAC(n.NotificationRequestItem, key));
+  const how = 'each item signed with HmacValidator.calculateHmac, verified with validateHMAC (valid when every item is)';
+  const good = signedBody(key);
+  for (const [name, b, ok] of [
+    ['valid', good, true],
+    ['tampered amount in one item', good.replace('"value":2500', '"value":2501'), false],
+    ['wrong key', signedBody(other), false],
+    ['unsigned item', good.replace(/"hmacSignature":"[^"]*"/, '"x":"y"'), false],
+    ['amount written as 1000.0', good.replace('"value":1000', '"value":1000.0'), true],
+    ['unsigned field changed', good.replace('"eventDate":"2025-12-01T00:00:00+01:00"', '"eventDate":"2030-01-01T00:00:00+01:00"'), true],
+  ]) {
+    await add({ preset: 'adyen', case: name, library: lib, version: ver, how, secrets: [key], headers: {}, body: b }, check(b), ok);
+  }
+}
+
 // ---- Presets verified with the provider's public keys: keys.mjs.
 await keyVectors({ add, NOW, NOW_S, version, require });
 
