@@ -20,6 +20,7 @@ var fetchedSetting = map[string]string{
 	"sns":    "arn:aws:sns:us-east-1:123456789012:orders",
 	"pubsub": "push@project-1.iam.gserviceaccount.com",
 	"wise":   "test",
+	"plaid":  "sandbox:client-a:secret-a",
 }
 
 // fetchedSigningSecret returns a signing secret (setting|private key) for

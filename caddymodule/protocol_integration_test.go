@@ -119,7 +119,7 @@ func protoRoutes(t *testing.T) []protoRoute {
 	add("sendgrid", "/p/sendgrid-split", "batch split", "scope sendgrid_split")
 	add("gocardless", "/p/gocardless-split", "batch split")
 	add("hubspot", "")
-	for _, p := range []string{"paypal", "sns", "pubsub", "wise"} {
+	for _, p := range []string{"paypal", "sns", "pubsub", "wise", "plaid"} {
 		add(p, "")
 	}
 	add("adyen", "")
@@ -568,8 +568,8 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 		require.Equal(t, "true", rh.Get("Idempotent-Replayed"))
 	})
 
-	t.Run("paypal, sns, pubsub and wise verified with the provider's keys", func(t *testing.T) {
-		for _, p := range []string{"/p/paypal", "/p/sns", "/p/pubsub", "/p/wise"} {
+	t.Run("paypal, sns, pubsub, wise and plaid verified with the provider's keys", func(t *testing.T) {
+		for _, p := range []string{"/p/paypal", "/p/sns", "/p/pubsub", "/p/wise", "/p/plaid"} {
 			requireDelivers(t, byPath[p], byPath[p].signing)
 		}
 		// A signature PayPal's certificate does not verify is refused.
@@ -619,9 +619,9 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 	})
 
 	t.Run("a provider key that cannot be fetched: 503, nothing recorded, the retry delivers", func(t *testing.T) {
-		for _, p := range []string{"/p/paypal", "/p/sns", "/p/pubsub"} {
+		for _, p := range []string{"/p/paypal", "/p/sns", "/p/pubsub", "/p/plaid"} {
 			r := byPath[p]
-			d, err := buildDelivery(signParams{Provider: r.provider, Secret: r.signing, URL: r.url})
+			d, err := buildDelivery(signParams{Provider: r.provider, Secret: r.signing, URL: r.url, EventIDFrom: r.idFrom})
 			require.NoError(t, err)
 			keyURL := d.Header.Get("Paypal-Cert-Url")
 			switch r.provider {
@@ -629,6 +629,8 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 				keyURL = gjson.GetBytes(d.Body, "SigningCertURL").Str
 			case "pubsub":
 				keyURL = "https://www.googleapis.com/oauth2/v3/certs"
+			case "plaid":
+				keyURL = "https://sandbox.plaid.com/webhook_verification_key/get"
 			}
 			require.NotEmpty(t, keyURL)
 			keys.SetFailing(keyURL, true)

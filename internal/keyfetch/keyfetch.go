@@ -46,6 +46,20 @@ var (
 	ErrUnavailable = errors.New("provider key unavailable")
 )
 
+// StatusError is an answer other than 200 (and not a redirect) from an
+// allowed host. It wraps ErrUnavailable; a caller may read Code (Plaid
+// answers 400 for a key ID it does not know).
+type StatusError struct {
+	Host string
+	Code int
+}
+
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("key host %s answered %d: %s", e.Host, e.Code, ErrUnavailable)
+}
+
+func (e *StatusError) Unwrap() error { return ErrUnavailable }
+
 // Defaults of Policy's zero fields.
 const (
 	DefaultMaxBytes   = 64 << 10
@@ -279,7 +293,7 @@ func (f *Fetcher) fetch(o *TestOverride, method, rawURL string, body []byte, con
 		if resp.StatusCode >= 300 && resp.StatusCode < 400 {
 			return nil, 0, fmt.Errorf("key host %s answered a redirect (%d), which is refused: %w", req.URL.Host, resp.StatusCode, ErrUnavailable)
 		}
-		return nil, 0, fmt.Errorf("key host %s answered %d: %w", req.URL.Host, resp.StatusCode, ErrUnavailable)
+		return nil, 0, &StatusError{Host: req.URL.Host, Code: resp.StatusCode}
 	}
 	if resp.ContentLength > f.p.MaxBytes {
 		return nil, 0, fmt.Errorf("key from %s is %d bytes, more than %d: %w", req.URL.Host, resp.ContentLength, f.p.MaxBytes, ErrUnavailable)

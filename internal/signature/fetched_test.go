@@ -41,6 +41,8 @@ const (
 	snsTopic        = "arn:aws:sns:us-east-1:123456789012:orders"
 	pubsubEmail     = "push@project-1.iam.gserviceaccount.com"
 	pubsubURL       = "https://hooks.example.test/pubsub"
+	plaidCreds      = "sandbox:client-a:secret-a"
+	plaidBody       = `{"environment":"sandbox","error":null,"item_id":"wz666MBjYWTp2PDzzggYhM6oWWmBb","new_transactions":19,"webhook_code":"DEFAULT_UPDATE","webhook_type":"TRANSACTIONS"}`
 )
 
 // Fetched-key presets in the round-trip fixtures (sns signs in the body:
@@ -54,6 +56,10 @@ func init() {
 		fixture{
 			provider: "wise", body: jsonBody,
 			secrets: [2]string{signingSecret("wise", "test"), signingSecret("wise", "test")},
+		},
+		fixture{
+			provider: "plaid", body: plaidBody,
+			secrets: [2]string{signingSecret("plaid", plaidCreds), signingSecret("plaid", "sandbox:client-b:secret-b")},
 		},
 		fixture{
 			provider: "pubsub", body: pubsubBody, url: pubsubURL,
@@ -369,4 +375,63 @@ func TestWiseDocumentedVector(t *testing.T) {
 	require.ErrorIs(t, verifyWith(t, "wise", signature.Options{Secrets: []string{"sandbox"}}, []byte(tampered), h), signature.ErrNoMatchingSignature)
 	_, err := signature.New("wise", signature.Options{Secrets: []string{"staging"}})
 	require.ErrorContains(t, err, "not production, sandbox or a base64 RSA public key")
+}
+
+func TestPlaid(t *testing.T) {
+	t.Parallel()
+	secret := signingSecret("plaid", plaidCreds)
+	signed := func(t *testing.T, body string, at time.Time) http.Header {
+		h := http.Header{}
+		require.NoError(t, signature.Sign("plaid", signature.Options{Secrets: []string{secret}}, []byte(body), h, at))
+		return h
+	}
+	cfg := signature.Options{Secrets: []string{plaidCreds}}
+	require.NoError(t, verifyWith(t, "plaid", cfg, []byte(plaidBody), signed(t, plaidBody, now)))
+	for _, tc := range []struct {
+		name string
+		h    func(t *testing.T) http.Header
+		body string
+		o    []string
+		want error
+	}{
+		{"tampered body", func(t *testing.T) http.Header { return signed(t, plaidBody, now) }, strings.Replace(plaidBody, "19", "91", 1), nil, signature.ErrNoMatchingSignature},
+		{"stale: 5 min and 1 s old", func(t *testing.T) http.Header { return signed(t, plaidBody, now.Add(-5*time.Minute-time.Second)) }, "", nil, signature.ErrTimestampOutOfTolerance},
+		{"5 min old", func(t *testing.T) http.Header { return signed(t, plaidBody, now.Add(-5*time.Minute)) }, "", nil, nil},
+		{"another client's credentials: Plaid knows no such key for it", func(t *testing.T) http.Header { return signed(t, plaidBody, now) }, "", []string{"sandbox:client-c:secret-c"}, signature.ErrNoMatchingSignature},
+		// The local key server serves nothing at production.plaid.com: a
+		// key Plaid's host cannot give is unavailable (503), not accepted.
+		{"production credentials ask production.plaid.com", func(t *testing.T) http.Header { return signed(t, plaidBody, now) }, "", []string{"production:client-a:secret-a"}, signature.ErrKeyUnavailable},
+		{"HS256 token", func(*testing.T) http.Header {
+			return http.Header{"Plaid-Verification": {"eyJhbGciOiJIUzI1NiIsImtpZCI6ImsifQ.eyJpYXQiOjF9.c2ln"}}
+		}, "", nil, signature.ErrMalformedHeader},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			body := tc.body
+			if body == "" {
+				body = plaidBody
+			}
+			o := cfg
+			if tc.o != nil {
+				o.Secrets = tc.o
+			}
+			err := verifyWith(t, "plaid", o, []byte(body), tc.h(t))
+			if tc.want == nil {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, tc.want)
+		})
+	}
+	t.Run("a body that is not the token's costs no key request", func(t *testing.T) {
+		t.Parallel()
+		h := signed(t, plaidBody, now)
+		before := keys.Hits("https://sandbox.plaid.com/webhook_verification_key/get")
+		require.ErrorIs(t, verifyWith(t, "plaid", cfg, []byte(`{"webhook_type":"OTHER"}`), h), signature.ErrNoMatchingSignature)
+		require.Equal(t, before, keys.Hits("https://sandbox.plaid.com/webhook_verification_key/get"))
+	})
+	for _, bad := range []string{"sandbox:client-a", "staging:client-a:secret-a", "production::secret"} {
+		_, err := signature.New("plaid", signature.Options{Secrets: []string{bad}})
+		require.ErrorContains(t, err, "<production|sandbox>:<client_id>:<secret>")
+	}
 }

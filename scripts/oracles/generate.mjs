@@ -34,7 +34,7 @@ const DOCUMENTATION_ONLY = [
   'alchemy', 'asana', 'bitbucket', 'buildkite', 'calcom', 'calendly', 'checkout', 'circleci', 'customerio',
   'docusign', 'dropbox', 'forgejo', 'gitea', 'gitlab', 'heroku', 'hmac', 'intercom', 'intuit', 'lemonsqueezy',
   'mailgun', 'meta', 'msgraph', 'notion', 'okta', 'pagerduty', 'paypal', 'paystack', 'persona', 'sentry',
-  'wise',
+  'plaid', 'wise',
   'trello', 'twitch', 'typeform', 'vercel', 'woocommerce', 'xero', 'zoom',
 ];
 

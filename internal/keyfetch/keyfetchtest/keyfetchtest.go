@@ -68,8 +68,9 @@ func (s *Server) anchor(name string) []byte {
 // Publish takes what keyfetch.Publish is given:
 //   - "anchor:<name>": a PEM certificate added to trust anchor name;
 //   - "jwks:<url>": a JWK added to the key set served at url;
-//   - "<url>#<key_id>": the answer of a POST to url whose JSON body names
-//     key_id (Plaid's key endpoint);
+//   - "<url>#<client_id>:<key_id>": the answer of a POST to url whose JSON
+//     body names client_id and key_id (Plaid's key endpoint; any other
+//     pair is answered 400, as Plaid answers an unknown key);
 //   - "<url>": the answer of a GET of url.
 func (s *Server) Publish(key string, body []byte) {
 	switch {
@@ -109,7 +110,8 @@ func (s *Server) Publish(key string, body []byte) {
 		s.mu.Unlock()
 		s.Handle(u, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			var req struct {
-				KeyID string `json:"key_id"`
+				ClientID string `json:"client_id"`
+				KeyID    string `json:"key_id"`
 			}
 			b, _ := io.ReadAll(io.LimitReader(r.Body, 1<<16))
 			if r.Method != http.MethodPost || json.Unmarshal(b, &req) != nil {
@@ -117,7 +119,7 @@ func (s *Server) Publish(key string, body []byte) {
 				return
 			}
 			s.mu.Lock()
-			ans, ok := s.byKeyID[k+"#"+req.KeyID]
+			ans, ok := s.byKeyID[k+"#"+req.ClientID+":"+req.KeyID]
 			s.mu.Unlock()
 			if !ok {
 				http.Error(w, `{"error_code":"INVALID_KEY_ID"}`, http.StatusBadRequest)
