@@ -22,16 +22,18 @@ import (
 func TestBodySigned(t *testing.T) {
 	t.Parallel()
 	secrets := map[string][2]string{
-		"mailgun": {"key-mailgun-current", "key-mailgun-previous"},
-		"msgraph": {"client-state-current", "client-state-previous"},
-		"sns":     {signingSecret("sns", snsTopic), signingSecret("sns", "arn:aws:sns:eu-west-1:123456789012:previous")},
-		"adyen":   {adyenKey, adyenKeyOld},
+		"mailgun":  {"key-mailgun-current", "key-mailgun-previous"},
+		"msgraph":  {"client-state-current", "client-state-previous"},
+		"sns":      {signingSecret("sns", snsTopic), signingSecret("sns", "arn:aws:sns:eu-west-1:123456789012:previous")},
+		"appstore": {signingSecret("appstore", appBundle), signingSecret("appstore", "com.example.previous")},
+		"adyen":    {adyenKey, adyenKeyOld},
 	}
 	bodies := map[string]string{
-		"mailgun": `{"event-data":{"id":"CPgfbmQMTCKtHW6uIWtuVe","event":"delivered"}}`,
-		"sns":     snsBody,
-		"msgraph": `{"value":[{"subscriptionId":"s1","changeType":"created","resource":"Users/1"},{"subscriptionId":"s1","changeType":"updated","resource":"Users/2"}]}`,
-		"adyen":   adyenBody,
+		"mailgun":  `{"event-data":{"id":"CPgfbmQMTCKtHW6uIWtuVe","event":"delivered"}}`,
+		"sns":      snsBody,
+		"appstore": appstoreBody,
+		"msgraph":  `{"value":[{"subscriptionId":"s1","changeType":"created","resource":"Users/1"},{"subscriptionId":"s1","changeType":"updated","resource":"Users/2"}]}`,
+		"adyen":    adyenBody,
 	}
 	require.Len(t, secrets, len(bodySigned))
 	for _, name := range bodySigned {
@@ -290,6 +292,7 @@ func TestSignDeliveryEveryPreset(t *testing.T) {
 		secretFor[name] = [2]string{"body-secret", "body-secret"}
 	}
 	secretFor["sns"] = [2]string{signingSecret("sns", snsTopic), snsTopic}
+	secretFor["appstore"] = [2]string{signingSecret("appstore", appBundle), appBundle}
 	secretFor["adyen"] = [2]string{adyenKey, adyenKey}
 	bodyFor := map[string]string{"adyen": adyenBody}
 	for _, name := range signature.Providers() {

@@ -1,6 +1,12 @@
 package signature_test
 
 import (
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -42,6 +48,8 @@ const (
 	pubsubEmail     = "push@project-1.iam.gserviceaccount.com"
 	pubsubURL       = "https://hooks.example.test/pubsub"
 	plaidCreds      = "sandbox:client-a:secret-a"
+	appBundle       = "com.example.app"
+	appstoreBody    = `{"notificationType":"DID_RENEW","notificationUUID":"002e14d5-51f5-4503-b5a8-c3a1af68eb20","data":{"bundleId":"com.example.app","environment":"Sandbox","signedTransactionInfo":"(signed by Apple)"},"version":"2.0"}`
 	plaidBody       = `{"environment":"sandbox","error":null,"item_id":"wz666MBjYWTp2PDzzggYhM6oWWmBb","new_transactions":19,"webhook_code":"DEFAULT_UPDATE","webhook_type":"TRANSACTIONS"}`
 )
 
@@ -66,7 +74,7 @@ func init() {
 			secrets: [2]string{signingSecret("pubsub", pubsubEmail), signingSecret("pubsub", "other@project-2.iam.gserviceaccount.com")},
 		},
 	)
-	bodySigned = append(bodySigned, "sns")
+	bodySigned = append(bodySigned, "sns", "appstore")
 	unsignedBody["pubsub"] = true
 }
 
@@ -433,5 +441,87 @@ func TestPlaid(t *testing.T) {
 	for _, bad := range []string{"sandbox:client-a", "staging:client-a:secret-a", "production::secret"} {
 		_, err := signature.New("plaid", signature.Options{Secrets: []string{bad}})
 		require.ErrorContains(t, err, "<production|sandbox>:<client_id>:<secret>")
+	}
+}
+
+// TestAppleRootG3: the embedded root is Apple's, by the SHA-256
+// fingerprint Apple publishes for AppleRootCA-G3.cer.
+func TestAppleRootG3(t *testing.T) {
+	t.Parallel()
+	blk, _ := pem.Decode([]byte(signature.AppleRootG3))
+	require.NotNil(t, blk)
+	sum := sha256.Sum256(blk.Bytes)
+	require.Equal(t, "63343abfb89a6a03ebb57e9b3f5fa7be7c4f5c756f3017b3a8c488c3653e9179", hex.EncodeToString(sum[:]))
+	c, err := x509.ParseCertificate(blk.Bytes)
+	require.NoError(t, err)
+	require.Equal(t, "Apple Root CA - G3", c.Subject.CommonName)
+}
+
+func TestAppStore(t *testing.T) {
+	t.Parallel()
+	secret := signingSecret("appstore", appBundle)
+	signed := func(t *testing.T, body string) string {
+		t.Helper()
+		out, err := signature.SignBody("appstore", signature.Options{Secrets: []string{secret}}, []byte(body), now)
+		require.NoError(t, err)
+		return string(out)
+	}
+	good := signed(t, appstoreBody)
+	jws := gjson.Get(good, "signedPayload").Str
+	parts := strings.Split(jws, ".")
+	hdr, err := base64.RawURLEncoding.DecodeString(parts[0])
+	require.NoError(t, err)
+	x5c := gjson.GetBytes(hdr, "x5c").Array()
+	claims := func(mut func(c map[string]any)) map[string]any {
+		raw, err := base64.RawURLEncoding.DecodeString(parts[1])
+		require.NoError(t, err)
+		var c map[string]any
+		require.NoError(t, json.Unmarshal(raw, &c))
+		if mut != nil {
+			mut(c)
+		}
+		return c
+	}
+	chainOf := func(certs []string) map[string]any { return map[string]any{"alg": "ES256", "x5c": certs} }
+	own := []string{x5c[0].Str, x5c[1].Str, x5c[2].Str}
+	resignedBy := func(t *testing.T, secret string, header, c map[string]any) string {
+		tok, err := signature.ResignJWS(secret, header, c)
+		require.NoError(t, err)
+		return mustSet(`{}`, "signedPayload", tok)
+	}
+	resigned := func(t *testing.T, header, c map[string]any) string { return resignedBy(t, secret, header, c) }
+	untrusted, untrustedKey, err := signature.UntrustedAppleChain(appBundle, now)
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name, body string
+		cfg        []string
+		want       error
+	}{
+		{"valid", good, []string{appBundle}, nil},
+		{"valid for its environment", good, []string{appBundle + ":Sandbox"}, nil},
+		{"other environment", good, []string{appBundle + ":Production:1234"}, signature.ErrNoMatchingSignature},
+		{"other app", good, []string{"com.example.other"}, signature.ErrNoMatchingSignature},
+		{"tampered payload", mustSet(good, "signedPayload", parts[0]+"."+base64.RawURLEncoding.EncodeToString([]byte(`{"signedDate":1764547200000,"data":{"bundleId":"com.example.app"}}`))+"."+parts[2]), []string{appBundle}, signature.ErrNoMatchingSignature},
+		{"chain to a root that is not Apple's", resignedBy(t, untrustedKey, chainOf(untrusted), claims(nil)), []string{appBundle}, signature.ErrNoMatchingSignature},
+		{"trusted chain, signed by another key", resignedBy(t, untrustedKey, chainOf(own), claims(nil)), []string{appBundle}, signature.ErrNoMatchingSignature},
+		{"certificates not valid at signedDate", resigned(t, chainOf(own), claims(func(c map[string]any) { c["signedDate"] = now.Add(-48 * time.Hour).UnixMilli() })), []string{appBundle}, signature.ErrNoMatchingSignature},
+		{"chain of two", resigned(t, chainOf(own[:2]), claims(nil)), []string{appBundle}, signature.ErrMalformedHeader},
+		{"leaf as intermediate", resigned(t, chainOf([]string{own[0], own[0], own[2]}), claims(nil)), []string{appBundle}, signature.ErrNoMatchingSignature},
+		{"ES384 header", resigned(t, map[string]any{"alg": "ES384", "x5c": own}, claims(nil)), []string{appBundle}, signature.ErrMalformedHeader},
+		{"signedPayload twice", strings.Replace(good, "{", `{"signedPayload":"x",`, 1), []string{appBundle}, signature.ErrMalformedHeader},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			err := verifyWith(t, "appstore", signature.Options{Secrets: tc.cfg}, []byte(tc.body), http.Header{})
+			if tc.want == nil {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, tc.want)
+		})
+	}
+	for _, bad := range []string{"com.example.app:Staging", "com.example.app:Sandbox:1", "a:b:c:d"} {
+		_, err := signature.New("appstore", signature.Options{Secrets: []string{bad}})
+		require.Error(t, err, bad)
 	}
 }

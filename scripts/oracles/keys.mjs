@@ -1,11 +1,16 @@
 // Vectors of the presets verified with the provider's public keys (see
 // internal/signature/fetched.go), each from the provider's official library:
-// AWS SNS (sns-validator, AWS's own) and Google Pub/Sub push tokens
-// (google-auth-library). A vector's `publish` lists what the local key
+// AWS SNS (sns-validator, AWS's own), Google Pub/Sub push tokens
+// (google-auth-library) and Apple App Store Server Notifications V2
+// (@apple/app-store-server-library). A vector's `publish` lists what the local key
 // server must serve while it is verified ({key, body}, as keyfetch.Publish
 // takes them: a certificate at its URL, a JWK added to Google's key set).
 // Certificates are made with the openssl CLI (node:crypto cannot issue
 // one); keys are generated on each run, so a re-run changes these vectors.
+//
+// sns-validator signs an UnsubscribeConfirmation over the Notification
+// field list, where AWS's documentation (and the preset) use the
+// subscription list with Token: no vector covers that message type.
 //
 // PayPal's official Node SDK (paypal-rest-sdk) verifies by posting the
 // delivery to PayPal's API, which cannot run offline: paypal is
@@ -64,6 +69,42 @@ async function withCertificates(certs, fn) {
 }
 
 const b64u = (b) => Buffer.from(b).toString('base64url');
+
+// appleChain issues, with openssl, a root, an intermediate and a leaf on
+// P-256 keys, shaped as Apple's App Store chain: the intermediate a CA
+// with Apple's marker 1.2.840.113635.100.6.2.1, the leaf with the receipt
+// marker 1.2.840.113635.100.6.11.1 (markers false leaves them out), valid
+// 2025-2035. Returns the PEMs and the leaf's private key.
+function appleChain({ leafMarker = true } = {}) {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'oracle-apple-'));
+  const run = (...args) => execFileSync('openssl', args, { cwd: dir, stdio: ['ignore', 'pipe', 'pipe'] });
+  const read = (f) => fs.readFileSync(path.join(dir, f), 'utf8');
+  try {
+    fs.writeFileSync(path.join(dir, 'ca.cnf'), [
+      '[ca]', 'default_ca=CA', '[CA]', 'database=index.txt', 'new_certs_dir=.', 'serial=serial', 'default_md=sha256',
+      'policy=p', 'unique_subject=no', 'copy_extensions=none', '[p]', 'commonName=supplied',
+      '[root]', 'basicConstraints=critical,CA:true', 'keyUsage=critical,keyCertSign,cRLSign',
+      '[inter]', 'basicConstraints=critical,CA:true,pathlen:0', 'keyUsage=critical,keyCertSign,cRLSign', '1.2.840.113635.100.6.2.1=DER:0500',
+      '[leaf]', 'basicConstraints=critical,CA:false', 'keyUsage=critical,digitalSignature', '1.2.840.113635.100.6.11.1=DER:0500',
+      '[plainleaf]', 'basicConstraints=critical,CA:false', 'keyUsage=critical,digitalSignature', '',
+    ].join('\n'));
+    fs.writeFileSync(path.join(dir, 'index.txt'), '');
+    fs.writeFileSync(path.join(dir, 'serial'), crypto.randomBytes(8).toString('hex') + '\n');
+    const dates = ['-startdate', '20250101000000Z', '-enddate', '20350101000000Z'];
+    for (const n of ['root', 'inter', 'leaf']) {
+      run('genpkey', '-algorithm', 'EC', '-pkeyopt', 'ec_paramgen_curve:P-256', '-out', `${n}.key`);
+      run('req', '-new', '-key', `${n}.key`, '-subj', `/CN=Oracle ${n}`, '-out', `${n}.csr`);
+    }
+    run('ca', '-batch', '-config', 'ca.cnf', '-selfsign', '-keyfile', 'root.key', '-in', 'root.csr', '-extensions', 'root', ...dates, '-notext', '-out', 'root.pem');
+    run('ca', '-batch', '-config', 'ca.cnf', '-cert', 'root.pem', '-keyfile', 'root.key', '-in', 'inter.csr', '-extensions', 'inter', ...dates, '-notext', '-out', 'inter.pem');
+    run('ca', '-batch', '-config', 'ca.cnf', '-cert', 'inter.pem', '-keyfile', 'inter.key', '-in', 'leaf.csr', '-extensions', leafMarker ? 'leaf' : 'plainleaf', ...dates, '-notext', '-out', 'leaf.pem');
+    return { root: read('root.pem'), inter: read('inter.pem'), leaf: read('leaf.pem'), key: crypto.createPrivateKey(read('leaf.key')) };
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+const derB64 = (pem) => new crypto.X509Certificate(pem).raw.toString('base64');
 
 export async function keyVectors({ add, NOW, NOW_S, version, require }) {
   // ---- AWS SNS: sns-validator MessageValidator.validate.
@@ -167,6 +208,47 @@ export async function keyVectors({ add, NOW, NOW_S, version, require }) {
         headers: { Authorization: 'Bearer ' + tok }, body: b,
         publish: [{ key: 'jwks:https://www.googleapis.com/oauth2/v3/certs', body: JSON.stringify(jwk) }],
       }, () => client.verifySignedJwtWithCertsAsync(tok, certs, audience, ['accounts.google.com', 'https://accounts.google.com']), ok);
+    }
+  }
+  // ---- Apple App Store Server Notifications V2: @apple/app-store-server-library
+  // SignedDataVerifier.verifyAndDecodeNotification (offline: the chain is
+  // checked at the payload's signedDate, as the preset does), the test
+  // chain's root as the one trusted root, environment Sandbox.
+  {
+    const { SignedDataVerifier, Environment } = require('@apple/app-store-server-library');
+    const lib = '@apple/app-store-server-library', ver = version(lib);
+    const bundle = 'com.example.oracle';
+    const trusted = appleChain();
+    const foreign = appleChain();
+    const unmarked = appleChain({ leafMarker: false });
+    const verifier = new SignedDataVerifier([new crypto.X509Certificate(trusted.root).raw], false, Environment.SANDBOX, bundle);
+    const payload = (extra = {}, data = {}) => ({
+      notificationType: 'DID_RENEW', notificationUUID: '6c3a6c0e-0a2f-4c2b-9a54-0d1f0e4f6a11', version: '2.0',
+      signedDate: NOW, data: { bundleId: bundle, environment: 'Sandbox', appAppleId: 1234567890, ...data }, ...extra,
+    });
+    const jws = (claims, chain = trusted, key = chain.key) => {
+      const header = { alg: 'ES256', x5c: [derB64(chain.leaf), derB64(chain.inter), derB64(chain.root)] };
+      const signed = b64u(JSON.stringify(header)) + '.' + b64u(JSON.stringify(claims));
+      return signed + '.' + b64u(crypto.sign('sha256', Buffer.from(signed), { key, dsaEncoding: 'ieee-p1363' }));
+    };
+    const how = 'signed as the App Store signs (ES256 JWS with its x5c chain, node:crypto and openssl), verified with SignedDataVerifier.verifyAndDecodeNotification (offline, environment Sandbox)';
+    const good = jws(payload());
+    const [h, , sig] = good.split('.');
+    for (const [name, token, ok] of [
+      ['valid', good, true],
+      ['tampered payload', [h, b64u(JSON.stringify(payload({ notificationType: 'REFUND' }))), sig].join('.'), false],
+      ['wrong key', jws(payload(), trusted, foreign.key), false],
+      ['chain to another root', jws(payload(), foreign), false],
+      ['leaf without the App Store marker', jws(payload(), unmarked), false],
+      ['other bundle ID', jws(payload({}, { bundleId: 'com.example.other' })), false],
+      ['other environment', jws(payload({}, { environment: 'Production' })), false],
+      ['stale: certificates not yet valid at signedDate', jws(payload({ signedDate: Date.UTC(2024, 0, 1) })), false],
+    ]) {
+      const b = JSON.stringify({ signedPayload: token });
+      await add({
+        preset: 'appstore', case: name, library: lib, version: ver, how, secrets: [bundle + ':Sandbox'], headers: {}, body: b,
+        publish: [{ key: 'anchor:apple-root-ca-g3', body: trusted.root }],
+      }, () => verifier.verifyAndDecodeNotification(token), ok);
     }
   }
 }
