@@ -16,11 +16,12 @@ var keys *keyfetchtest.Server
 // fetchedSetting is what each fetched-key preset is configured with in
 // tests: PayPal's webhook ID, the SNS topic, the Pub/Sub service account.
 var fetchedSetting = map[string]string{
-	"paypal": "8PT597110X687430LKGECATA",
-	"sns":    "arn:aws:sns:us-east-1:123456789012:orders",
-	"pubsub": "push@project-1.iam.gserviceaccount.com",
-	"wise":   "test",
-	"plaid":  "sandbox:client-a:secret-a",
+	"paypal":   "8PT597110X687430LKGECATA",
+	"sns":      "arn:aws:sns:us-east-1:123456789012:orders",
+	"pubsub":   "push@project-1.iam.gserviceaccount.com",
+	"wise":     "test",
+	"plaid":    "sandbox:client-a:secret-a",
+	"appstore": "com.example.app",
 }
 
 // fetchedSigningSecret returns a signing secret (setting|private key) for

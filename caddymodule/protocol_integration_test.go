@@ -119,7 +119,7 @@ func protoRoutes(t *testing.T) []protoRoute {
 	add("sendgrid", "/p/sendgrid-split", "batch split", "scope sendgrid_split")
 	add("gocardless", "/p/gocardless-split", "batch split")
 	add("hubspot", "")
-	for _, p := range []string{"paypal", "sns", "pubsub", "wise", "plaid"} {
+	for _, p := range []string{"paypal", "sns", "pubsub", "wise", "plaid", "appstore"} {
 		add(p, "")
 	}
 	add("adyen", "")
@@ -568,8 +568,8 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 		require.Equal(t, "true", rh.Get("Idempotent-Replayed"))
 	})
 
-	t.Run("paypal, sns, pubsub, wise and plaid verified with the provider's keys", func(t *testing.T) {
-		for _, p := range []string{"/p/paypal", "/p/sns", "/p/pubsub", "/p/wise", "/p/plaid"} {
+	t.Run("paypal, sns, pubsub, wise, plaid and appstore verified with the provider's keys", func(t *testing.T) {
+		for _, p := range []string{"/p/paypal", "/p/sns", "/p/pubsub", "/p/wise", "/p/plaid", "/p/appstore"} {
 			requireDelivers(t, byPath[p], byPath[p].signing)
 		}
 		// A signature PayPal's certificate does not verify is refused.
