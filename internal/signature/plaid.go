@@ -148,7 +148,7 @@ func (v *plaid) fetchKey(c plaidCreds, kid string) (*ecdsa.PublicKey, error) {
 	raw, err := plaidKeys.Post("https://"+c.host+plaidKeyPath, req, "application/json")
 	var se *keyfetch.StatusError
 	if errors.As(err, &se) && se.Code == http.StatusBadRequest {
-		return nil, fmt.Errorf("Plaid knows no key %q for this client: %w", kid, ErrNoMatchingSignature)
+		return nil, fmt.Errorf("no key %q at Plaid for this client: %w", kid, ErrNoMatchingSignature)
 	}
 	if err != nil {
 		return nil, fetchErr("Plaid's key", err)
@@ -157,17 +157,17 @@ func (v *plaid) fetchKey(c plaidCreds, kid string) (*ecdsa.PublicKey, error) {
 		Key jwk `json:"key"`
 	}
 	if json.Unmarshal(raw, &ans) != nil {
-		return nil, fmt.Errorf("Plaid's key answer does not parse: %w", ErrKeyUnavailable)
+		return nil, fmt.Errorf("the answer of Plaid's key endpoint does not parse: %w", ErrKeyUnavailable)
 	}
 	if ans.Key.Kid != kid {
-		return nil, fmt.Errorf("Plaid answered another key: %w", ErrKeyUnavailable)
+		return nil, fmt.Errorf("the key endpoint answered another key: %w", ErrKeyUnavailable)
 	}
 	if ans.Key.ExpiredAt != nil {
-		return nil, fmt.Errorf("Plaid's key %q has expired: %w", kid, ErrNoMatchingSignature)
+		return nil, fmt.Errorf("the Plaid key %q has expired: %w", kid, ErrNoMatchingSignature)
 	}
 	pub, err := ans.Key.ec()
 	if err != nil {
-		return nil, fmt.Errorf("Plaid's key: %s: %w", err, ErrKeyUnavailable)
+		return nil, fmt.Errorf("the Plaid key: %s: %w", err, ErrKeyUnavailable)
 	}
 	return pub, nil
 }

@@ -133,7 +133,7 @@ func (v *pubsub) Verify(_ []byte, h http.Header) error {
 		Keys []jwk `json:"keys"`
 	}
 	if json.Unmarshal(raw, &set) != nil {
-		return fmt.Errorf("Google's keys do not parse: %w", ErrKeyUnavailable)
+		return fmt.Errorf("the Google key set does not parse: %w", ErrKeyUnavailable)
 	}
 	verified := false
 	for _, k := range set.Keys {

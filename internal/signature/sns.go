@@ -117,7 +117,7 @@ func snsFields(body []byte) (map[string]string, error) {
 	}
 	if _, ok := topMember(body, "Signature"); !ok {
 		if gjson.GetBytes(body, "Signature").Exists() {
-			return nil, fmt.Errorf("Signature given twice: %w", ErrMalformedHeader)
+			return nil, fmt.Errorf("member Signature given twice: %w", ErrMalformedHeader)
 		}
 		return nil, fmt.Errorf("body has no Signature: %w", ErrMissingHeader)
 	}
@@ -126,7 +126,7 @@ func snsFields(body []byte) (map[string]string, error) {
 		v, ok := topMember(body, name)
 		switch {
 		case !ok && gjson.GetBytes(body, name).Exists():
-			return nil, fmt.Errorf("%s given twice: %w", name, ErrMalformedHeader)
+			return nil, fmt.Errorf("member %s given twice: %w", name, ErrMalformedHeader)
 		case !ok || (name == "Subject" && v.Type == gjson.Null):
 			continue
 		case v.Type != gjson.String:
@@ -174,7 +174,7 @@ func (v *sns) Verify(body []byte, h http.Header) error {
 	}
 	sig, err := base64.StdEncoding.DecodeString(f["Signature"])
 	if err != nil || len(sig) < 128 || len(sig) > 1024 {
-		return fmt.Errorf("Signature is not a base64 RSA signature: %w", ErrMalformedHeader)
+		return fmt.Errorf("member Signature is not a base64 RSA signature: %w", ErrMalformedHeader)
 	}
 	certURL := f["SigningCertURL"]
 	if u, err := url.Parse(certURL); err != nil || !strings.HasSuffix(u.Path, ".pem") || u.RawQuery != "" {
