@@ -10,6 +10,10 @@
 //   - answers are cached for their Cache-Control max-age, clamped to
 //     [Policy.MinTTL, Policy.MaxTTL], and at most one fetch of a URL runs at
 //     a time (concurrent callers share it);
+//   - fetches that miss the cache are limited per Policy (MaxFetchesPerMinute),
+//     so deliveries naming ever new key URLs or key IDs cannot turn into a
+//     flood of requests to the provider (or of API calls on the client's
+//     credentials); over the limit a fetch fails as unavailable;
 //   - a failure is never cached as a key: the caller refuses the delivery as
 //     unavailable (503, the provider retries) and never accepts it unverified.
 //
@@ -34,6 +38,7 @@ import (
 	"time"
 
 	"golang.org/x/sync/singleflight"
+	"golang.org/x/time/rate"
 )
 
 var (
@@ -68,6 +73,7 @@ const (
 	DefaultMinTTL     = time.Minute
 	DefaultMaxTTL     = 24 * time.Hour
 	DefaultMaxEntries = 64
+	DefaultMaxFetches = 30
 )
 
 // Policy is where and how one preset's keys may be fetched. Zero fields
@@ -87,12 +93,16 @@ type Policy struct {
 	DefaultTTL, MinTTL, MaxTTL time.Duration
 	// MaxEntries bounds the cache; the entry closest to expiry goes first.
 	MaxEntries int
+	// MaxFetchesPerMinute bounds the requests to the provider (a burst of
+	// as many, refilled over a minute).
+	MaxFetchesPerMinute int
 }
 
 // Fetcher fetches and caches keys under one Policy. Safe for concurrent use.
 type Fetcher struct {
-	p     Policy
-	group singleflight.Group
+	p       Policy
+	group   singleflight.Group
+	limiter *rate.Limiter
 
 	mu    sync.Mutex
 	cache map[string]entry
@@ -104,8 +114,8 @@ type Fetcher struct {
 }
 
 type entry struct {
-	body    []byte
-	expires time.Time
+	body             []byte
+	fetched, expires time.Time
 }
 
 // New returns a Fetcher for p. It panics when p has no hosts: a preset
@@ -123,7 +133,22 @@ func New(p Policy) *Fetcher {
 	p.MinTTL = cmpOr(p.MinTTL, DefaultMinTTL)
 	p.MaxTTL = cmpOr(p.MaxTTL, DefaultMaxTTL)
 	p.MaxEntries = cmpOr(p.MaxEntries, DefaultMaxEntries)
-	return &Fetcher{p: p, cache: map[string]entry{}, now: time.Now}
+	p.MaxFetchesPerMinute = cmpOr(p.MaxFetchesPerMinute, DefaultMaxFetches)
+	f := &Fetcher{
+		p: p, cache: map[string]entry{}, now: time.Now,
+	}
+	f.limiter = f.newLimiter()
+	return f
+}
+
+func (f *Fetcher) newLimiter() *rate.Limiter {
+	return rate.NewLimiter(rate.Every(time.Minute/time.Duration(f.p.MaxFetchesPerMinute)), f.p.MaxFetchesPerMinute)
+}
+
+func (f *Fetcher) allow() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.limiter.AllowN(f.now(), 1)
 }
 
 func cmpOr[T comparable](v, def T) T {
@@ -216,6 +241,9 @@ func (f *Fetcher) do(method, rawURL string, body []byte, contentType string) ([]
 		if b, ok := f.cached(key, gen); ok {
 			return b, nil
 		}
+		if !f.allow() {
+			return nil, fmt.Errorf("more than %d key fetches a minute: %w", f.p.MaxFetchesPerMinute, ErrUnavailable)
+		}
 		b, ttl, err := f.fetch(o, method, rawURL, body, contentType)
 		if err != nil {
 			return nil, err
@@ -229,11 +257,31 @@ func (f *Fetcher) do(method, rawURL string, body []byte, contentType string) ([]
 	return v.([]byte), nil
 }
 
+// Refresh returns a GET of rawURL fetched anew when the cached copy is
+// older than the policy's MinTTL, else the cached copy: a key set that
+// lacks a key a delivery names (a rotation the cache has not seen) is
+// refetched at most once per MinTTL.
+func (f *Fetcher) Refresh(rawURL string) ([]byte, error) {
+	if err := f.Allowed(rawURL); err != nil {
+		return nil, err
+	}
+	key := http.MethodGet + " " + rawURL
+	_, gen := current()
+	f.mu.Lock()
+	if e, ok := f.cache[key]; ok && f.gen == gen && f.now().Sub(e.fetched) >= f.p.MinTTL {
+		delete(f.cache, key)
+	}
+	f.mu.Unlock()
+	return f.Get(rawURL)
+}
+
 func (f *Fetcher) cached(key string, gen uint64) ([]byte, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.gen != gen {
+		// A new test override (or key it serves): fresh state.
 		f.cache, f.gen = map[string]entry{}, gen
+		f.limiter = f.newLimiter()
 	}
 	e, ok := f.cache[key]
 	if !ok || !f.now().Before(e.expires) {
@@ -263,7 +311,7 @@ func (f *Fetcher) store(key string, gen uint64, b []byte, ttl time.Duration) {
 		}
 		delete(f.cache, first)
 	}
-	f.cache[key] = entry{body: b, expires: now.Add(ttl)}
+	f.cache[key] = entry{body: b, fetched: now, expires: now.Add(ttl)}
 }
 
 func (f *Fetcher) fetch(o *TestOverride, method, rawURL string, body []byte, contentType string) ([]byte, time.Duration, error) {

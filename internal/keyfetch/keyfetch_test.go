@@ -267,3 +267,59 @@ func TestOverrideGuard(t *testing.T) {
 	require.Error(t, err)
 	require.Contains(t, string(out), "SetTestOverride called outside a test binary")
 }
+
+// TestFetchRateLimited: fetches that miss the cache are bounded per
+// minute; over the bound a fetch is unavailable without a request, and the
+// budget refills with time. Cached answers are not counted.
+func TestFetchRateLimited(t *testing.T) {
+	t.Parallel()
+	f := newFetcher(keyfetch.Policy{MaxFetchesPerMinute: 3})
+	now := time.Unix(1_764_547_200, 0)
+	var mu sync.Mutex
+	keyfetch.SetClock(f, func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
+	u := func(i int) string { return "https://api.paypal.com/limited/" + string(rune('a'+i)) }
+	for i := range 5 {
+		keys.Put(u(i), []byte("key"), "")
+	}
+	for i := range 3 {
+		_, err := f.Get(u(i))
+		require.NoError(t, err)
+		_, err = f.Get(u(i)) // cached: not a fetch
+		require.NoError(t, err)
+	}
+	_, err := f.Get(u(3))
+	require.ErrorIs(t, err, keyfetch.ErrUnavailable)
+	require.Zero(t, keys.Hits(u(3)), "refused without a request")
+	mu.Lock()
+	now = now.Add(20 * time.Second) // one fetch refilled
+	mu.Unlock()
+	_, err = f.Get(u(3))
+	require.NoError(t, err)
+	_, err = f.Get(u(4))
+	require.ErrorIs(t, err, keyfetch.ErrUnavailable)
+}
+
+// TestRefresh: a key set is fetched anew on demand (a key ID it lacks),
+// at most once per MinTTL.
+func TestRefresh(t *testing.T) {
+	t.Parallel()
+	const u = "https://api.paypal.com/refresh/keys"
+	keys.Put(u, []byte("key"), "max-age=3600")
+	f := newFetcher(keyfetch.Policy{})
+	now := time.Unix(1_764_547_200, 0)
+	var mu sync.Mutex
+	keyfetch.SetClock(f, func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
+	_, err := f.Get(u)
+	require.NoError(t, err)
+	_, err = f.Refresh(u)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, keys.Hits(u), "fetched less than MinTTL ago: the cached copy")
+	mu.Lock()
+	now = now.Add(time.Minute)
+	mu.Unlock()
+	_, err = f.Refresh(u)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, keys.Hits(u))
+	_, err = f.Refresh("http://api.paypal.com/refresh/keys")
+	require.ErrorIs(t, err, keyfetch.ErrNotAllowed)
+}

@@ -125,21 +125,16 @@ func (v *pubsub) Verify(_ []byte, h http.Header) error {
 		exp.Int()-iat.Int() > 86400 {
 		return fmt.Errorf("token expired or not yet valid: %w", ErrTimestampOutOfTolerance)
 	}
-	raw, err := googleCerts.Get(googleCertsURL)
+	keys, err := googleKey(kid.Str, googleCerts.Get)
+	if err == nil && len(keys) == 0 {
+		// A kid the cached set lacks: Google may have rotated since.
+		keys, err = googleKey(kid.Str, googleCerts.Refresh)
+	}
 	if err != nil {
-		return fetchErr("Google's keys", err)
-	}
-	var set struct {
-		Keys []jwk `json:"keys"`
-	}
-	if json.Unmarshal(raw, &set) != nil {
-		return fmt.Errorf("the Google key set does not parse: %w", ErrKeyUnavailable)
+		return err
 	}
 	verified := false
-	for _, k := range set.Keys {
-		if k.Kid != kid.Str {
-			continue
-		}
+	for _, k := range keys {
 		if pub, err := k.rsa(); err == nil && j.verifyRS256(pub) {
 			verified = true
 		}
@@ -163,6 +158,27 @@ func (v *pubsub) Verify(_ []byte, h http.Header) error {
 		}
 	}
 	return fmt.Errorf("token's service account is not a configured one (%d configured): %w", len(v.emails), ErrNoMatchingSignature)
+}
+
+// googleKey returns the keys of Google's set named kid, read with get.
+func googleKey(kid string, get func(string) ([]byte, error)) ([]jwk, error) {
+	raw, err := get(googleCertsURL)
+	if err != nil {
+		return nil, fetchErr("Google's keys", err)
+	}
+	var set struct {
+		Keys []jwk `json:"keys"`
+	}
+	if json.Unmarshal(raw, &set) != nil {
+		return nil, fmt.Errorf("the Google key set does not parse: %w", ErrKeyUnavailable)
+	}
+	var out []jwk
+	for _, k := range set.Keys {
+		if k.Kid == kid {
+			out = append(out, k)
+		}
+	}
+	return out, nil
 }
 
 // sign sets a bearer token for the first email, issued at ts for an hour,
