@@ -58,11 +58,10 @@ func init() {
 			Refusal: Refusal{Note: "no status required; anything but 200 is retried", Source: "https://developer.apple.com/documentation/appstoreservernotifications/responding-to-app-store-server-notifications"},
 		},
 		Doc:             "https://developer.apple.com/documentation/appstoreservernotifications/app-store-server-notifications-v2",
-		SignatureHeader: "body: signedPayload = JWS (ES256) with its x5c chain to Apple Root CA - G3",
+		SignatureHeader: "none: body signedPayload = JWS (ES256) with its x5c chain to Apple Root CA - G3",
 		DedupeBody:      true,
 		Oracle:          "@apple/app-store-server-library",
 		Scheme: Scheme{
-			Headers:   []HeaderSet{{Signature: "signedPayload"}},
 			Signed:    "the JWS signedPayload in the body, chain verified to Apple's root (no fetch)",
 			Algorithm: "ecdsa-p256-sha256",
 			Encoding:  "jwt",
