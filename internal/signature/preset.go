@@ -60,6 +60,10 @@ type Preset struct {
 	// testdata/oracles.json prove this preset; "" means the preset rests on
 	// the provider's documentation only. TestOracles keeps the two in step.
 	Oracle string
+	// SecretFormat says what a configured secret is when it is not the
+	// provider's signing secret as displayed, e.g. "<access key>:<secret
+	// key>"; "" for the usual case.
+	SecretFormat string
 	// Delivery is how the provider delivers (retries, maximum body,
 	// timeout, expected answer, refusal), each fact with its source.
 	Delivery Delivery
@@ -141,6 +145,10 @@ type Format struct {
 	// Lenient skips list entries without a Pair separator instead of
 	// refusing the header, as the Standard Webhooks libraries do.
 	Lenient bool
+	// TimestampFirst: the list's entries have no keys; the first is the
+	// timestamp and the others are signatures (Recurly's
+	// "<ts>,<hex>[,<hex>]"). Pair, SigKey and TimestampKey are unused.
+	TimestampFirst bool
 }
 
 // LegacyHeader is a fallback signature header with its own prefix and hash.
@@ -234,12 +242,12 @@ func (s Scheme) validate(p Preset) error {
 	if err != nil {
 		return err
 	}
-	hasTS := s.Format.TimestampKey != ""
+	hasTS := s.Format.TimestampKey != "" || s.Format.TimestampFirst
 	for _, hs := range s.Headers {
 		if hs.Signature == "" {
 			return fmt.Errorf("header set without a signature header")
 		}
-		if hs.Timestamp != "" && s.Format.TimestampKey != "" {
+		if hs.Timestamp != "" && (s.Format.TimestampKey != "" || s.Format.TimestampFirst) {
 			return fmt.Errorf("timestamp both in a header and in the signature header")
 		}
 		hasTS = hasTS || hs.Timestamp != ""
@@ -265,7 +273,10 @@ func (s Scheme) validate(p Preset) error {
 			}
 		}
 	}
-	if s.Format.List != "" && (s.Format.Pair == "" || s.Format.SigKey == "") {
+	if s.Format.TimestampFirst && (s.Format.List == "" || s.Format.TimestampKey != "") {
+		return fmt.Errorf("TimestampFirst needs List and no TimestampKey")
+	}
+	if s.Format.List != "" && !s.Format.TimestampFirst && (s.Format.Pair == "" || s.Format.SigKey == "") {
 		return fmt.Errorf("a list format needs Pair and SigKey")
 	}
 	if s.Secret != "raw" && s.Secret != "whsec" {
