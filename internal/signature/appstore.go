@@ -48,8 +48,9 @@ import (
 // body hash (dedupe_body), which holds as long as Apple's retries resend
 // the same signedPayload.
 func init() {
-	register(Preset{
-		Name: "appstore",
+	register(Preset{ //nolint:gosec // G101: SecretFormat describes a secret, holds none
+		Name:         "appstore",
+		SecretFormat: "the bundle ID, optionally `:Sandbox` or `:Production:<appAppleId>`; the key is the chain to Apple's root",
 		Delivery: Delivery{
 			Retry:   Retry{Retries: true, Attempts: 6, Note: "V2: retried 5 times, at 1, 12, 24, 48 and 72 hours", Source: "https://developer.apple.com/documentation/appstoreservernotifications/responding-to-app-store-server-notifications"},
 			MaxBody: MaxBody{Source: Undocumented},

@@ -39,8 +39,9 @@ import (
 // PayPal's API (a call per delivery), so the preset rests on the
 // documentation.
 func init() {
-	register(Preset{
-		Name: "paypal",
+	register(Preset{ //nolint:gosec // G101: SecretFormat describes a secret, holds none
+		Name:         "paypal",
+		SecretFormat: "the webhook ID of the listener (PayPal developer portal); the key is PayPal's certificate at PAYPAL-CERT-URL",
 		Delivery: Delivery{
 			Retry:   Retry{Retries: true, For: 3 * 24 * time.Hour, Note: "up to 25 retries when the answer is not 2xx, there is none, or PayPal cannot connect", Source: "https://developer.paypal.com/api/rest/webhooks/rest/#link-subscribingalistenerurl"},
 			MaxBody: MaxBody{Source: Undocumented},

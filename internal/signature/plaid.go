@@ -36,7 +36,8 @@ import (
 // only.
 func init() {
 	register(Preset{
-		Name: "plaid",
+		Name:         "plaid",
+		SecretFormat: "`<production|sandbox>:<client_id>:<secret>`, the API credentials that fetch Plaid's key",
 		Delivery: Delivery{
 			Retry:   Retry{Retries: true, For: 24 * time.Hour, Note: "after a non-200 answer or none within 10 s; delays start at 30 s and grow 4x; none when over 90% of the last day's webhooks were refused", Source: "https://plaid.com/docs/api/webhooks/#webhook-retries"},
 			MaxBody: MaxBody{Source: Undocumented},

@@ -35,8 +35,9 @@ import (
 // google-auth-library (OAuth2Client.verifySignedJwtWithCertsAsync) is the
 // oracle.
 func init() {
-	register(Preset{
-		Name: "pubsub",
+	register(Preset{ //nolint:gosec // G101: SecretFormat describes a secret, holds none
+		Name:         "pubsub",
+		SecretFormat: "the push subscription's service-account email; the audience is `url`; the keys are Google's",
 		Delivery: Delivery{
 			Retry:   Retry{Retries: true, For: 7 * 24 * time.Hour, Note: "redelivered with exponential backoff until acknowledged or the message retention (7 days by default) ends", Source: "https://cloud.google.com/pubsub/docs/push#receive_push"},
 			MaxBody: MaxBody{Bytes: 10 << 20, Note: "a message's data (base64 in the push body, so the body is larger)", Source: "https://cloud.google.com/pubsub/quotas#resource_limits"},

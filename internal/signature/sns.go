@@ -50,8 +50,9 @@ func init() {
 			Auth: AuthSignature, Answer: AnswerForward,
 		}
 	}
-	register(Preset{
-		Name: "sns",
+	register(Preset{ //nolint:gosec // G101: SecretFormat describes a secret, holds none
+		Name:         "sns",
+		SecretFormat: "the topic ARN(s) the route accepts; the key is the certificate at SigningCertURL",
 		Delivery: Delivery{
 			Retry:   Retry{Retries: true, Attempts: 4, Note: "default policy: 3 retries 20 s apart after server-side errors; an HTTP/S delivery policy may set more, at most 3,600 s in all", Source: "https://docs.aws.amazon.com/sns/latest/dg/sns-message-delivery-retries.html"},
 			MaxBody: MaxBody{Bytes: 256 << 10, Note: "the published message; the JSON envelope adds its fields, signature and URLs", Source: "https://docs.aws.amazon.com/sns/latest/api/API_Publish.html"},

@@ -30,7 +30,8 @@ import (
 // vector (TestWiseDocumentedVector).
 func init() {
 	register(Preset{
-		Name: "wise",
+		Name:         "wise",
+		SecretFormat: "`production` or `sandbox` (Wise's published key), or another RSA public key in base64 DER",
 		Delivery: Delivery{
 			Retry:   Retry{Retries: true, For: 14 * 24 * time.Hour, Attempts: 25, Note: "increasing intervals over two weeks, at most 25 times", Source: "https://docs.wise.com/guides/developer/webhooks/event-handling"},
 			MaxBody: MaxBody{Source: Undocumented},
