@@ -4,7 +4,7 @@ GO    ?= go
 BIN   := bin/caddy
 export STRIPE_WEBHOOK_SECRET ?= whsec_demo_not_a_real_secret
 
-.PHONY: run demo test test-short failover build accept fuzz soak bench bench-growth bench-memory bench-micro vet lint xcaddy-check clean
+.PHONY: run demo test test-short failover pgbouncer build accept fuzz soak bench bench-growth bench-memory bench-micro vet lint xcaddy-check clean
 
 ## build: the custom Caddy binary (what xcaddy builds) into bin/caddy
 build:
@@ -27,6 +27,10 @@ test:
 ## failover: PostgreSQL restart and failover under load, on temporary clusters (part of make test)
 failover:
 	@bash scripts/failover.sh
+
+## pgbouncer: the gateway behind a real PgBouncer in transaction pooling (installed when missing; part of make test)
+pgbouncer:
+	@bash scripts/pgbouncer.sh
 
 ## test-short: the fast loop, no PostgreSQL, no in-process Caddy
 test-short:
