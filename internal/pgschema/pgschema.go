@@ -11,8 +11,10 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"log/slog"
 	"math"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -224,9 +226,12 @@ func LockID(parts ...string) int64 {
 
 // MapError maps driver errors at a package's edge (River's interpretError):
 // pgx.ErrNoRows becomes notFound, context cancellation and deadlines stay
-// matchable with errors.Is, and everything else is flattened into a plain
-// error, so callers never see pgx.ErrNoRows, *pgconn.PgError or other driver
-// types.
+// matchable with errors.Is, a transaction rolled back by a conflict
+// (SQLSTATE 40001, 40P01) matches store.ErrTxConflict, a broken connection
+// (closed, reset, refused, SQLSTATE class 08, a server shutting down)
+// store.ErrConnectionLost, and everything else is flattened into a plain
+// error, so callers never see pgx.ErrNoRows, *pgconn.PgError or other
+// driver types.
 func MapError(err, notFound error) error {
 	var pgErr *pgconn.PgError
 	switch {
@@ -239,9 +244,29 @@ func MapError(err, notFound error) error {
 	case errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("postgres: %w", context.DeadlineExceeded)
 	case errors.As(err, &pgErr):
+		switch {
+		case pgErr.Code == codeSerialization || pgErr.Code == codeDeadlock:
+			return &conflictError{code: pgErr.Code, msg: pgErr.Message}
+		case strings.HasPrefix(pgErr.Code, "08") || serverGoneCodes[pgErr.Code] && pgErr.Code != "25006":
+			return fmt.Errorf("postgres: %w: %s (SQLSTATE %s)", store.ErrConnectionLost, pgErr.Message, pgErr.Code)
+		}
 		return fmt.Errorf("postgres: %s (SQLSTATE %s)", pgErr.Message, pgErr.Code)
+	case connectionLost(err):
+		return fmt.Errorf("postgres: %w: %s", store.ErrConnectionLost, err.Error())
 	}
 	return fmt.Errorf("postgres: %s", err.Error())
+}
+
+// connectionLost reports an error of the connection rather than of the
+// statement: nothing was sent, the peer closed or reset it, the dial
+// failed.
+func connectionLost(err error) bool {
+	var (
+		netErr  net.Error
+		connErr *pgconn.ConnectError
+	)
+	return pgconn.SafeToRetry(err) || errors.As(err, &netErr) || errors.As(err, &connErr) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 // Ident is a validated table name as a pgx identifier (quoted when

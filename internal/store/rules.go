@@ -19,6 +19,8 @@ type Rules struct {
 	// b is the coalescer of claims and settles; nil writes each operation
 	// on its own.
 	b *batcher
+	// retried is told of a claim tried again after ErrConnectionLost.
+	retried RetryObserver
 }
 
 var _ Store = Rules{}
@@ -38,6 +40,13 @@ func NewBatchedRules(d Driver, opts BatchOptions) Rules {
 	return Rules{d: d, b: newBatcher(bd, opts)}
 }
 
+// WithRetryObserver returns r telling f of each claim it tries again after
+// ErrConnectionLost (RetryConnection).
+func (r Rules) WithRetryObserver(f RetryObserver) Rules {
+	r.retried = f
+	return r
+}
+
 // Claim claims (p.Scope, p.EventID) with the driver's one claim statement;
 // when the row is not claimable it reads the row to report Duplicate (with
 // Status), InFlight (with RetryAfter, the lease left by the database clock,
@@ -54,16 +63,36 @@ func NewBatchedRules(d Driver, opts BatchOptions) Rules {
 // read). A claim the batch could not decide (the row changed between the
 // read and the write, or an expired claim to hold) takes the one-statement
 // path below.
+//
+// A claim that failed with ErrConnectionLost (its statement or batch may
+// or may not have committed) is tried once more, unbatched, with the same
+// token, on another connection (the driver has dropped the dead ones): a
+// row found processing under that token is this claim's own, committed by
+// the first try, and is answered Claimed, never InFlight; any other row is
+// judged as usual. So a retried claim never claims an event twice.
 func (r Rules) Claim(ctx context.Context, p ClaimParams) (Claim, error) {
 	if p.Lease <= 0 {
 		return Claim{}, fmt.Errorf("claiming event: lease must be positive, got %s", p.Lease)
 	}
+	token := NewToken()
+	c, err := r.claim(ctx, p, token)
+	if err == nil || !errors.Is(err, ErrConnectionLost) || ctx.Err() != nil {
+		return c, err
+	}
+	if r.retried != nil {
+		r.retried(RetryConnection)
+	}
+	return r.claimOne(ctx, p, token)
+}
+
+// claim is one try of Claim with token.
+func (r Rules) claim(ctx context.Context, p ClaimParams, token string) (Claim, error) {
 	// A claim with a request fingerprint (Idempotency-Key mode) records it
 	// and reads the holder's back to compare: the one-row statements do
 	// both; the batch statements carry neither, so such claims are not
 	// batched.
 	if r.b != nil && p.Fingerprint == "" {
-		c, ok, err := r.claimBatched(ctx, p)
+		c, ok, err := r.claimBatched(ctx, p, token)
 		if err != nil {
 			return Claim{}, fmt.Errorf("claiming event: %w", err)
 		}
@@ -71,13 +100,13 @@ func (r Rules) Claim(ctx context.Context, p ClaimParams) (Claim, error) {
 			return c, nil
 		}
 	}
-	return r.claimOne(ctx, p)
+	return r.claimOne(ctx, p, token)
 }
 
 // claimBatched claims through the coalescer; ok is false when the batch
 // did not decide the claim.
-func (r Rules) claimBatched(ctx context.Context, p ClaimParams) (c Claim, ok bool, err error) {
-	bc := &BatchClaim{Scope: p.Scope, EventID: p.EventID, Token: NewToken(), Lease: p.Lease, Hold: p.HoldOnExpiry}
+func (r Rules) claimBatched(ctx context.Context, p ClaimParams, token string) (c Claim, ok bool, err error) {
+	bc := &BatchClaim{Scope: p.Scope, EventID: p.EventID, Token: token, Lease: p.Lease, Hold: p.HoldOnExpiry}
 	o := &op{claim: bc}
 	if err := r.b.do(ctx, o); err != nil {
 		return Claim{}, false, err
@@ -105,10 +134,10 @@ func (r Rules) claimBatched(ctx context.Context, p ClaimParams) (c Claim, ok boo
 }
 
 // claimOne claims with the one-statement algorithm: the claim statement,
-// then the read that explains a refusal.
-func (r Rules) claimOne(ctx context.Context, p ClaimParams) (Claim, error) {
+// then the read that explains a refusal. Every round uses token, unique to
+// this Claim call: a row processing under it is this call's own.
+func (r Rules) claimOne(ctx context.Context, p ClaimParams, token string) (Claim, error) {
 	for range maxClaimRounds {
-		token := NewToken()
 		var attempts int
 		err := r.d.QueryRow(ctx, StmtClaim, p.Scope, p.EventID, token, p.Lease, p.HoldOnExpiry, p.Fingerprint).Scan(&attempts)
 		if err == nil {
@@ -117,7 +146,7 @@ func (r Rules) claimOne(ctx context.Context, p ClaimParams) (Claim, error) {
 		if !errors.Is(err, ErrNotFound) {
 			return Claim{}, fmt.Errorf("claiming event: %w", err)
 		}
-		c, ok, err := r.explain(ctx, p)
+		c, ok, err := r.explain(ctx, p, token)
 		if err != nil {
 			return Claim{}, fmt.Errorf("claiming event: %w", err)
 		}
@@ -131,8 +160,9 @@ func (r Rules) claimOne(ctx context.Context, p ClaimParams) (Claim, error) {
 // explain reads the row a claim was refused on, the mirror of
 // ClaimableSQL. ok is false when the row became claimable in between
 // (deleted, released, lease just expired) and the claim should be tried
-// again.
-func (r Rules) explain(ctx context.Context, p ClaimParams) (c Claim, ok bool, err error) {
+// again. A row processing under own (the claim's token) was claimed by
+// an earlier try of the same claim, whose answer was lost: it is Claimed.
+func (r Rules) explain(ctx context.Context, p ClaimParams, own string) (c Claim, ok bool, err error) {
 	var (
 		state            string
 		token            string
@@ -152,6 +182,9 @@ func (r Rules) explain(ctx context.Context, p ClaimParams) (c Claim, ok bool, er
 	case StateReleased:
 		return Claim{}, false, nil
 	case StateProcessing:
+		if token == own {
+			return Claim{Outcome: Claimed, Token: own, Attempts: attempts}, true, nil
+		}
 		if micros > 0 {
 			remaining := time.Duration(micros) * time.Microsecond
 			return Claim{Outcome: InFlight, Attempts: attempts, RetryAfter: RetryAfter(remaining), Fingerprint: fingerprint}, true, nil
