@@ -73,7 +73,7 @@ func openBackend(c Storage, cacheEntries int) (*backend, bool, error) {
 		switch c.Backend {
 		case "postgres":
 			s, err = postgres.New(ctx, postgres.Options{DSN: c.DSN, Table: c.Table,
-				Batch: store.BatchOptions{Observe: observeBatch}})
+				Batch: store.BatchOptions{Observe: observeBatch}, Retried: observeRetry})
 		case "sqlite":
 			s, err = sqlite.New(ctx, sqlite.Options{Path: c.Path, Table: c.Table,
 				Batch: store.BatchOptions{Observe: observeBatch}})

@@ -93,7 +93,12 @@ func (q *Queue) Enqueue(ctx context.Context, e queue.Entry) (queue.Enqueued, err
 		return queue.Enqueued{}, fmt.Errorf("enqueueing event: %w", err)
 	}
 	if q.batch == nil {
-		return q.enqueueOne(ctx, e, hjson)
+		var out queue.Enqueued
+		err := q.run.Run(ctx, func(ctx context.Context) (err error) {
+			out, err = q.enqueueOne(ctx, e, hjson)
+			return err
+		})
+		return out, err
 	}
 	o := &enqueueOp{ctx: ctx, e: e, hjson: hjson}
 	if err := q.batch.Do(ctx, o); err != nil {
@@ -187,14 +192,17 @@ func (q *Queue) writeBatch(ctx context.Context, ops []*enqueueOp) error {
 		q.observe("enqueue", len(ops))
 	}
 	entries := planRounds(ops)
-	err := q.writeRounds(ctx, entries)
+	err := q.run.Run(ctx, func(ctx context.Context) error { return q.writeRounds(ctx, entries) })
 	if errors.Is(err, errRaced) {
 		for _, o := range ops {
 			if err := o.ctx.Err(); err != nil {
 				o.err = fmt.Errorf("enqueueing event: %w", err)
 				continue
 			}
-			o.out, o.err = q.enqueueOne(o.ctx, o.e, o.hjson)
+			o.err = q.run.Run(o.ctx, func(ctx context.Context) (err error) {
+				o.out, err = q.enqueueOne(ctx, o.e, o.hjson)
+				return err
+			})
 		}
 		return nil
 	}
@@ -262,6 +270,9 @@ func (q *Queue) writeRounds(ctx context.Context, entries []*batchEntry) error {
 		locks  []int64
 		rounds int
 	)
+	for _, be := range entries {
+		be.id = 0 // a run again after a conflict reads every result anew
+	}
 	for _, be := range entries {
 		if e := be.o.e; e.OrderKey != "" {
 			locks = append(locks, lockKey("order", q.lockBase, e.Scope, e.OrderKey))

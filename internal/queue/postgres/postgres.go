@@ -58,6 +58,9 @@ type Queue struct {
 	// BatchOptions.Observe.
 	batch   *coalesce.Coalescer[*enqueueOp]
 	observe func(op string, n int)
+	// run runs a transaction rolled back by a conflict (SQLSTATE 40001,
+	// 40P01) again: enqueues, takes, settles, releases, heartbeats.
+	run pgschema.Runner
 }
 
 var _ queue.Queue = (*Queue)(nil)
@@ -90,7 +93,8 @@ func New(ctx context.Context, s *pgstore.Store, opts Options) (*Queue, error) {
 		attempts: pgschema.Ident(t.Suffixed("_attempts")),
 	}
 	pool := s.Pool()
-	q := &Queue{store: s, pool: pool, names: n, sql: buildQueries(n)}
+	q := &Queue{store: s, pool: pool, names: n, sql: buildQueries(n),
+		run: pgschema.Runner{Retries: store.MaxTxRetries, Retried: s.Retried()}}
 	if err := q.migrate(ctx, opts); err != nil {
 		return nil, fmt.Errorf("migrating queue tables of %s: %w", t, err)
 	}
