@@ -106,10 +106,10 @@ func initMetrics(reg *prometheus.Registry) error {
 // storeRetries counts store operations run again, by reason (the
 // store.Retry* constants): serialization_failure and deadlock (a
 // transaction the database rolled back, run again), connection_lost (a
-// claim tried once more on another connection). Like batchSizes, it exists
+// claim or settle whose connection was lost, tried once more on another). Like batchSizes, it exists
 // before any handler.
 var storeRetries = newCounterVec("store_retries_total",
-	"Store operations run again, by reason: serialization_failure, deadlock (transactions PostgreSQL rolled back), connection_lost (a claim retried on another connection).",
+	"Store operations run again, by reason: serialization_failure, deadlock (transactions PostgreSQL rolled back), connection_lost (a claim or settle whose connection was lost, tried once more on another).",
 	"reason")
 
 // observeRetry is the stores' postgres.Options.Retried.

@@ -13,8 +13,9 @@ var (
 	// ErrConnectionLost: the statement's connection broke before its
 	// result was known (closed, reset, refused, or no answer within the
 	// driver's statement deadline while the caller still waited), so it
-	// may or may not have taken effect. Claim tries once more, on another
-	// connection, with the same token (see Rules.Claim).
+	// may or may not have taken effect. A claim tries once more, on
+	// another connection, with the same token (see Rules.Claim), and so
+	// does a settle (Rules.Complete, Release, Hold).
 	ErrConnectionLost = errors.New("database connection lost")
 	// ErrTxConflict: the database rolled the transaction back to keep
 	// transactions serializable (SQLSTATE 40001 serialization_failure,
@@ -28,7 +29,7 @@ var (
 const (
 	RetrySerialization = "serialization_failure" // SQLSTATE 40001
 	RetryDeadlock      = "deadlock"              // SQLSTATE 40P01
-	RetryConnection    = "connection_lost"       // ErrConnectionLost: once, on another connection
+	RetryConnection    = "connection_lost"       // ErrConnectionLost: a claim or settle, once, on another connection
 )
 
 // RetryObserver is told each time a store operation is run again, with one

@@ -221,31 +221,64 @@ func (r Rules) Heartbeat(ctx context.Context, scope, eventID, token string, leas
 // Complete marks the claimed event completed with the upstream's HTTP
 // status. It returns ErrLeaseLost if the row is not processing under token.
 func (r Rules) Complete(ctx context.Context, scope, eventID, token string, status int) error {
-	if r.b != nil {
-		return leaseHeld("completing event")(r.settleBatched(ctx,
-			BatchSettle{Stmt: StmtComplete, Scope: scope, EventID: eventID, Token: token, Status: status}))
-	}
-	return leaseHeld("completing event")(r.d.Exec(ctx, StmtComplete, scope, eventID, token, status))
+	return r.settle(ctx, "completing event", StateCompleted,
+		BatchSettle{Stmt: StmtComplete, Scope: scope, EventID: eventID, Token: token, Status: status})
 }
 
 // Release marks the claimed event released, so the next delivery claims it
 // again. It returns ErrLeaseLost if the row is not processing under token.
 func (r Rules) Release(ctx context.Context, scope, eventID, token string) error {
-	if r.b != nil {
-		return leaseHeld("releasing event")(r.settleBatched(ctx,
-			BatchSettle{Stmt: StmtRelease, Scope: scope, EventID: eventID, Token: token}))
-	}
-	return leaseHeld("releasing event")(r.d.Exec(ctx, StmtRelease, scope, eventID, token))
+	return r.settle(ctx, "releasing event", StateReleased,
+		BatchSettle{Stmt: StmtRelease, Scope: scope, EventID: eventID, Token: token})
 }
 
 // Hold parks the claimed event in StateHeld at once, with reason (see
 // Store.Hold).
 func (r Rules) Hold(ctx context.Context, scope, eventID, token, reason string) error {
+	return r.settle(ctx, "holding event", StateHeld,
+		BatchSettle{Stmt: StmtHold, Scope: scope, EventID: eventID, Token: token, Reason: reason})
+}
+
+// settle writes s (batched when r batches) under the rule of leaseHeld. A
+// settle that failed with ErrConnectionLost (it may have committed) is
+// written once more, unbatched: when that changes no row, the row found in
+// the settle's state (to; for a completion, with its status) was settled
+// by the first try, and the settle succeeded.
+func (r Rules) settle(ctx context.Context, op string, to State, s BatchSettle) error {
+	var (
+		changed bool
+		err     error
+	)
 	if r.b != nil {
-		return leaseHeld("holding event")(r.settleBatched(ctx,
-			BatchSettle{Stmt: StmtHold, Scope: scope, EventID: eventID, Token: token, Reason: reason}))
+		changed, err = r.settleBatched(ctx, s)
+	} else {
+		changed, err = r.d.Exec(ctx, s.Stmt, SettleArgs(&s)...)
 	}
-	return leaseHeld("holding event")(r.d.Exec(ctx, StmtHold, scope, eventID, token, reason))
+	if err != nil && errors.Is(err, ErrConnectionLost) && ctx.Err() == nil {
+		if r.retried != nil {
+			r.retried(RetryConnection)
+		}
+		changed, err = r.d.Exec(ctx, s.Stmt, SettleArgs(&s)...)
+		if err == nil && !changed {
+			changed, err = r.settledBefore(ctx, s, to)
+		}
+	}
+	return leaseHeld(op)(changed, err)
+}
+
+// settledBefore reports whether s's row reads as s left it (state to, and
+// s.Status for a completion): a settle whose first try's answer was lost.
+func (r Rules) settledBefore(ctx context.Context, s BatchSettle, to State) (bool, error) {
+	var (
+		state, token, fingerprint string
+		attempts, status          int
+		micros                    int64
+	)
+	err := r.d.QueryRow(ctx, StmtInspect, s.Scope, s.EventID).Scan(&state, &token, &attempts, &status, &micros, &fingerprint)
+	if err != nil {
+		return false, gone(err)
+	}
+	return State(state) == to && (to != StateCompleted || status == s.Status), nil
 }
 
 // settleBatched writes s in the next batch and reports whether it changed
