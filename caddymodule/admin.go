@@ -70,6 +70,32 @@ const adminPrefix = "/webhook_idempotency/"
 // admin API finds the store of an event.
 var scopes = newScopeIndex[*backend]()
 
+// scopeTrusts maps each scope of a provisioned handler to how its routes
+// verify (Handler.trust), for GET /webhook_idempotency/scopes: an operator
+// compares them across instances that share a database.
+var scopeTrusts = newScopeIndex[string]()
+
+// ScopeJSON is a scope as GET /webhook_idempotency/scopes shows it.
+type ScopeJSON struct {
+	Scope string `json:"scope"`
+	// Verifiers lists how the scope's routes in this process turn a
+	// request into a claim: provider, scheme, a fingerprint of the
+	// secrets (never a secret), event ID source. One entry unless a
+	// reload is under way.
+	Verifiers []string `json:"verifiers"`
+}
+
+// listScopes answers GET /webhook_idempotency/scopes.
+func (a *Admin) listScopes(w http.ResponseWriter) error {
+	out := []ScopeJSON{}
+	for scope, trusts := range scopeTrusts.lookup("") {
+		slices.Sort(trusts)
+		out = append(out, ScopeJSON{Scope: scope, Verifiers: trusts})
+	}
+	slices.SortFunc(out, func(a, b ScopeJSON) int { return strings.Compare(a.Scope, b.Scope) })
+	return writeJSON(w, map[string]any{"scopes": out})
+}
+
 // backendsFor returns the backends of a scope, or of every scope when scope
 // is "". A body-hash scope ("<scope>#body") has the backends of its scope.
 func backendsFor(scope string) []*backend {
@@ -156,8 +182,14 @@ const bodyScopeSuffix = "#body"
 func (a *Admin) serve(w http.ResponseWriter, r *http.Request) error {
 	rest := strings.TrimPrefix(r.URL.EscapedPath(), adminPrefix)
 	parts := strings.Split(rest, "/")
+	if parts[0] == "scopes" && len(parts) == 1 {
+		if err := allow(w, r, http.MethodGet); err != nil {
+			return err
+		}
+		return a.listScopes(w)
+	}
 	if parts[0] != "events" {
-		return apiErr(http.StatusNotFound, "unknown admin path; see /webhook_idempotency/events")
+		return apiErr(http.StatusNotFound, "unknown admin path; see /webhook_idempotency/events and /webhook_idempotency/scopes")
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()

@@ -1,11 +1,9 @@
 package caddymodule
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"time"
@@ -15,6 +13,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/eventid"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/sendonce"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
@@ -226,8 +225,7 @@ func (h *Handler) forwardItem(r *http.Request, it signature.BatchItem, i, n int,
 		return outcomeStoreError, 0, unavailableRetryAfter
 	}
 	ir := r.Clone(r.Context())
-	ir.Body = io.NopCloser(bytes.NewReader(it.Body))
-	ir.ContentLength = int64(len(it.Body))
+	sendonce.SetBody(ir, it.Body)
 	ir.Header.Del("Content-Length")
 	ir.Header.Del("Content-Encoding")
 	// Which item of which batch, for the upstream's logs.

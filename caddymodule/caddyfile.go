@@ -71,7 +71,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		replay_headers <name>...         # headers stored for replay; default Content-Type Content-Language Location
 //		idempotency_key {                # provider idempotency_key only (client APIs, no secret)
 //			header      <name>           # default Idempotency-Key
-//			client      header <name> | <placeholder>  # client identity, hashed; e.g. header Authorization
+//			client      header <name> | <placeholder> | shared  # caller identity, hashed; default header Authorization
 //			fingerprint method path query body | none  # default all four
 //			optional                     # forward requests without a key (default: 400)
 //			store_4xx   on | off         # store and replay 4xx answers; default on

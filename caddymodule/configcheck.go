@@ -27,9 +27,10 @@ var configScopes = struct {
 }{m: map[any]map[string]*scopeUse{}}
 
 type scopeUse struct {
-	key  string // Storage.poolKey: backend, DSN or path, table
-	desc string // for the error: never a DSN password
-	n    int
+	key   string // Storage.poolKey: backend, DSN or path, table
+	desc  string // for the error: never a DSN password
+	trust string // Handler.trust of the routes using it (trust.go)
+	n     int
 }
 
 // httpApp returns the http app of the config ctx belongs to, or nil when
@@ -42,11 +43,13 @@ func httpApp(ctx caddy.Context) any {
 	return app
 }
 
-// useScopeStorage records that a route of the config app uses scope on st,
-// and refuses a scope already used on another storage: two routes that
-// share a scope promise to share deduplication, which two stores cannot
-// keep. A nil app (no config) checks nothing.
-func useScopeStorage(app any, scope string, st Storage) error {
+// useScopeStorage records that a route of the config app uses scope on st
+// with the given trust, and refuses a scope already used on another
+// storage (two routes that share a scope promise to share deduplication,
+// which two stores cannot keep) or by a route of another trust (one
+// route's requests could pre-claim the other's events: trust.go). A nil
+// app (no config) checks nothing.
+func useScopeStorage(app any, scope string, st Storage, trust string) error {
 	if app == nil {
 		return nil
 	}
@@ -64,10 +67,16 @@ func useScopeStorage(app any, scope string, st Storage) error {
 				"routes sharing a scope share deduplication only on one storage (same backend, DSN or path, and table): "+
 				"give them the same storage, or distinct scopes", scope, u.desc, st.describe())
 		}
+		if u.trust != trust {
+			return fmt.Errorf("scope: %q is already used by a route that verifies with %s, and this route verifies with %s; "+
+				"a claim made through one route would make the other answer that event as a duplicate, never forwarded, "+
+				"so routes share a scope only when they verify the same way (provider, secrets, event_id, on_missing_id): "+
+				"give each route its own scope (scope <name>)", scope, u.trust, trust)
+		}
 		u.n++
 		return nil
 	}
-	uses[scope] = &scopeUse{key: key, desc: st.describe(), n: 1}
+	uses[scope] = &scopeUse{key: key, desc: st.describe(), trust: trust, n: 1}
 	return nil
 }
 

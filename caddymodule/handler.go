@@ -33,6 +33,7 @@ import (
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/cache"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/eventid"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/lease"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/sendonce"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
@@ -225,6 +226,8 @@ type Handler struct {
 	// (configcheck.go).
 	app       any
 	scopeUsed bool
+	// trust describes how a request becomes a claim here (trust.go).
+	trust string
 }
 
 // Storage selects the store backend.
@@ -283,12 +286,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 
 	st := h.storage()
 	h.app = httpApp(ctx)
-	if err := useScopeStorage(h.app, h.Scope, st); err != nil {
+	if err := useScopeStorage(h.app, h.Scope, st, h.trust); err != nil {
 		h.app = nil // nothing recorded to release
 		return err
 	}
 	h.scopeUsed = true
 	warnHostOnly(h.app, h.logger)
+	if err := checkProxyRetries(h.app); err != nil {
+		return err
+	}
 	entries := defaultCache
 	if h.Cache != nil {
 		entries = *h.Cache
@@ -300,6 +306,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.backend, h.poolKey = b, st.poolKey()
 	h.pending.m = b.completing
 	scopes.add(h.Scope, b)
+	scopeTrusts.add(h.Scope, h.trust)
 	if entries > 0 {
 		h.completed = b.completed
 	}
@@ -349,6 +356,7 @@ func (h *Handler) provisionVerifier(repl *caddy.Replacer) error {
 		return err // the signature package's errors name the provider
 	}
 	h.verifier = v
+	h.trust = h.trustOf(secrets)
 	if u, err := url.Parse(opts.URL); err == nil && opts.URL != "" {
 		h.signedURL = u.Redacted()
 	}
@@ -406,6 +414,7 @@ func (h *Handler) Cleanup() error {
 	release := func() error {
 		if h.backend != nil {
 			scopes.remove(h.Scope, h.backend)
+			scopeTrusts.remove(h.Scope, h.trust)
 		}
 		if h.poolKey != "" {
 			_, err := backends.Delete(h.poolKey)
@@ -462,8 +471,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// The upstream gets the bytes exactly as they arrived.
 	forwardable := func() *http.Request {
 		buf.forwarded = true
-		r.Body = io.NopCloser(bytes.NewReader(raw))
-		r.ContentLength = int64(len(raw))
+		sendonce.SetBody(r, raw)
 		return r
 	}
 	hs, handshake := h.matchHandshake(r, signed)

@@ -1,7 +1,6 @@
 package caddymodule
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -18,6 +17,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/sendonce"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
 
@@ -46,6 +46,12 @@ const (
 	// outcomeKeyReused: the key came with another request fingerprint: 422
 	// (in allOutcomes, metrics.go).
 	outcomeKeyReused = "key_reused"
+	// clientShared is IdempotencyKeyConfig.Client's value for one key
+	// space shared by every caller.
+	clientShared = "shared"
+	// defaultClientHeader identifies the caller when nothing else is
+	// configured.
+	defaultClientHeader = "Authorization"
 )
 
 // fingerprintParts are what a request fingerprint may cover, in its order.
@@ -58,17 +64,21 @@ type IdempotencyKeyConfig struct {
 	// Idempotency-Key.
 	Header string `json:"header,omitempty"`
 
-	// ClientHeader names a request header that identifies the client (e.g.
-	// Authorization). Its SHA-256 scopes the key, so two clients' keys never
-	// collide; the raw value is never stored or logged. Exclusive with
-	// Client.
+	// ClientHeader names a request header that identifies the client. Its
+	// SHA-256 scopes the key, so two clients' keys never collide and one
+	// client never gets another's stored answer; the raw value is never
+	// stored or logged. Exclusive with Client. Default: Authorization,
+	// when Client is not set either.
 	ClientHeader string `json:"client_header,omitempty"`
 
 	// Client is a Caddy placeholder that identifies the client, e.g.
 	// {http.auth.user.id} after basic_auth or forward_auth, evaluated per
-	// request and hashed like ClientHeader. With neither, all clients share
-	// one key space. A request whose identity is empty shares the
-	// anonymous key space.
+	// request and hashed like ClientHeader. A request whose identity is
+	// empty (no such header, an empty placeholder) is refused with 401: it
+	// has no key space of its own. The value "shared" puts every caller in
+	// one key space instead, so a caller can be answered with another's
+	// stored answer; it is logged as a warning at load and is meant for
+	// APIs whose callers are one party (an internal service).
 	Client string `json:"client,omitempty"`
 
 	// Fingerprint lists what of the request the fingerprint stored with the
@@ -117,6 +127,15 @@ func (h *Handler) provisionIdempotencyKey(*caddy.Replacer) error {
 		k.header = "Idempotency-Key"
 	}
 	switch {
+	case k.client == clientShared:
+		k.client = ""
+		h.logger.Warn("idempotency_key: client shared: every caller shares one key space, so a caller sending another's key "+
+			"gets that caller's stored answer; scope keys per caller with client header <name> or client <placeholder> "+
+			"(default: header Authorization)", zap.String("scope", h.Scope))
+	case k.client == "" && k.clientHeader == "":
+		k.clientHeader = defaultClientHeader
+	}
+	switch {
 	case len(cfg.Fingerprint) == 0:
 		k.parts = fingerprintParts
 	case len(cfg.Fingerprint) == 1 && cfg.Fingerprint[0] == "none":
@@ -131,6 +150,7 @@ func (h *Handler) provisionIdempotencyKey(*caddy.Replacer) error {
 		h.RefuseStatus = http.StatusBadRequest // unused: nothing is verified
 	}
 	h.idem = k
+	h.trust = h.trustOf(nil)
 	return nil
 }
 
@@ -150,8 +170,8 @@ func (h *Handler) validateIdempotencyKey() error {
 		return errors.New("provider idempotency_key: replay is always response")
 	case cfg.Client != "" && cfg.ClientHeader != "":
 		return errors.New("idempotency_key: client and client_header are exclusive")
-	case cfg.Client != "" && !strings.Contains(cfg.Client, "{"):
-		return fmt.Errorf("idempotency_key: client %q is not a placeholder (want e.g. {http.auth.user.id}, or client_header)", cfg.Client)
+	case cfg.Client != "" && cfg.Client != clientShared && !strings.Contains(cfg.Client, "{"):
+		return fmt.Errorf("idempotency_key: client %q is not a placeholder (want e.g. {http.auth.user.id}, client_header, or shared)", cfg.Client)
 	case h.Retention < h.Lease:
 		return fmt.Errorf("retention: must be at least the lease (%s), got %s", time.Duration(h.Lease), time.Duration(h.Retention))
 	}
@@ -214,8 +234,9 @@ func (k *idemKey) key(r *http.Request) (key, problem string) {
 
 // scoped is the stored event ID of a key: the first 128 bits of the
 // SHA-256 of the client's identity, in hex, then ":" and the key; the key
-// alone when no client identity is configured.
-func (k *idemKey) scoped(r *http.Request, key string) string {
+// alone under client shared. ok is false when the request carries no
+// identity: it has no key space.
+func (k *idemKey) scoped(r *http.Request, key string) (id string, ok bool) {
 	var identity string
 	switch {
 	case k.clientHeader != "":
@@ -225,10 +246,21 @@ func (k *idemKey) scoped(r *http.Request, key string) string {
 			identity = repl.ReplaceAll(k.client, "")
 		}
 	default:
-		return key
+		return key, true // client shared
+	}
+	if strings.TrimSpace(identity) == "" {
+		return "", false
 	}
 	sum := sha256.Sum256([]byte(identity))
-	return hex.EncodeToString(sum[:16]) + ":" + key
+	return hex.EncodeToString(sum[:16]) + ":" + key, true
+}
+
+// identityName names what identifies a caller, for the 401's detail.
+func (k *idemKey) identityName() string {
+	if k.clientHeader != "" {
+		return "an " + k.clientHeader + " header"
+	}
+	return "an authenticated identity"
 }
 
 // fingerprint is the SHA-256 of the configured parts of the request, each
@@ -259,8 +291,13 @@ func (k *idemKey) fingerprint(r *http.Request, body []byte) string {
 
 // safeMethod: requests of these methods are idempotent by definition and
 // pass through without a key.
+// QUERY is safe and idempotent by its definition (draft-ietf-httpbis-safe-method-w-body).
 func safeMethod(m string) bool {
-	return m == http.MethodGet || m == http.MethodHead || m == http.MethodOptions || m == http.MethodTrace
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace, "QUERY":
+		return true
+	}
+	return false
 }
 
 // serveIdempotencyKey is ServeHTTP for provider idempotency_key: read the
@@ -300,7 +337,13 @@ func (h *Handler) serveIdempotencyKey(w http.ResponseWriter, r *http.Request, ne
 		respondProblem(w, status, http.StatusText(status), reason, 0)
 		return nil
 	}
-	id := h.idem.scoped(r, key)
+	id, ok := h.idem.scoped(r, key)
+	if !ok {
+		d.outcome, d.reason = outcomeBadRequest, "the request has no client identity"
+		respondProblem(w, http.StatusUnauthorized, "Client identity is missing",
+			"Idempotency-Keys are kept per client: send "+h.idem.identityName()+" with the key.", 0)
+		return nil
+	}
 	fp := h.idem.fingerprint(r, raw)
 	d.eventID, d.fingerprint = id, fp
 
@@ -353,8 +396,7 @@ func (h *Handler) serveIdempotencyKey(w http.ResponseWriter, r *http.Request, ne
 		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("unexpected claim outcome %v", claim.Outcome))
 	}
 	buf.forwarded = true
-	r.Body = io.NopCloser(bytes.NewReader(raw))
-	r.ContentLength = int64(len(raw))
+	sendonce.SetBody(r, raw)
 	return h.forward(w, r, next, []claimRef{{scope: h.Scope, id: id, token: claim.Token}}, &d)
 }
 

@@ -233,6 +233,34 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 		requireDelivers(t, r, r.signing)
 	})
 
+	// SharePoint list webhooks and OneDrive validate with a lower-case
+	// ?validationtoken=; Graph with validationToken.
+	t.Run("msgraph lower-case validationtoken", func(t *testing.T) {
+		r := byPath["/p/msgraph"]
+		st, h, body := doReq(t, http.MethodPost, r.path+"?validationtoken=sp-token-1", nil, nil)
+		requireAnswered(t, r.path, st, h, body, "text/plain; charset=utf-8", "sp-token-1")
+	})
+
+	// SharePoint puts a UTF-8 byte order mark before the JSON: the ID and
+	// clientState are read past it, and the upstream gets the exact bytes.
+	t.Run("msgraph body with a UTF-8 BOM", func(t *testing.T) {
+		r := byPath["/p/msgraph"]
+		d, err := buildDelivery(signParams{Provider: r.provider, Secret: r.signing, URL: r.url, EventIDFrom: r.idFrom})
+		require.NoError(t, err)
+		bom := append([]byte("\xEF\xBB\xBF"), d.Body...)
+		before := len(up.got(r.path))
+		st, h, body := doReq(t, http.MethodPost, r.path, bom, d.Header)
+		require.Equal(t, http.StatusOK, st, "delivery refused: %s", body)
+		require.Equal(t, "yes", h.Get("X-Upstream"))
+		got := up.got(r.path)
+		require.Len(t, got, before+1)
+		require.Equal(t, bom, got[len(got)-1].body, "the exact bytes, BOM included")
+		st, h, body = doReq(t, http.MethodPost, r.path, bom, d.Header)
+		require.Equal(t, http.StatusOK, st, body)
+		require.Equal(t, "true", h.Get("Idempotent-Replayed"))
+		require.Len(t, up.got(r.path), before+1)
+	})
+
 	t.Run("trello HEAD probe", func(t *testing.T) {
 		r := byPath["/p/trello"]
 		st, h, _ := doReq(t, http.MethodHead, r.path, nil, nil)

@@ -461,10 +461,10 @@ func (h *Handler) unmarshalReplay(d *caddyfile.Dispenser, name string) error {
 				switch {
 				case len(args) == 2 && args[0] == "header":
 					cfg.ClientHeader = args[1]
-				case len(args) == 1 && strings.HasPrefix(args[0], "{"):
+				case len(args) == 1 && (strings.HasPrefix(args[0], "{") || args[0] == clientShared):
 					cfg.Client = args[0]
 				default:
-					return d.Errf("idempotency_key client: want header <name> or a placeholder such as {http.auth.user.id}")
+					return d.Errf("idempotency_key client: want header <name>, a placeholder such as {http.auth.user.id}, or shared")
 				}
 			case "fingerprint":
 				cfg.Fingerprint = d.RemainingArgs()

@@ -9,6 +9,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -167,7 +169,7 @@ func TestIdempotencyKeyIncompleteAnswer(t *testing.T) {
 				requireIncomplete(t, g.serve(apiCall("k-cut", `{"amount":100}`)), "cut")
 			}
 			require.Equal(t, 1, g.up.count())
-			ev := g.requireRow("idempotency_key", "k-cut", store.StateCompleted)
+			ev := g.requireRow("idempotency_key", callerKey("k-cut"), store.StateCompleted)
 			require.Equal(t, http.StatusCreated, ev.Status)
 			require.Contains(t, adminView(t, ev), `"response":{"body_stored":false,"body_not_stored":"cut"}`)
 			lines := g.logged("stored status and headers only, without the body; retries with the key get 502")
@@ -192,7 +194,7 @@ func TestIdempotencyKeyIncompleteAnswer(t *testing.T) {
 		require.Equal(t, big, string(first.body), "the first answer is streamed whole")
 		requireIncomplete(t, g.serve(apiCall("k-big", `{}`)), "too-large")
 		require.Equal(t, 1, g.up.count())
-		ev := g.requireRow("idempotency_key", "k-big", store.StateCompleted)
+		ev := g.requireRow("idempotency_key", callerKey("k-big"), store.StateCompleted)
 		sum := sha256.Sum256([]byte(big))
 		require.Contains(t, adminView(t, ev), `"response":{"body_stored":false,"body_not_stored":"too_large","size":`+
 			strconv.Itoa(len(big))+`,"sha256":"`+hex.EncodeToString(sum[:])+`"}`)
@@ -213,12 +215,24 @@ func TestReplayShortByDefault(t *testing.T) {
 	require.Equal(t, []string{"Content-Type", "Content-Language", "Location", "Content-Encoding"}, tw2.h.replayHeaders)
 }
 
+// testCaller is the Authorization apiCall sends unless headers give one.
+const testCaller = "Bearer tok_test"
+
 func apiCall(key, body string, headers ...string) *http.Request {
 	hs := []string{"Content-Type", "application/json"}
 	if key != "" {
 		hs = append(hs, "Idempotency-Key", key)
 	}
+	if !slices.Contains(headers, "Authorization") {
+		hs = append(hs, "Authorization", testCaller)
+	}
 	return newDelivery("http://api.test/v1/orders", []byte(body), append(hs, headers...)...)
+}
+
+// callerKey is the stored event ID of testCaller's key.
+func callerKey(key string) string {
+	sum := sha256.Sum256([]byte(testCaller))
+	return hex.EncodeToString(sum[:16]) + ":" + key
 }
 
 func TestIdempotencyKeyRequests(t *testing.T) {
@@ -315,7 +329,7 @@ func TestIdempotencyKeyRequests(t *testing.T) {
 			require.Equal(t, http.StatusUnprocessableEntity, g.serve(apiCall("k", `{}`)).status)
 		}
 		require.Equal(t, 2, g.up.count())
-		g.requireRow("idempotency_key", "k", store.StateReleased)
+		g.requireRow("idempotency_key", callerKey("k"), store.StateReleased)
 	})
 }
 
@@ -352,4 +366,76 @@ func TestReplayConfigRefused(t *testing.T) {
 	h.Replay, h.Retention, h.Lease = "response", caddy.Duration(time.Hour), caddy.Duration(time.Second)
 	require.ErrorContains(t, h.validateIdempotencyKey(), "exclusive")
 	require.True(t, strings.HasPrefix(problemType, "https://"))
+}
+
+// TestIdempotencyKeyPerCaller: keys are the caller's by default (its
+// Authorization header), as Stripe's and the IETF draft's keys are. The
+// attacker's requests of issue 22: caller B sending A's key and body is
+// forwarded in B's own key space and never gets A's stored answer; a
+// request without an identity is refused 401, never answered with A's
+// data; a stranger reusing A's key with another body is forwarded, not
+// told 422 that the key is in use. client shared is the explicit opt-in
+// to one key space, warned about at load.
+func TestIdempotencyKeyPerCaller(t *testing.T) {
+	t.Parallel()
+	echoCaller := func(w http.ResponseWriter, r *http.Request, n int) error {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, err := fmt.Fprintf(w, `{"order":%d,"auth":%q}`, 30340+n, r.Header.Get("Authorization"))
+		return err
+	}
+
+	t.Run("default", func(t *testing.T) {
+		t.Parallel()
+		g := newGateway(t, "webhook_idempotency {\n\tprovider idempotency_key\n}")
+		g.up.respond = echoCaller
+		a := g.serve(apiCall("k-1", `{"amount":1}`, "Authorization", "Bearer tok_A"))
+		require.Equal(t, http.StatusCreated, a.status)
+		require.Contains(t, string(a.body), "tok_A")
+
+		b := g.serve(apiCall("k-1", `{"amount":1}`, "Authorization", "Bearer tok_B"))
+		require.Equal(t, http.StatusCreated, b.status)
+		require.Empty(t, b.header.Get("Idempotent-Replayed"), "B's own key space: forwarded")
+		require.NotContains(t, string(b.body), "tok_A", "never A's data")
+
+		anon := newDelivery("http://api.test/v1/orders", []byte(`{"amount":1}`), "Content-Type", "application/json", "Idempotency-Key", "k-1")
+		n := g.serve(anon)
+		require.Equal(t, http.StatusUnauthorized, n.status)
+		require.Equal(t, "application/problem+json", n.header.Get("Content-Type"))
+		require.Contains(t, string(n.body), "Client identity is missing")
+		require.NotContains(t, string(n.body), "tok_A")
+
+		c := g.serve(apiCall("k-1", `{"amount":999}`, "Authorization", "Bearer tok_C"))
+		require.Equal(t, http.StatusCreated, c.status, "a stranger is not told the key is in use: %s", c.body)
+		require.Equal(t, 3, g.up.count(), "A, B and C each ran once; the anonymous request never")
+
+		again := g.serve(apiCall("k-1", `{"amount":1}`, "Authorization", "Bearer tok_A"))
+		require.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
+		require.Contains(t, string(again.body), "tok_A", "A's retry gets A's answer")
+		require.Equal(t, 3, g.up.count())
+	})
+
+	t.Run("client shared", func(t *testing.T) {
+		t.Parallel()
+		g := newGateway(t, "webhook_idempotency {\n\tprovider idempotency_key\n\tidempotency_key {\n\t\tclient shared\n\t}\n}")
+		g.up.respond = echoCaller
+		logs, err := validateCaddyfile(t, ":18082 {\n\twebhook_idempotency {\n\t\tprovider idempotency_key\n\t\tstorage sqlite "+
+			filepath.Join(t.TempDir(), "k.db")+"\n\t\tidempotency_key {\n\t\t\tclient shared\n\t\t}\n\t}\n\trespond 201\n}\n")
+		require.NoError(t, err)
+		require.Contains(t, logs, "every caller shares one key space", "warned at load")
+		require.Equal(t, http.StatusCreated, g.serve(apiCall("k-1", `{}`, "Authorization", "Bearer tok_A")).status)
+		b := g.serve(apiCall("k-1", `{}`, "Authorization", "Bearer tok_B"))
+		require.Equal(t, "true", b.header.Get("Idempotent-Replayed"), "one key space, as written")
+		require.Equal(t, 1, g.up.count())
+		g.requireRow("idempotency_key", "k-1", store.StateCompleted)
+	})
+
+	t.Run("QUERY is safe", func(t *testing.T) {
+		t.Parallel()
+		g := newGateway(t, "webhook_idempotency {\n\tprovider idempotency_key\n}")
+		q := newDelivery("http://api.test/v1/orders", []byte(`{"q":1}`), "Content-Type", "application/json")
+		q.Method = "QUERY"
+		require.Equal(t, http.StatusOK, g.serve(q).status, "no key needed")
+		require.Empty(t, g.rows())
+	})
 }

@@ -265,3 +265,89 @@ func TestExamplesShipLogFilterAndCatchAllSites(t *testing.T) {
 		}
 	}
 }
+
+// A reverse_proxy that re-sends written requests (lb_retry_match with
+// lb_retries or lb_try_duration) after webhook_idempotency is refused at
+// load, in the same site, a subroute or a later route; without
+// lb_retry_match (reverse_proxy then re-sends only what it could not
+// connect for), in another handle group, or before the handler, it loads.
+func TestProxyRetriesRefused(t *testing.T) {
+	dir := t.TempDir()
+	hook := func() string {
+		return "\t\twebhook_idempotency {\n\t\t\tprovider stripe\n\t\t\tsecret whsec_x\n\t\t\tstorage sqlite " +
+			filepath.Join(dir, randomHex(4)+".db") + "\n\t\t}\n"
+	}
+	proxy := func(lb string) string {
+		return "\t\treverse_proxy 127.0.0.1:1 {\n" + lb + "\t\t}\n"
+	}
+	retryPOST := "\t\t\tlb_retries 2\n\t\t\tlb_retry_match {\n\t\t\t\tmethod POST\n\t\t\t}\n"
+	retryStatus := "\t\t\tlb_try_duration 5s\n\t\t\tlb_retry_match {\n\t\t\t\texpression `{rp.status_code} in [502, 503]`\n\t\t\t}\n"
+	for _, tc := range []struct {
+		name, site, refused string
+	}{
+		{"same site, method matcher", ":18081 {\n" + hook() + proxy(retryPOST) + "}\n", "lb_retries 2 with lb_retry_match"},
+		{"same site, response matcher", ":18081 {\n" + hook() + proxy(retryStatus) + "}\n", "lb_try_duration with lb_retry_match"},
+		{"handle block", ":18081 {\n\thandle /hooks {\n" + hook() + proxy(retryPOST) + "\t}\n}\n", "lb_retries 2"},
+		{"route then a later proxy", ":18081 {\n\troute /hooks {\n" + hook() + "\t}\n" + proxy(retryPOST) + "}\n", "lb_retries 2"},
+		{"retries without match", ":18081 {\n" + hook() + proxy("\t\t\tlb_retries 2\n") + "}\n", ""},
+		{"other handle group", ":18081 {\n\thandle /hooks {\n" + hook() + "\t\trespond 200\n\t}\n\thandle /api {\n" +
+			proxy(retryPOST) + "\t}\n}\n", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := validateCaddyfile(t, tc.site)
+			if tc.refused == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			require.Contains(t, err.Error(), tc.refused)
+			require.Contains(t, err.Error(), "remove lb_retry_match")
+		})
+	}
+}
+
+// A scope is shared only by routes of the same trust (issue 22): with
+// provider stripe on /webhooks/stripe and an unverified provider
+// idempotency_key route on /api/* in scope stripe, an unsigned POST /api/x
+// with Idempotency-Key: evt_future_1 would claim the real Stripe event
+// evt_future_1, later answered as a duplicate and never forwarded. Such a
+// config is refused at load, naming both verifiers and the fix; so are
+// other secrets, another event_id source and on_missing_id forward. Routes
+// that verify the same way share a scope, and the admin API lists each
+// scope's verifier without a secret.
+func TestScopeSharedOnlyBySameTrust(t *testing.T) {
+	dir := t.TempDir()
+	route := func(path, lines string) string {
+		return "\thandle " + path + " {\n\t\twebhook_idempotency {\n" + lines + "\t\t\tscope stripe\n\t\t\tstorage sqlite " +
+			filepath.Join(dir, "events.db") + "\n\t\t}\n\t\trespond 200\n\t}\n"
+	}
+	stripe := "\t\t\tprovider stripe\n\t\t\tsecret whsec_AAAA\n"
+	for _, tc := range []struct{ name, other, want string }{
+		{"unverified route", "\t\t\tprovider idempotency_key\n", "no signature (provider idempotency_key)"},
+		{"other secret", "\t\t\tprovider stripe\n\t\t\tsecret whsec_BBBB\n", "provider stripe, secrets sha256:"},
+		{"other provider", "\t\t\tprovider github\n\t\t\tsecret whsec_AAAA\n", "provider github"},
+		{"header event ID", stripe + "\t\t\tevent_id header X-Event-Id\n", "event_id header X-Event-Id"},
+		{"on_missing_id forward", stripe + "\t\t\ton_missing_id forward\n", "on_missing_id forward"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := validateCaddyfile(t, ":18083 {\n"+route("/webhooks/stripe", stripe)+route("/api/*", tc.other)+"}\n")
+			require.Error(t, err)
+			require.Contains(t, err.Error(), `scope: "stripe" is already used by a route that verifies with provider stripe, secrets sha256:`)
+			require.Contains(t, err.Error(), tc.want)
+			require.Contains(t, err.Error(), "give each route its own scope")
+			require.NotContains(t, err.Error(), "whsec_")
+		})
+	}
+	t.Run("same trust", func(t *testing.T) {
+		_, err := validateCaddyfile(t, ":18083 {\n"+route("/a", stripe)+route("/b", stripe)+"}\n")
+		require.NoError(t, err)
+	})
+	t.Run("admin API shows the verifier", func(t *testing.T) {
+		g := newGateway(t, "webhook_idempotency {\n\tprovider stripe\n\tsecret whsec_CCCC\n\tscope trust_"+randomHex(4)+"\n}")
+		rec := httptest.NewRecorder()
+		require.NoError(t, new(Admin).serve(rec, httptest.NewRequest(http.MethodGet, "/webhook_idempotency/scopes", nil)))
+		require.Equal(t, http.StatusOK, rec.Code)
+		require.Contains(t, rec.Body.String(), `{"scope":"`+g.h.Scope+`","verifiers":["provider stripe, secrets sha256:`)
+		require.NotContains(t, rec.Body.String(), "whsec_")
+	})
+}

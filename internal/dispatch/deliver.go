@@ -1,7 +1,6 @@
 package dispatch
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/proxyerr"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/sendonce"
 )
 
 // maxUpstreamDrain is the most of an upstream's answer that is read (and
@@ -122,7 +122,7 @@ func (rt *route) sendSafe(ctx context.Context, cfg *Route, j queue.Job) (status 
 func (rt *route) send(ctx context.Context, cfg *Route, j queue.Job) (int, string) {
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, j.Request.Method, cfg.urlFor(j.Request.URI), bytes.NewReader(j.Request.Body))
+	req, err := http.NewRequestWithContext(ctx, j.Request.Method, cfg.urlFor(j.Request.URI), nil)
 	if err != nil {
 		return 0, "building the request: " + err.Error()
 	}
@@ -130,10 +130,9 @@ func (rt *route) send(ctx context.Context, cfg *Route, j queue.Job) (int, string
 	if req.Header == nil {
 		req.Header = http.Header{}
 	}
-	req.ContentLength = int64(len(j.Request.Body))
-	if len(j.Request.Body) == 0 {
-		req.Body = http.NoBody
-	}
+	// A dispatch attempt is a forward of a claimed job: never re-sent by
+	// the Transport inside the attempt (the job's retries are counted).
+	sendonce.SetBody(req, j.Request.Body)
 	resp, err := rt.d.client.Do(req)
 	if err != nil {
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {

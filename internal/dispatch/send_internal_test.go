@@ -66,3 +66,57 @@ func TestDispatcherSendSafe(t *testing.T) {
 		})
 	}
 }
+
+// TestDispatcherSendsOnce: the upstream answers a first attempt on a
+// keep-alive connection, then reads the next one on that reused
+// connection and closes without answering. The Transport must not send it
+// again on a new connection (a job's headers may carry an Idempotency-Key,
+// which net/http takes for permission to replay): one execution, and an
+// ambiguous attempt the dispatcher counts.
+func TestDispatcherSendsOnce(t *testing.T) {
+	t.Parallel()
+	for _, body := range []string{"", `{"id":"evt_1"}`} {
+		t.Run("body="+body, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = ln.Close() })
+			work := make(chan struct{}, 10)
+			go func() {
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					go func() {
+						defer c.Close()
+						br := bufio.NewReader(c)
+						for n := 1; ; n++ {
+							req, err := http.ReadRequest(br)
+							if err != nil {
+								return
+							}
+							_, _ = io.Copy(io.Discard, req.Body)
+							if req.URL.Path != "/work" {
+								_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+								continue
+							}
+							work <- struct{}{}
+							return // the work is done; no answer
+						}
+					}()
+				}
+			}()
+			d := New(nil, Options{})
+			rt := newRoute(d, &Route{Scope: "s", Target: &url.URL{Scheme: "http", Host: ln.Addr().String()}, Timeout: 5 * time.Second})
+			h := http.Header{"Idempotency-Key": {"k_1"}}
+			warm := queue.Job{EventID: "warm", Request: queue.Request{Method: http.MethodPost, URI: "/warm", Header: h}}
+			status, _ := rt.send(t.Context(), rt.cfg.Load(), warm)
+			require.Equal(t, http.StatusOK, status)
+			job := queue.Job{EventID: "evt_1", Request: queue.Request{Method: http.MethodPost, URI: "/work", Header: h, Body: []byte(body)}}
+			status, text := rt.send(t.Context(), rt.cfg.Load(), job)
+			require.Zero(t, status)
+			require.Contains(t, text, "ambiguous")
+			require.Len(t, work, 1, "one execution")
+		})
+	}
+}

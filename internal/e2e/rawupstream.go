@@ -36,7 +36,8 @@ type RawBehaviour func(eventID string, n int) RawAction
 // RawUpstream is an upstream on a raw TCP socket of 127.0.0.1: it reads
 // each request with net/http's parser, records it by the body's "id", and
 // then writes exactly what its behaviour says, including answers no
-// net/http server would give (a cut body, no answer at all).
+// net/http server would give (a cut body, no answer at all). A bodyless
+// request is recorded by its Idempotency-Key header.
 type RawUpstream struct {
 	ln     net.Listener
 	behave RawBehaviour
@@ -116,6 +117,9 @@ func (u *RawUpstream) serve(c net.Conn) {
 			return
 		}
 		id := gjson.GetBytes(body, "id").String()
+		if len(body) == 0 {
+			id = req.Header.Get("Idempotency-Key") // a bodyless request of an Idempotency-Key route
+		}
 		u.mu.Lock()
 		u.calls[id]++
 		n := u.calls[id]

@@ -129,6 +129,7 @@ func (e *Extractor) AssumeValidJSON() { e.validJSON = true }
 // (after unescaping, or ignoring case), a form field given twice, or a
 // header sent on several lines with different values.
 func (e *Extractor) Extract(body []byte, h http.Header) (string, error) {
+	body = JSONText(body)
 	var form url.Values
 	var small [4]string // no allocation for the usual one-part key
 	vals := small[:0]

@@ -72,7 +72,7 @@ func ParsePath(path string) (Path, error) {
 // name on the path is given twice in its object (see lookupJSON). The
 // result shares body's memory.
 func (p Path) Lookup(body []byte) (gjson.Result, error) {
-	return lookupJSON(body, p.names)
+	return lookupJSON(JSONText(body), p.names)
 }
 
 // lookupJSON walks the parsed path over body and returns the one value it

@@ -120,6 +120,7 @@ func (b Batch) array(body []byte, items *eventid.Path) (gjson.Result, error) {
 // ambiguously (Split then refuses it): whether a delivery is keyed as a
 // batch when the preset has an event ID of its own too.
 func (b Batch) Present(body []byte) bool {
+	body = eventid.JSONText(body)
 	items, _, err := b.paths()
 	if err != nil || !gjson.ValidBytes(body) {
 		return false
@@ -137,6 +138,7 @@ func (b Batch) Present(body []byte) bool {
 // ErrBadBatch (also wrapping the eventid error of a bad item ID), wrapped
 // with the item's position, never its content.
 func (b Batch) Split(body []byte) ([]BatchItem, error) {
+	body = eventid.JSONText(body)
 	if !gjson.ValidBytes(body) {
 		return nil, fmt.Errorf("body is not JSON: %w", ErrBadBatch)
 	}

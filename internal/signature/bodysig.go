@@ -14,6 +14,7 @@ import (
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/eventid"
 )
 
 // Schemes whose signature, timestamp or signed bytes live in the body rather
@@ -153,7 +154,7 @@ func (g *graphClientState) Verify(body []byte, _ http.Header) error {
 	if !isJSONObject(body) {
 		return fmt.Errorf("body is not a JSON object with a value array: %w", ErrMissingHeader)
 	}
-	items := gjson.GetBytes(body, "value")
+	items := gjson.GetBytes(eventid.JSONText(body), "value")
 	if !items.IsArray() || len(items.Array()) == 0 {
 		return fmt.Errorf("body has no notifications in value: %w", ErrMissingHeader)
 	}

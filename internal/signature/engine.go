@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/tidwall/gjson"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/eventid"
 )
 
 // engine verifies and signs any Scheme: the one generic HMAC implementation
@@ -444,7 +445,10 @@ func oneValue(h http.Header, name string) (string, error) {
 // object. gjson's validator accepts exactly what encoding/json.Valid accepts
 // (checked by differential fuzzing) at about twice the speed: on a 2 KB
 // Stripe event this check was 40% of the duplicate path's CPU.
+// A leading UTF-8 byte order mark is not part of the JSON text
+// (eventid.JSONText).
 func isJSONObject(body []byte) bool {
+	body = eventid.JSONText(body)
 	trimmed := bytes.TrimLeft(body, " \t\r\n")
 	return len(trimmed) > 0 && trimmed[0] == '{' && gjson.ValidBytes(body)
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/tidwall/gjson"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/eventid"
 )
 
 // Stability says whether a preset's default event ID stays the same when the
@@ -206,7 +207,7 @@ func (c *Challenge) matches(r *http.Request, body []byte) bool {
 		return false
 	}
 	if c.Query != "" {
-		v := r.URL.Query().Get(c.Query)
+		v := queryValue(r, c.Query)
 		if v == "" || (c.QueryValue != "" && v != c.QueryValue) {
 			return false
 		}
@@ -263,16 +264,33 @@ func bodyMember(body []byte, path string) (gjson.Result, bool) {
 	return v, true
 }
 
+// queryValue is the first value of the query parameter name, matched as
+// header names are, ignoring case: providers spell a handshake's parameter
+// differently (Microsoft Graph sends validationToken, SharePoint list
+// webhooks and OneDrive validationtoken). An exact match wins.
+func queryValue(r *http.Request, name string) string {
+	q := r.URL.Query()
+	if vs, ok := q[name]; ok && len(vs) > 0 {
+		return vs[0]
+	}
+	for k, vs := range q {
+		if strings.EqualFold(k, name) && len(vs) > 0 {
+			return vs[0]
+		}
+	}
+	return ""
+}
+
 // lookup reads the value a "query|header|json <name>" reference names.
 func lookup(ref string, r *http.Request, body []byte) string {
 	kind, name, _ := strings.Cut(ref, " ")
 	switch kind {
 	case "query":
-		return r.URL.Query().Get(name)
+		return queryValue(r, name)
 	case "header":
 		return strings.TrimSpace(r.Header.Get(name))
 	case "json":
-		if res := gjson.GetBytes(body, name); res.Type == gjson.String {
+		if res := gjson.GetBytes(eventid.JSONText(body), name); res.Type == gjson.String {
 			return res.Str
 		}
 	}
@@ -284,7 +302,7 @@ func lookup(ref string, r *http.Request, body []byte) string {
 func (c *Challenge) answer(r *http.Request, body []byte, secret string) HandshakeAnswer {
 	a := HandshakeAnswer{Challenge: *c, Status: http.StatusOK, Header: http.Header{}}
 	if c.Auth == AuthVerifyToken {
-		a.Token = r.URL.Query().Get(c.TokenQuery)
+		a.Token = queryValue(r, c.TokenQuery)
 	}
 	if c.LearnSecret != "" {
 		if a.Secret = lookup(c.LearnSecret, r, body); a.Secret == "" {

@@ -5,6 +5,7 @@ import (
 	"unsafe"
 
 	"github.com/tidwall/gjson"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/eventid"
 )
 
 // topMember returns the one member of body's top-level JSON object named
@@ -19,6 +20,7 @@ func topMember(body []byte, name string) (v gjson.Result, ok bool) {
 	if !isJSONObject(body) {
 		return gjson.Result{}, false
 	}
+	body = eventid.JSONText(body)
 	n := 0
 	// No copy of the body (as gjson.GetBytes); nothing read is kept.
 	doc := gjson.Parse(unsafe.String(unsafe.SliceData(body), len(body))) //nolint:gosec // audited: nothing read is kept

@@ -1,0 +1,31 @@
+package caddymodule
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+)
+
+// TestMain holds an exclusive lock on a file of the machine's temporary
+// directory while the package's tests run. The in-process Caddy tests
+// (caddytest) listen on fixed ports (admin 2999, http 9080, https 9443)
+// and load a global config: two test binaries of this package running at
+// once, from two checkouts, would load their configs into each other's
+// servers. The lock makes the second wait.
+func TestMain(m *testing.M) {
+	path := filepath.Join(os.TempDir(), "caddy-webhook-idempotency-caddytest.lock")
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600) //nolint:gosec // a lock file of the tests
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "caddymodule tests: lock file:", err)
+		os.Exit(1)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil { //nolint:gosec // a file descriptor fits an int
+		fmt.Fprintln(os.Stderr, "caddymodule tests: lock:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = f.Close() // releases the lock
+	os.Exit(code)
+}

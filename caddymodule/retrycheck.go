@@ -1,0 +1,190 @@
+package caddymodule
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+)
+
+// A claimed forward must reach the upstream at most once. reverse_proxy
+// re-sends a request it has already written when its load balancing has
+// retries (lb_retries or lb_try_duration) and the request matches
+// lb_retry_match (a request matcher; a response matcher such as
+// `expression {rp.status_code} in [502, 503]` re-sends after the upstream
+// answered). Without lb_retry_match it re-sends only a GET, or a request
+// it could not connect for (nothing was written): both are safe here. An
+// upstream that did the work and then failed would run twice inside one
+// forward, so such a reverse_proxy after this handler is refused.
+
+// checkProxyRetries refuses a config in which a reverse_proxy that
+// re-sends written requests may run after a webhook_idempotency handler:
+// later in the same route, in a later route of the same list (not in the
+// same exclusive group), or in a subroute of one. It reads the routes as
+// raw JSON where they are not provisioned yet (those after the handler
+// being provisioned) and as modules where they are. A nil or non-http app
+// (handler unit tests) checks nothing.
+func checkProxyRetries(app any) error {
+	a, ok := app.(*caddyhttp.App)
+	if !ok {
+		return nil
+	}
+	for name, srv := range a.Servers {
+		if srv == nil {
+			continue
+		}
+		if _, bad := unsafeRetriesAfter(routeNodes(srv.Routes), false); bad != "" {
+			return fmt.Errorf("server %s: a reverse_proxy after webhook_idempotency re-sends requests it has already written "+
+				"(%s): an upstream that did the work and then failed would run twice inside one forward; remove lb_retry_match "+
+				"(reverse_proxy then retries a POST only when it could not connect, which is safe) or set lb_retries 0", name, bad)
+		}
+	}
+	return nil
+}
+
+// rnode and hnode are a route tree read from either form.
+type rnode struct {
+	group    string
+	handlers []hnode
+}
+
+type hnode struct {
+	ours   bool    // a webhook_idempotency handler
+	unsafe string  // a reverse_proxy that re-sends written requests: what it has
+	routes []rnode // a subroute's routes
+}
+
+// unsafeRetriesAfter walks routes in their order; armed says a
+// webhook_idempotency handler may already have run. It reports whether one
+// is in routes, and the first unsafe reverse_proxy that may run after one.
+func unsafeRetriesAfter(routes []rnode, armed bool) (ours bool, unsafe string) {
+	var ungrouped bool
+	groups := map[string]bool{}
+	for _, r := range routes {
+		local := armed || ungrouped
+		for g, seen := range groups {
+			if seen && (r.group == "" || g != r.group) {
+				local = true
+			}
+		}
+		here := false
+		for _, h := range r.handlers {
+			switch {
+			case h.ours:
+				local, here = true, true
+			case h.unsafe != "" && local:
+				return true, h.unsafe
+			case h.routes != nil:
+				sub, bad := unsafeRetriesAfter(h.routes, local)
+				if bad != "" {
+					return true, bad
+				}
+				if sub {
+					local, here = true, true
+				}
+			}
+		}
+		if here {
+			ours = true
+			if r.group == "" {
+				ungrouped = true
+			} else {
+				groups[r.group] = true
+			}
+		}
+	}
+	return ours, ""
+}
+
+// routeNodes reads provisioned or raw routes.
+func routeNodes(routes caddyhttp.RouteList) []rnode {
+	out := make([]rnode, 0, len(routes))
+	for _, r := range routes {
+		n := rnode{group: r.Group}
+		if r.HandlersRaw != nil {
+			for _, raw := range r.HandlersRaw {
+				n.handlers = append(n.handlers, rawHandlerNode(raw))
+			}
+		} else {
+			for _, h := range r.Handlers {
+				n.handlers = append(n.handlers, handlerNode(h))
+			}
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+func handlerNode(h caddyhttp.MiddlewareHandler) hnode {
+	switch h := h.(type) {
+	case *Handler:
+		return hnode{ours: true}
+	case *caddyhttp.Subroute:
+		return hnode{routes: routeNodes(h.Routes)}
+	case *reverseproxy.Handler:
+		if lb := h.LoadBalancing; lb != nil {
+			return hnode{unsafe: retryWhat(lb.Retries, int64(lb.TryDuration), len(lb.RetryMatchRaw) > 0 || len(lb.RetryMatch) > 0)}
+		}
+	}
+	return hnode{}
+}
+
+// rawHandler is what the check reads of a handler's JSON.
+type rawHandler struct {
+	Handler string `json:"handler"`
+	Routes  []struct {
+		Group  string            `json:"group"`
+		Handle []json.RawMessage `json:"handle"`
+	} `json:"routes"`
+	LoadBalancing *struct {
+		Retries     int             `json:"retries"`
+		TryDuration json.RawMessage `json:"try_duration"`
+		RetryMatch  json.RawMessage `json:"retry_match"`
+	} `json:"load_balancing"`
+}
+
+func rawHandlerNode(raw json.RawMessage) hnode {
+	var h rawHandler
+	if json.Unmarshal(raw, &h) != nil {
+		return hnode{}
+	}
+	switch h.Handler {
+	case "webhook_idempotency":
+		return hnode{ours: true}
+	case "subroute":
+		n := hnode{routes: []rnode{}}
+		for _, r := range h.Routes {
+			rn := rnode{group: r.Group}
+			for _, raw := range r.Handle {
+				rn.handlers = append(rn.handlers, rawHandlerNode(raw))
+			}
+			n.routes = append(n.routes, rn)
+		}
+		return n
+	case "reverse_proxy":
+		if lb := h.LoadBalancing; lb != nil {
+			try := int64(0)
+			if d := string(lb.TryDuration); d != "" && d != "0" && d != `""` && d != "null" {
+				try = 1
+			}
+			match := len(lb.RetryMatch) > 0 && string(lb.RetryMatch) != "null" && string(lb.RetryMatch) != "[]"
+			return hnode{unsafe: retryWhat(lb.Retries, try, match)}
+		}
+	}
+	return hnode{}
+}
+
+// retryWhat describes an unsafe retry configuration, or "" when it re-sends
+// nothing written.
+func retryWhat(retries int, tryDuration int64, match bool) string {
+	switch {
+	case !match:
+		return ""
+	case retries > 0:
+		return fmt.Sprintf("lb_retries %d with lb_retry_match", retries)
+	case tryDuration > 0:
+		return "lb_try_duration with lb_retry_match"
+	}
+	return ""
+}
