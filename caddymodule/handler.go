@@ -1004,13 +1004,13 @@ func (h *Handler) sweepRetention(ctx context.Context) {
 	}
 }
 
-// sweepOnce runs one retention sweep as of now, at most 100 batches per
-// kind of row, and returns how many rows it deleted.
+// sweepOnce runs one retention sweep as of now, in batches until nothing
+// expired is left (store.Sweep), and returns how many rows it deleted.
 func (h *Handler) sweepOnce(ctx context.Context, now time.Time) (int, error) {
 	return store.Sweep(ctx, h.backend, []store.Expiry{
 		{Scopes: []string{h.Scope}, Cutoff: now.Add(-time.Duration(h.Retention))},
 		{Scopes: []string{h.bodyScope()}, Cutoff: now.Add(-time.Duration(h.ReplayWindow))},
-	}, retentionBatch, 100, storeTimeout)
+	}, retentionBatch, storeTimeout)
 }
 
 // retentionInterval is how often the retention sweep runs.
