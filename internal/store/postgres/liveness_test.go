@@ -2,11 +2,13 @@ package postgres_test
 
 import (
 	"context"
+	"fmt"
 	"net/url"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/e2e"
@@ -142,4 +144,72 @@ func TestClaimsSurviveBlackHoledConnections(t *testing.T) {
 			t.Logf("8 claims after the pool's flows were black-holed (idle %s): slowest %s", idle, slowest.Round(time.Millisecond))
 		})
 	}
+}
+
+// Instances starting together on a database whose default isolation is
+// SERIALIZABLE all migrate (the migration transaction reads the history
+// after its lock, READ COMMITTED whatever the default), and the history
+// holds each version once; a storm of claims of one event there (each
+// statement its own SERIALIZABLE transaction) has one winner and no error:
+// the transactions rolled back by a conflict run again.
+func TestSerializableDatabase(t *testing.T) {
+	t.Parallel()
+	admin := testDSN(t)
+	ctx := t.Context()
+	db, err := e2e.CreateDatabase(ctx, admin, "store_serializable")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = db.Drop(dctx)
+	})
+	conn, err := pgx.Connect(ctx, admin)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{db.Name}.Sanitize()+" SET default_transaction_isolation = serializable")
+	require.NoError(t, err)
+	require.NoError(t, conn.Close(ctx))
+
+	var r retries
+	const n = 4
+	stores := make([]*postgres.Store, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			stores[i], errs[i] = postgres.New(ctx, postgres.Options{DSN: db.DSN, Retried: r.observe})
+		})
+	}
+	wg.Wait()
+	for i := range n {
+		require.NoError(t, errs[i], "store %d", i)
+		t.Cleanup(func() { _ = stores[i].Close() })
+	}
+	var versions, isolation string
+	require.NoError(t, stores[0].Pool().QueryRow(ctx, `SELECT string_agg(version_id::text, ',' ORDER BY id)
+		FROM webhook_events_goose_version`).Scan(&versions))
+	require.Equal(t, "0,1,2,3,4", versions, "each version recorded once")
+	require.NoError(t, stores[0].Pool().QueryRow(ctx, "SHOW default_transaction_isolation").Scan(&isolation))
+	require.Equal(t, "serializable", isolation)
+
+	for round := range 5 {
+		id := fmt.Sprintf("evt_%d", round)
+		outcomes := make([]store.Outcome, 4*n)
+		for i := range outcomes {
+			wg.Go(func() {
+				c, err := stores[i%n].Claim(ctx, store.ClaimParams{Scope: "s", EventID: id, Lease: time.Minute})
+				require.NoError(t, err)
+				outcomes[i] = c.Outcome
+			})
+		}
+		wg.Wait()
+		claimed := 0
+		for _, o := range outcomes {
+			if o == store.Claimed {
+				claimed++
+			}
+		}
+		require.Equal(t, 1, claimed, "round %d: one winner of %v", round, outcomes)
+	}
+	t.Logf("conflicts run again: %d serialization failures, %d deadlocks",
+		r.count(store.RetrySerialization), r.count(store.RetryDeadlock))
 }
