@@ -19,7 +19,8 @@ type Rules struct {
 	// b is the coalescer of claims and settles; nil writes each operation
 	// on its own.
 	b *batcher
-	// retried is told of a claim tried again after ErrConnectionLost.
+	// retried is told of a claim or settle tried again after
+	// ErrConnectionLost.
 	retried RetryObserver
 }
 
@@ -40,8 +41,8 @@ func NewBatchedRules(d Driver, opts BatchOptions) Rules {
 	return Rules{d: d, b: newBatcher(bd, opts)}
 }
 
-// WithRetryObserver returns r telling f of each claim it tries again after
-// ErrConnectionLost (RetryConnection).
+// WithRetryObserver returns r telling f of each claim or settle it tries
+// again after ErrConnectionLost (RetryConnection).
 func (r Rules) WithRetryObserver(f RetryObserver) Rules {
 	r.retried = f
 	return r
