@@ -94,7 +94,7 @@ func (q *Queue) Enqueue(ctx context.Context, e queue.Entry) (queue.Enqueued, err
 	}
 	if q.batch == nil {
 		var out queue.Enqueued
-		err := q.run.Run(ctx, func(ctx context.Context) (err error) {
+		err := q.enqueueRun(ctx, func(ctx context.Context) (err error) {
 			out, err = q.enqueueOne(ctx, e, hjson)
 			return err
 		})
@@ -141,6 +141,31 @@ func (q *Queue) Close() {
 	if q.batch != nil {
 		q.batch.Close(ErrClosed)
 	}
+}
+
+// enqueueRun runs f, one enqueue transaction, with runAgain: a first try
+// that committed is harmless, the second finds the event's claims
+// completed and its queue row there and answers Duplicate, which the
+// provider is told as a 2xx too; the event is queued once.
+func (q *Queue) enqueueRun(ctx context.Context, f func(ctx context.Context) error) error {
+	return q.runAgain(ctx, f)
+}
+
+// runAgain runs f, one transaction, with q.run, and once more when its
+// connection was lost (store.ErrConnectionLost: it may have committed; the
+// pool has dropped the dead connections). For transactions whose second
+// run after a committed first is harmless: enqueues, and the token-guarded
+// settles, releases and heartbeats (a second run finds the token gone and
+// reports the lease lost, the first run's state standing).
+func (q *Queue) runAgain(ctx context.Context, f func(ctx context.Context) error) error {
+	err := q.run.Run(ctx, f)
+	if err == nil || !errors.Is(err, store.ErrConnectionLost) || ctx.Err() != nil {
+		return err
+	}
+	if q.run.Retried != nil {
+		q.run.Retried(store.RetryConnection)
+	}
+	return q.run.Run(ctx, f)
 }
 
 func newBatcher(q *Queue, opts BatchOptions) *coalesce.Coalescer[*enqueueOp] {
@@ -192,14 +217,14 @@ func (q *Queue) writeBatch(ctx context.Context, ops []*enqueueOp) error {
 		q.observe("enqueue", len(ops))
 	}
 	entries := planRounds(ops)
-	err := q.run.Run(ctx, func(ctx context.Context) error { return q.writeRounds(ctx, entries) })
+	err := q.enqueueRun(ctx, func(ctx context.Context) error { return q.writeRounds(ctx, entries) })
 	if errors.Is(err, errRaced) {
 		for _, o := range ops {
 			if err := o.ctx.Err(); err != nil {
 				o.err = fmt.Errorf("enqueueing event: %w", err)
 				continue
 			}
-			o.err = q.run.Run(o.ctx, func(ctx context.Context) (err error) {
+			o.err = q.enqueueRun(o.ctx, func(ctx context.Context) (err error) {
 				o.out, err = q.enqueueOne(ctx, o.e, o.hjson)
 				return err
 			})

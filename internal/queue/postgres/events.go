@@ -167,7 +167,7 @@ func (q *Queue) Heartbeat(ctx context.Context, id int64, token string, lease tim
 		return fmt.Errorf("renewing queue lease: lease must be positive, got %s", lease)
 	}
 	var n int64
-	err := q.run.Run(ctx, func(ctx context.Context) error {
+	err := q.runAgain(ctx, func(ctx context.Context) error {
 		tag, err := q.pool.Exec(ctx, q.sql.heartbeat, id, token, micros(lease))
 		n = tag.RowsAffected()
 		return interpretError(err)
@@ -186,7 +186,7 @@ func (q *Queue) Heartbeat(ctx context.Context, id int64, token string, lease tim
 // still completed (its outcome stays lost if it was taken back) and
 // queue.ErrLeaseLost is returned.
 func (q *Queue) Settle(ctx context.Context, s queue.Settlement) (state queue.State, err error) {
-	err = q.run.Run(ctx, func(ctx context.Context) error {
+	err = q.runAgain(ctx, func(ctx context.Context) error {
 		state, err = q.settle(ctx, s)
 		return err
 	})
@@ -230,7 +230,7 @@ func (q *Queue) settle(ctx context.Context, s queue.Settlement) (queue.State, er
 // Release queues a taken event again at once; the attempt does not count
 // against max_attempts.
 func (q *Queue) Release(ctx context.Context, id int64, token string, attempt int) error {
-	return q.run.Run(ctx, func(ctx context.Context) error { return q.release(ctx, id, token, attempt) })
+	return q.runAgain(ctx, func(ctx context.Context) error { return q.release(ctx, id, token, attempt) })
 }
 
 func (q *Queue) release(ctx context.Context, id int64, token string, attempt int) error {

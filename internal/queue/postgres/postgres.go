@@ -58,8 +58,10 @@ type Queue struct {
 	// BatchOptions.Observe.
 	batch   *coalesce.Coalescer[*enqueueOp]
 	observe func(op string, n int)
-	// run runs a transaction rolled back by a conflict (SQLSTATE 40001,
-	// 40P01) again: enqueues, takes, settles, releases, heartbeats.
+	// run runs the delivery path's transactions (enqueues, takes,
+	// settles, releases, heartbeats) within the store's statement
+	// deadline, and again when rolled back by a conflict (SQLSTATE 40001,
+	// 40P01): pgstore.Store.DeliveryRunner.
 	run pgschema.Runner
 }
 
@@ -94,7 +96,7 @@ func New(ctx context.Context, s *pgstore.Store, opts Options) (*Queue, error) {
 	}
 	pool := s.Pool()
 	q := &Queue{store: s, pool: pool, names: n, sql: buildQueries(n),
-		run: pgschema.Runner{Retries: store.MaxTxRetries, Retried: s.Retried()}}
+		run: s.DeliveryRunner()}
 	if err := q.migrate(ctx, opts); err != nil {
 		return nil, fmt.Errorf("migrating queue tables of %s: %w", t, err)
 	}

@@ -101,6 +101,10 @@ type Store struct {
 	// Options.Retried, for the queue on this store's pool.
 	slow    pgschema.Runner
 	retried store.RetryObserver
+	// stmtTimeout and lost are Options.StatementTimeout and the pool's
+	// Watch.Lost, for the queue's enqueues (DeliveryRunner).
+	stmtTimeout time.Duration
+	lost        func()
 }
 
 var _ store.Store = (*Store)(nil)
@@ -170,7 +174,7 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 	}
 
 	s := &Store{pool: pool, table: table, q: buildQueries(ident), sq: buildSecretQueries(ident),
-		retried: opts.Retried}
+		retried: opts.Retried, stmtTimeout: opts.StatementTimeout, lost: watch.Lost}
 	d := driver{db: pool, q: &s.q, pool: pool,
 		run: pgschema.Runner{Timeout: opts.StatementTimeout, Lost: watch.Lost,
 			Retries: store.MaxTxRetries, Retried: opts.Retried},
@@ -203,6 +207,14 @@ func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 // Retried returns Options.Retried (nil when unset), so that the queue on
 // this store's pool reports its retries the same way.
 func (s *Store) Retried() store.RetryObserver { return s.retried }
+
+// DeliveryRunner is the Runner of the store's delivery path (claims,
+// settles): Options.StatementTimeout, a statement without an answer in
+// that time dropping the pool's connections, conflicts run again. The
+// queue's enqueues, the delivery path of async mode, use it too.
+func (s *Store) DeliveryRunner() pgschema.Runner {
+	return pgschema.Runner{Timeout: s.stmtTimeout, Lost: s.lost, Retries: store.MaxTxRetries, Retried: s.retried}
+}
 
 // Table returns the events table name, possibly schema-qualified.
 func (s *Store) Table() store.Table { return s.table }
