@@ -197,6 +197,8 @@ type Handler struct {
 	cacheMiss  prometheus.Counter // cache_misses_total of the scope
 	// bodyMismatch is the scope's body_mismatch_total.
 	bodyMismatch prometheus.Counter
+	// ambiguousReforwards is the scope's ambiguous_reforwards_total.
+	ambiguousReforwards prometheus.Counter
 	// claimsInFlight and upstreamTime are the scope's claims_in_flight
 	// gauge and upstream_duration_seconds histogram.
 	claimsInFlight prometheus.Gauge
@@ -324,8 +326,13 @@ func (h *Handler) Validate() error {
 	return h.checkConfig()
 }
 
-// Cleanup releases this handler's use of the shared store.
+// Cleanup releases this handler's use of the shared store. When Caddy is
+// exiting, the forwards still running (past the grace period) are cut and
+// settled first (shutdownForwards).
 func (h *Handler) Cleanup() error {
+	if caddy.Exiting() {
+		shutdownForwards(h.logger)
+	}
 	if h.claims != nil {
 		h.claims.Drain()
 	}

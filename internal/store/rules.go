@@ -89,7 +89,7 @@ func (r Rules) claimBatched(ctx context.Context, p ClaimParams) (c Claim, ok boo
 		bc = l
 	}
 	if bc.Claimed {
-		return Claim{Outcome: Claimed, Token: bc.Token, Attempts: bc.Attempts}, true, nil
+		return Claim{Outcome: Claimed, Token: bc.Token, Attempts: bc.Attempts, Ambiguous: bc.Ambiguous}, true, nil
 	}
 	switch bc.State {
 	case StateCompleted:
@@ -109,10 +109,10 @@ func (r Rules) claimBatched(ctx context.Context, p ClaimParams) (c Claim, ok boo
 func (r Rules) claimOne(ctx context.Context, p ClaimParams) (Claim, error) {
 	for range maxClaimRounds {
 		token := NewToken()
-		attempts, err := r.d.ClaimRow(ctx, ClaimArgs{Scope: p.Scope, EventID: p.EventID, Token: token, Lease: p.Lease,
+		won, err := r.d.ClaimRow(ctx, ClaimArgs{Scope: p.Scope, EventID: p.EventID, Token: token, Lease: p.Lease,
 			Hold: p.HoldOnExpiry, Fingerprint: p.Fingerprint})
 		if err == nil {
-			return Claim{Outcome: Claimed, Token: token, Attempts: attempts}, nil
+			return Claim{Outcome: Claimed, Token: token, Attempts: won.Attempts, Ambiguous: won.Ambiguous}, nil
 		}
 		if !errors.Is(err, ErrNotFound) {
 			return Claim{}, fmt.Errorf("claiming event: %w", err)
@@ -156,7 +156,7 @@ func (r Rules) explain(ctx context.Context, p ClaimParams) (c Claim, ok bool, er
 		if err != nil {
 			return Claim{}, false, gone(err) // renewed or settled meanwhile: try again
 		}
-		return Claim{Outcome: Held, Attempts: attempts}, true, nil
+		return Claim{Outcome: Held, Attempts: attempts, HeldNow: true}, true, nil
 	}
 	return Claim{}, false, fmt.Errorf("unknown event state %q", row.State)
 }
@@ -196,6 +196,13 @@ func (r Rules) Release(ctx context.Context, scope, eventID, token string) error 
 			BatchSettle{Stmt: StmtRelease, Scope: scope, EventID: eventID, Token: token}))
 	}
 	return leaseHeld("releasing event")(r.d.ReleaseRow(ctx, scope, eventID, token))
+}
+
+// ReleaseAmbiguous releases the claimed event and counts an ambiguous
+// ending (see Store.ReleaseAmbiguous). Never batched: it is rare. It
+// returns ErrLeaseLost if the row is not processing under token.
+func (r Rules) ReleaseAmbiguous(ctx context.Context, scope, eventID, token string) error {
+	return leaseHeld("releasing event")(r.d.ReleaseAmbiguousRow(ctx, scope, eventID, token))
 }
 
 // Hold parks the claimed event in StateHeld at once, with reason (see
