@@ -106,7 +106,8 @@ const (
 	// known outcome and the event is offered to the next delivery.
 	StmtReleaseAmbiguous
 	// StmtHold (scope, event ID, token, reason string): held at once, live
-	// lease or not, no token or lease, hold_reason set, while the row is
+	// lease or not, no token or lease, hold_reason set, ambiguous + 1 (a
+	// hold is an ending with no known outcome), while the row is
 	// processing under token.
 	StmtHold
 	// StmtForget (scope, event ID): the row deleted, whatever its state.

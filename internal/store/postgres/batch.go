@@ -90,7 +90,7 @@ func buildBatchQueries(t string) batchQueries {
 			RETURNING i.ord`,
 		// $1 scopes, $2 event IDs, $3 tokens, $4 reasons.
 		hold: `UPDATE ` + t + ` AS e SET state = 'held', token = '', lease_until = NULL, updated_at = now(),
-				hold_reason = i.reason
+				hold_reason = i.reason, ambiguous = e.ambiguous + 1
 			FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS i(scope, event_id, token, reason, ord)
 			WHERE e.scope = i.scope AND e.event_id = i.event_id AND e.token = i.token AND e.state || '' = 'processing'
 			RETURNING i.ord`,

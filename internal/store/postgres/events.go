@@ -62,7 +62,7 @@ func buildQueries(ident pgx.Identifier) queries {
 			store.StmtRelease: `UPDATE ` + t + ` SET state = 'released', token = '', lease_until = NULL, updated_at = now()
 				WHERE scope = $1 AND event_id = $2 AND token = $3 AND state || '' = 'processing'`,
 			store.StmtHold: `UPDATE ` + t + ` SET state = 'held', token = '', lease_until = NULL, updated_at = now(),
-					hold_reason = $4
+					hold_reason = $4, ambiguous = ambiguous + 1
 				WHERE scope = $1 AND event_id = $2 AND token = $3 AND state || '' = 'processing'`,
 			store.StmtReleaseAmbiguous: `UPDATE ` + t + ` SET state = 'released', token = '', lease_until = NULL, updated_at = now(),
 					ambiguous = ambiguous + 1
