@@ -38,13 +38,15 @@ func TestShutdownSettlesCutForward(t *testing.T) {
 			require.True(t, a.Terminate(15*time.Second), "caddy exits")
 			took := time.Since(stopped)
 			r := <-first
+			require.Equal(t, 502, r.Status, "the provider is answered before the exit")
 			t.Logf("SIGTERM 1s into a 4s forward: caddy exited after %s; the provider got %d %q", took.Round(100*time.Millisecond), r.Status, r.Body)
 			require.Less(t, took, 4*time.Second, "the exit did not wait for the forward")
 
 			row, ok := b.row(id)
 			require.True(t, ok)
 			require.Equal(t, 1, row.Ambiguous, "the cut forward counts as an ambiguous ending")
-			require.Equal(t, 1, logCount(a, "Caddy stopped past its grace period while the forward ran"), "the log line says why")
+			require.Equal(t, 1, logCount(a, `"msg":"forward ended with no known outcome`), "one warning for the cut forward")
+			require.Equal(t, 2, logCount(a, "Caddy stopped past its grace period while the forward ran"), "its warning and delivery line say why")
 
 			restarted := b.gateway("a2", "", extra...)
 			r2 := b.deliver(restarted, id)
