@@ -131,10 +131,13 @@ type Handler struct {
 
 	// OnAmbiguous is what happens to an event whose forward had no known
 	// outcome (forward_timeout ended it, the upstream's connection failed
-	// after the request was written and before a status line, or its
-	// gateway died; see forward.go): "reforward" (default) lets the next
-	// delivery forward again; "hold" parks it in the held state at once,
-	// answered 503, until an operator releases or completes it.
+	// after the request was written and before a status line, Caddy exited
+	// past its grace period while it ran, or its gateway died; see
+	// forward.go): "reforward" (default) lets the next delivery forward
+	// again, once: a second such ending of the same event holds it, so an
+	// upstream that keeps ending ambiguously runs at most twice per event;
+	// "hold" parks it in the held state at once. A held event is answered
+	// 503 without Retry-After until an operator releases or completes it.
 	OnAmbiguous string `json:"on_ambiguous,omitempty"`
 
 	// OnMissingID is what happens to a verified delivery without a usable
