@@ -1,0 +1,217 @@
+package e2e_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/e2e"
+)
+
+// The executions table of complete_by upstream: an upstream application
+// written as the examples are (one transaction: its effect, then
+// webhook_events_commit with the Webhook-Claim header) behind real Caddy
+// processes on a real database, a provider retrying after every answer
+// that is not 2xx. Each row counts the committed effects of every event:
+// exactly one, whatever ending the forward had.
+
+// exactlyEvents is how many events each row delivers.
+const exactlyEvents = 20
+
+// exactlyLease is the lease of the rows that kill a gateway: the test
+// waits for it to run out.
+const exactlyLease = 3 * time.Second
+
+type exactlyCase struct {
+	name   string
+	behave e2e.CommitBehaviour
+	extra  []string
+	// kill: every event's first delivery goes to gateway a, which is
+	// killed (SIGKILL) once the upstream has every first call; the
+	// provider then retries through gateway b.
+	kill bool
+	// copies: each event is sent that many times at once, alternately to
+	// gateways a and b, each copy retried until it is answered 2xx.
+	copies int
+}
+
+func TestExactlyOnceExecutions(t *testing.T) {
+	t.Parallel()
+	cases := []exactlyCase{
+		{name: "commits, answers 200", behave: func(string, int) e2e.CommitAction { return e2e.CommitAction{} }},
+		{name: "commits, closes without answering", behave: func(_ string, n int) e2e.CommitAction {
+			return e2e.CommitAction{Answer: e2e.RawAction{Close: n == 1}}
+		}},
+		{name: "commits, hangs past forward_timeout", extra: []string{"forward_timeout 1s"},
+			behave: func(_ string, n int) e2e.CommitAction {
+				if n == 1 {
+					return e2e.CommitAction{Answer: e2e.RawAction{Delay: 3 * time.Second}}
+				}
+				return e2e.CommitAction{}
+			}},
+		{name: "commits, answers 500", behave: func(_ string, n int) e2e.CommitAction {
+			if n == 1 {
+				return e2e.CommitAction{Answer: e2e.RawAction{Status: 500}}
+			}
+			return e2e.CommitAction{}
+		}},
+		{name: "rolls back, closes without answering; retry commits", behave: func(_ string, n int) e2e.CommitAction {
+			if n == 1 {
+				return e2e.CommitAction{Rollback: true, Answer: e2e.RawAction{Close: true}}
+			}
+			return e2e.CommitAction{}
+		}},
+		{name: "gateway killed during the forward, upstream commits later", kill: true,
+			extra: []string{"lease " + exactlyLease.String()},
+			behave: func(_ string, n int) e2e.CommitAction {
+				if n == 1 {
+					return e2e.CommitAction{Work: 2 * time.Second}
+				}
+				return e2e.CommitAction{}
+			}},
+		{name: "gateway killed, upstream still working when the lease expires and the retry arrives", kill: true,
+			extra: []string{"lease " + exactlyLease.String()},
+			behave: func(_ string, n int) e2e.CommitAction {
+				if n == 1 {
+					return e2e.CommitAction{Work: 2*exactlyLease + 4*time.Second}
+				}
+				return e2e.CommitAction{}
+			}},
+		{name: "50 concurrent copies over 2 gateways, upstream dropping connections after commit", copies: 50,
+			behave: func(string, int) e2e.CommitAction {
+				return e2e.CommitAction{Answer: e2e.RawAction{Close: true}}
+			}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) { runExactly(t, tc) })
+	}
+}
+
+func runExactly(t *testing.T, tc exactlyCase) {
+	b := setup(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	up, err := e2e.NewCommitUpstream(ctx, b.db.DSN, "webhook_events_commit", tc.behave)
+	require.NoError(t, err)
+	t.Cleanup(up.Close)
+	extra := append([]string{"complete_by upstream"}, tc.extra...)
+	a := b.gateway("a", up.Addr(), extra...)
+	gws := []*e2e.Gateway{a}
+	if tc.kill || tc.copies > 0 {
+		gws = append(gws, b.gateway("b", up.Addr(), extra...))
+	}
+	t.Cleanup(func() {
+		for _, g := range gws {
+			e2e.CheckNoLeaks(t, g.LogPath(), up.Claims()...)
+		}
+	})
+
+	ids := make([]string, exactlyEvents)
+	for i := range ids {
+		ids[i] = e2e.NewEventID()
+	}
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		answers = map[string][]e2e.Result{}
+	)
+	retry := func(id string, gw *e2e.Gateway) {
+		rs := b.retryUntilOK(ctx, gw, id)
+		mu.Lock()
+		answers[id] = append(answers[id], rs...)
+		mu.Unlock()
+	}
+	switch {
+	case tc.kill:
+		for _, id := range ids {
+			_ = b.deliverLater(a, id) // its answer never comes: a is killed
+		}
+		require.Eventually(t, func() bool {
+			for _, id := range ids {
+				if up.Calls(id) == 0 {
+					return false
+				}
+			}
+			return true
+		}, 30*time.Second, 20*time.Millisecond, "every first delivery reached the upstream")
+		a.Kill()
+		for _, id := range ids {
+			wg.Go(func() { retry(id, gws[1]) })
+		}
+	case tc.copies > 0:
+		// A few events at a time: 50 copies each already make 100
+		// connections per event.
+		sem := make(chan struct{}, 4)
+		for _, id := range ids {
+			for c := range tc.copies {
+				wg.Go(func() {
+					sem <- struct{}{}
+					defer func() { <-sem }()
+					retry(id, gws[c%2])
+				})
+			}
+		}
+	default:
+		for _, id := range ids {
+			wg.Go(func() { retry(id, a) })
+		}
+	}
+	wg.Wait()
+	require.NoError(t, up.WaitIdle(ctx))
+
+	var (
+		execs    = map[int]int{} // executions per event -> events
+		calls    int
+		refusals int
+	)
+	for _, id := range ids {
+		rs := answers[id]
+		require.NotEmpty(t, rs)
+		require.True(t, rs[len(rs)-1].OK(), "event %s: the provider got a 2xx in the end: %s", id, summary(rs))
+		n, err := up.Effects(ctx, id)
+		require.NoError(t, err)
+		execs[n]++
+		calls += up.Calls(id)
+		refusals += up.Refused(id)
+		row, ok := b.row(id)
+		require.True(t, ok)
+		require.Equal(t, "completed", row.State, "event %s: completed, nothing held", id)
+		// Later deliveries are duplicates, executions unchanged.
+		r := b.deliver(gws[len(gws)-1], id)
+		require.True(t, r.OK() && r.Replayed, "event %s: a later delivery is a duplicate: %d", id, r.Status)
+	}
+	noClaim, errs := up.Unexpected()
+	require.Zero(t, noClaim, "every forward carries Webhook-Claim")
+	require.Empty(t, errs)
+	t.Logf("%s: %d events, executions per event %v (executions: events), upstream calls %d, commits refused %d",
+		tc.name, len(ids), execs, calls, refusals)
+	require.Equal(t, map[int]int{1: len(ids)}, execs, "exactly one execution per event")
+}
+
+// retryUntilOK plays the provider: it delivers id to g and, after every
+// answer that is not 2xx (or a broken connection), delivers it again 250ms
+// later, until a 2xx or ctx ends. It returns every answer.
+func (b *bundle) retryUntilOK(ctx context.Context, g *e2e.Gateway, id string) []e2e.Result {
+	var rs []e2e.Result
+	for ctx.Err() == nil {
+		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		r, err := e2e.Deliver(dctx, b.client, g.URL(), b.secret, id)
+		cancel()
+		if err != nil {
+			r = e2e.Result{Status: 0, Body: fmt.Sprint(err)}
+		}
+		rs = append(rs, r)
+		if r.OK() {
+			return rs
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+	return rs
+}
