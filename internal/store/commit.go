@@ -31,19 +31,39 @@ func ClaimValue(scope, eventID, token string) string {
 		hex.EncodeToString([]byte(eventID))
 }
 
-// ParseClaimValue is the inverse of ClaimValue, as <table>_commit reads
-// the value; ok is false for anything ClaimValue does not write.
+// QueueClaimValue is the Webhook-Claim value of an async delivery: the
+// queue row of (scope, eventID) taken with token, which <table>_commit
+// marks delivered. Shape: "q.<token>.<hex scope>.<hex event ID>". Never
+// log it.
+func QueueClaimValue(scope, eventID, token string) string {
+	return queueClaimKind + "." + token + "." + hex.EncodeToString([]byte(scope)) + "." +
+		hex.EncodeToString([]byte(eventID))
+}
+
+// queueClaimKind prefixes the claim values of async deliveries.
+const queueClaimKind = "q"
+
+// ParseClaimValue is the inverse of ClaimValue and QueueClaimValue, as
+// <table>_commit reads the value (queued reports the latter); ok is false
+// for anything they do not write.
 func ParseClaimValue(v string) (scope, eventID, token string, ok bool) {
+	scope, eventID, token, _, ok = ParseAnyClaimValue(v)
+	return scope, eventID, token, ok
+}
+
+// ParseAnyClaimValue is ParseClaimValue that also reports whether v
+// names an async delivery (QueueClaimValue).
+func ParseAnyClaimValue(v string) (scope, eventID, token string, queued, ok bool) {
 	parts := strings.Split(v, ".")
-	if len(parts) != 4 || parts[0] != claimVersion || !isToken(parts[1]) || parts[3] == "" {
-		return "", "", "", false
+	if len(parts) != 4 || (parts[0] != claimVersion && parts[0] != queueClaimKind) || !isToken(parts[1]) || parts[3] == "" {
+		return "", "", "", false, false
 	}
 	s, err1 := hex.DecodeString(parts[2])
 	e, err2 := hex.DecodeString(parts[3])
 	if err1 != nil || err2 != nil || strings.ToLower(parts[2]) != parts[2] || strings.ToLower(parts[3]) != parts[3] {
-		return "", "", "", false
+		return "", "", "", false, false
 	}
-	return string(s), string(e), parts[1], true
+	return string(s), string(e), parts[1], parts[0] == queueClaimKind, true
 }
 
 // isToken reports whether t has NewToken's shape: 32 lowercase hex digits.

@@ -43,8 +43,14 @@ const commitGUC = "webhook_idempotency.committed"
 // on it (REVOKEd from PUBLIC here; see the README for the GRANT), not
 // UPDATE on the events table. The claim value never appears in an error
 // message: applications log their database errors.
+//
+// A claim of the async queue (store.QueueClaimValue, kind "q") names a
+// delivery of <table>_queue, which the function marks delivered on the
+// same terms; that table exists only once async mode has run its
+// migrations, and PL/pgSQL resolves it only when such a claim comes.
 func createCommitFunction(ident pgx.Identifier) []string {
 	t := ident.Sanitize()
+	q := pgx.Identifier{ident[0], ident[1] + "_queue"}.Sanitize()
 	fn := pgx.Identifier{ident[0], ident[1] + "_commit"}.Sanitize()
 	name := ident[1] + "_commit"
 	return []string{
@@ -60,7 +66,7 @@ func createCommitFunction(ident pgx.Identifier) []string {
 				done text;
 			BEGIN
 				parts := string_to_array(claim, '.');
-				IF claim IS NULL OR cardinality(parts) <> 4 OR parts[1] <> '1'
+				IF claim IS NULL OR cardinality(parts) <> 4 OR parts[1] NOT IN ('1', 'q')
 					OR parts[2] !~ '^[0-9a-f]{32}$' OR parts[3] !~ '^([0-9a-f]{2})*$'
 					OR parts[4] !~ '^([0-9a-f]{2})+$' THEN
 					RAISE EXCEPTION '` + name + `: not a Webhook-Claim value'
@@ -74,10 +80,17 @@ func createCommitFunction(ident pgx.Identifier) []string {
 				END IF;
 				v_scope := convert_from(decode(parts[3], 'hex'), 'UTF8');
 				v_event_id := convert_from(decode(parts[4], 'hex'), 'UTF8');
-				UPDATE ` + t + ` SET state = 'completed', status = 0, lease_until = NULL,
-						completed_at = now(), updated_at = now(), hold_reason = NULL
-					WHERE scope = v_scope AND event_id = v_event_id AND token = v_token
-						AND state = 'processing';
+				IF parts[1] = 'q' THEN
+					UPDATE ` + q + ` SET state = 'delivered', delivered_at = now(), lease_until = NULL,
+							last_status = 0, last_error = '', updated_at = now()
+						WHERE scope = v_scope AND event_id = v_event_id AND token = v_token
+							AND state = 'delivering';
+				ELSE
+					UPDATE ` + t + ` SET state = 'completed', status = 0, lease_until = NULL,
+							completed_at = now(), updated_at = now(), hold_reason = NULL
+						WHERE scope = v_scope AND event_id = v_event_id AND token = v_token
+							AND state = 'processing';
+				END IF;
 				IF NOT FOUND THEN
 					RAISE EXCEPTION '` + name + `: this delivery no longer holds its claim (released after its forward ended, taken over after its lease expired, resolved by an operator, or committed by an earlier transaction)'
 						USING ERRCODE = '` + SQLStateClaimNotHeld + `',
