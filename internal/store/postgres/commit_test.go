@@ -2,7 +2,6 @@ package postgres_test
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -83,12 +82,14 @@ func (b *commitBundle) conclude(t *testing.T, eventID, token string, status int,
 	return truth
 }
 
-func requireSQLState(t *testing.T, err error, code string) *pgconn.PgError {
+// requireSQLState requires err to be a PostgreSQL error with code and
+// returns its message, hint and detail together.
+func requireSQLState(t *testing.T, err error, code string) string {
 	t.Helper()
 	var pgErr *pgconn.PgError
-	require.True(t, errors.As(err, &pgErr), "want SQLSTATE %s, got %v", code, err)
+	require.ErrorAs(t, err, &pgErr, "want SQLSTATE %s", code)
 	require.Equal(t, code, pgErr.Code, pgErr.Message)
-	return pgErr
+	return pgErr.Message + pgErr.Hint + pgErr.Detail
 }
 
 func TestClaimValueRoundTrip(t *testing.T) {
@@ -142,7 +143,7 @@ func TestCommitFunction(t *testing.T) {
 
 	// A later transaction with the same claim is a second execution: refused.
 	_, err = b.work(t, "e1", value)
-	requireSQLState(t, err, postgres.SQLStateClaimNotHeld)
+	_ = requireSQLState(t, err, postgres.SQLStateClaimNotHeld)
 	require.Equal(t, 1, b.effectsOf(t, "e1"))
 }
 
@@ -157,9 +158,9 @@ func TestCommitFunctionRefuses(t *testing.T) {
 		token, value := b.claim(t, "released", time.Minute)
 		require.Equal(t, store.TruthReleased, b.conclude(t, "released", token, 0, time.Second))
 		_, err := b.work(t, "released", value)
-		e := requireSQLState(t, err, postgres.SQLStateClaimNotHeld)
-		require.NotContains(t, e.Message+e.Hint+e.Detail, value)
-		require.NotContains(t, e.Message+e.Hint+e.Detail, token)
+		text := requireSQLState(t, err, postgres.SQLStateClaimNotHeld)
+		require.NotContains(t, text, value)
+		require.NotContains(t, text, token)
 	})
 	t.Run("taken over", func(t *testing.T) {
 		_, first := b.claim(t, "taken", 50*time.Millisecond)
@@ -169,7 +170,7 @@ func TestCommitFunctionRefuses(t *testing.T) {
 			return c.Outcome == store.Claimed
 		}, 10*time.Second, 20*time.Millisecond)
 		_, err := b.work(t, "taken", first)
-		requireSQLState(t, err, postgres.SQLStateClaimNotHeld)
+		_ = requireSQLState(t, err, postgres.SQLStateClaimNotHeld)
 	})
 	t.Run("expired, not claimed again", func(t *testing.T) {
 		token, value := b.claim(t, "expired", time.Millisecond)
@@ -185,20 +186,20 @@ func TestCommitFunctionRefuses(t *testing.T) {
 			return b.s.Resolve(t.Context(), "s", "resolved", store.StateReleased) == nil
 		}, 10*time.Second, 10*time.Millisecond)
 		_, err := b.work(t, "resolved", value)
-		requireSQLState(t, err, postgres.SQLStateClaimNotHeld)
+		_ = requireSQLState(t, err, postgres.SQLStateClaimNotHeld)
 	})
 	t.Run("another event's token", func(t *testing.T) {
 		token, _ := b.claim(t, "mine", time.Minute)
 		b.claim(t, "other", time.Minute)
 		_, err := b.work(t, "other", store.ClaimValue("s", "other", token))
-		requireSQLState(t, err, postgres.SQLStateClaimNotHeld)
+		_ = requireSQLState(t, err, postgres.SQLStateClaimNotHeld)
 	})
 	t.Run("not a claim value", func(t *testing.T) {
 		for _, v := range []string{"", "x", "1.abc.73.65", store.NewToken()} {
 			_, err := b.work(t, "bad", v)
-			e := requireSQLState(t, err, "22023")
+			text := requireSQLState(t, err, "22023")
 			if len(v) > 8 {
-				require.NotContains(t, e.Message+e.Hint+e.Detail, v)
+				require.NotContains(t, text, v)
 			}
 		}
 	})
@@ -420,7 +421,7 @@ func TestCommitFunctionGrant(t *testing.T) {
 		})
 	}
 	_, value := b.claim(t, "g", time.Minute)
-	requireSQLState(t, call("g", value), "42501") // insufficient_privilege
+	_ = requireSQLState(t, call("g", value), "42501") // insufficient_privilege
 
 	_, err = b.app.Exec(ctx, `GRANT EXECUTE ON FUNCTION `+b.fn+`(text) TO `+role)
 	require.NoError(t, err)
