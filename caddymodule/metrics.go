@@ -55,12 +55,17 @@ const (
 	outcomeBodyReplay       = "body_replayed" // dedupe_body: same body under another event ID, 200 at the edge
 	outcomeQueued           = "queued"        // async: stored for delivery, 200 at once
 	outcomeReadTimeout      = "read_timeout"  // the body did not arrive within read_timeout: 408
+	// complete_by upstream: a 2xx whose upstream did not commit its claim
+	// (completed all the same); a claim whose upstream transaction still
+	// held it when the wait ran out (left to its lease).
+	outcomeUncommitted = "completed_uncommitted"
+	outcomePending     = "commit_pending"
 )
 
 var allOutcomes = []string{outcomeCompleted, outcomeReleased, outcomeAmbiguous, outcomeDuplicate,
 	outcomeInFlight, outcomeHeld, outcomeInvalidSignature, outcomeBadRequest, outcomeTooLarge,
 	outcomeUnsupported, outcomeStoreError, outcomeHandshake, outcomeForwardedNoID, outcomeBodyReplay,
-	outcomeQueued, outcomeReadTimeout, outcomeKeyReused}
+	outcomeQueued, outcomeReadTimeout, outcomeKeyReused, outcomeUncommitted, outcomePending}
 
 // storeTimes are the store_duration_seconds series, one per operation,
 // resolved once so no store call does a label lookup.
