@@ -20,10 +20,11 @@ import (
 // TestExamplesExactlyOnce runs the legacy payment handlers of
 // examples/exactly-once (Go, and Python when Debian's python3-flask and
 // python3-psycopg are installed) behind a gateway with complete_by
-// upstream. Each event is delivered, its first forward's connection cut
-// by a link between the gateway and the handler after the handler has
-// committed (an ending the gateway cannot see), and then redelivered:
-// every order is paid once and has exactly one confirmation e-mail.
+// upstream. Every other event's first forward has its connection cut, by a
+// link between the gateway and the handler, once the handler has committed
+// (the answer may or may not have made it through), and every event is
+// redelivered until answered 2xx: every order is paid once, with exactly
+// one confirmation e-mail, and every forward was co-committed.
 func TestExamplesExactlyOnce(t *testing.T) {
 	t.Parallel()
 	root, err := e2e.RepoRoot()
@@ -139,6 +140,10 @@ func TestExamplesExactlyOnce(t *testing.T) {
 			}
 			t.Logf("%s handler: %d orders, confirmation e-mails per order %v", lang, len(ids), per)
 			require.Equal(t, map[int]int{1: len(ids)}, per, "one confirmation e-mail per order")
+			// The handler really co-commits: no forward ended completed
+			// without its commit.
+			require.Zero(t, logCount(g, `"outcome":"completed_uncommitted"`))
+			require.GreaterOrEqual(t, logCount(g, `"outcome":"completed"`), len(ids))
 		})
 	}
 }
