@@ -166,9 +166,13 @@ func TestCompleteByUpstreamAsync(t *testing.T) {
 		}
 	}
 	c.mu.Unlock()
-	require.Equal(t, 1.0, value(t, m.Attempts.WithLabelValues(scope, dispatch.AttemptUncommitted)))
-	require.Equal(t, 4.0, value(t, m.Attempts.WithLabelValues(scope, queue.AttemptDelivered)))
-	require.Equal(t, 1.0, value(t, m.Attempts.WithLabelValues(scope, queue.AttemptRetry)))
+	// Counted once each attempt's settle has returned, after its row changed.
+	counts := func() [3]float64 {
+		return [3]float64{value(t, m.Attempts.WithLabelValues(scope, dispatch.AttemptUncommitted)),
+			value(t, m.Attempts.WithLabelValues(scope, queue.AttemptDelivered)),
+			value(t, m.Attempts.WithLabelValues(scope, queue.AttemptRetry))}
+	}
+	waitFor(t, 10*time.Second, "every attempt counted", func() bool { return counts() == [3]float64{1, 4, 1} })
 }
 
 // TestClaimHeaderStrippedAsync: on a route without complete_by upstream, a
