@@ -321,3 +321,58 @@ func TestSlowUpstreamTransactionStallsNoOne(t *testing.T) {
 		"the held event's %d redeliveries: 409", p99(before), p99(during), hold, len(before), len(during), len(dups))
 	require.Less(t, p99(during), 10*time.Second, "no delivery waited for the held row")
 }
+
+// TestExactlyOnceAsync: mode async with complete_by upstream. The provider
+// is answered once its delivery is queued; the dispatcher's first attempt
+// of each event reaches an upstream that commits and then drops the
+// connection, or answers 500 after committing. Each event is delivered
+// once and not retried: the queue row says the upstream committed it.
+func TestExactlyOnceAsync(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	up, err := e2e.NewCommitUpstream(ctx, b.db.DSN, "webhook_events_commit", func(id string, n int) e2e.CommitAction {
+		switch {
+		case n > 1:
+			return e2e.CommitAction{}
+		case id[len(id)-1]%2 == 0:
+			return e2e.CommitAction{Answer: e2e.RawAction{Close: true}}
+		}
+		return e2e.CommitAction{Answer: e2e.RawAction{Status: 500}}
+	})
+	require.NoError(t, err)
+	t.Cleanup(up.Close)
+	g := b.gateway("a", up.Addr(), "complete_by upstream", "mode async", "deliver_to http://"+up.Addr(),
+		"retry_schedule 200ms")
+
+	ids := make([]string, exactlyEvents)
+	for i := range ids {
+		ids[i] = e2e.NewEventID()
+		r := b.deliver(g, ids[i])
+		require.True(t, r.OK(), "queued: %d %s", r.Status, r.Body)
+	}
+	require.Eventually(t, func() bool {
+		for _, id := range ids {
+			if n, err := up.Effects(ctx, id); err != nil || n == 0 {
+				return false
+			}
+		}
+		return true
+	}, 60*time.Second, 50*time.Millisecond, "every event delivered")
+	// A retry would come within the schedule's 200 ms (±20%): wait well past it.
+	time.Sleep(2 * time.Second)
+	require.NoError(t, up.WaitIdle(ctx))
+	execs := map[int]int{}
+	calls := 0
+	for _, id := range ids {
+		n, err := up.Effects(ctx, id)
+		require.NoError(t, err)
+		execs[n]++
+		calls += up.Calls(id)
+	}
+	t.Logf("async, the upstream dropping the connection or answering 500 after its commit: %d events, executions per event %v, upstream calls %d",
+		len(ids), execs, calls)
+	require.Equal(t, map[int]int{1: len(ids)}, execs)
+	require.Equal(t, len(ids), calls, "no attempt retried")
+}
