@@ -67,7 +67,14 @@ type CommitUpstream struct {
 // NewCommitUpstream creates the effects table in dsn's database and
 // starts serving. fn is the commit function's name ("webhook_events_commit").
 func NewCommitUpstream(ctx context.Context, dsn, fn string, behave CommitBehaviour) (*CommitUpstream, error) {
-	pool, err := pgxpool.New(ctx, dsn)
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	// A connection per transaction in flight: transactions that sleep (Work,
+	// Hold) must not make the others wait for a connection.
+	cfg.MaxConns = 128
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
