@@ -74,6 +74,10 @@ func scenarios(c config) []scenario {
 		{name: "proxy", route: func(up string, _ int) string { return "reverse_proxy " + up }},
 		{name: "store-limit"},
 		{name: "new/postgres", route: gateway(pg, "")},
+		// complete_by upstream: the upstream calls the commit function in a
+		// transaction before it answers, and the gateway reads the claim's
+		// truth after the forward (its own transaction, unbatched).
+		{name: "new/postgres+upstream", route: gateway(pg, "\tcomplete_by upstream\n")},
 		{name: "new/sqlite", route: gateway(sq, "")},
 		{name: "dup/cached", route: gateway(pg, ""), dup: true},
 		{name: "dup/store", route: gateway(pg, "\tcache 0\n"), dup: true},
@@ -179,6 +183,7 @@ func runLoad(ctx context.Context, c config) (*LoadReport, error) {
 		defer cancel()
 		_, _ = st.Pool().Exec(dctx, `DROP TABLE IF EXISTS `+benchTable+`, `+benchTable+`_goose_version, `+
 			benchTable+`_secrets, `+benchTable+`_secrets_goose_version`)
+		_, _ = st.Pool().Exec(dctx, `DROP FUNCTION IF EXISTS `+benchTable+`_commit(text)`)
 		_ = st.Close()
 	}()
 	if _, err := st.Pool().Exec(ctx, `TRUNCATE `+benchTable); err != nil {
@@ -186,12 +191,12 @@ func runLoad(ctx context.Context, c config) (*LoadReport, error) {
 	}
 	trackPostgres(st)
 
-	up, upAddr, err := startUpstream(ctx, 0)
+	up, upAddr, err := startUpstream(ctx, 0, c.dsn, benchTable+"_commit")
 	if err != nil {
 		return nil, err
 	}
 	defer up.stop()
-	slow, slowAddr, err := startUpstream(ctx, slowUpstreamDelay)
+	slow, slowAddr, err := startUpstream(ctx, slowUpstreamDelay, "", "")
 	if err != nil {
 		return nil, err
 	}
@@ -273,7 +278,7 @@ func runLoad(ctx context.Context, c config) (*LoadReport, error) {
 // at that moment.
 var groups = [][]string{
 	{"respond", "dup/cached", "dup/store", "async/ack"},
-	{"proxy", "store-limit", "new/postgres", "new/sqlite"},
+	{"proxy", "store-limit", "new/postgres", "new/sqlite", "new/postgres+upstream"},
 }
 
 // runner is one scenario under load: its gateway, deliveries and client
@@ -556,6 +561,7 @@ func ratios(m map[string]Result) (map[string]float64, map[string]string) {
 	div("new/postgres"+before+" ÷ proxy", "new/postgres"+before, "proxy")
 	div("new/sqlite"+before+" ÷ proxy", "new/sqlite"+before, "proxy")
 	div("new/postgres ÷ new/postgres"+before, "new/postgres", "new/postgres"+before)
+	div("new/postgres+upstream ÷ new/postgres", "new/postgres+upstream", "new/postgres")
 	div("new/sqlite ÷ new/sqlite"+before, "new/sqlite", "new/sqlite"+before)
 	div("dup/store ÷ dup/store"+before, "dup/store", "dup/store"+before)
 	div("async/ack ÷ async/ack"+before, "async/ack", "async/ack"+before)
@@ -590,7 +596,8 @@ func printTable(rep *LoadReport) {
 		rep.Machine.LoadBefore, rep.Machine.LoadAfter)
 	fmt.Println("| scenario | req/s | p50 ms | p99 ms | errors | gateway CPU ms/req | CPU cores: gateway / upstream / postgres / load gen | machine busy | WAL flushes/req |")
 	fmt.Println("| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
-	for _, sc := range []string{"respond", "proxy", "store-limit", "new/postgres", "new/postgres" + before, "new/sqlite",
+	for _, sc := range []string{"respond", "proxy", "store-limit", "new/postgres", "new/postgres" + before,
+		"new/postgres+upstream", "new/sqlite",
 		"new/sqlite" + before, "dup/cached", "dup/store", "dup/store" + before, "async/ack", "async/ack" + before} {
 		r, ok := rep.Summary[sc]
 		if !ok {
@@ -608,6 +615,7 @@ func printTable(rep *LoadReport) {
 		"new/postgres ÷ proxy", "new/postgres" + before + " ÷ proxy", "new/sqlite ÷ proxy", "new/sqlite" + before + " ÷ proxy",
 		"serial (rps)", "new/postgres ÷ serial", "new/postgres" + before + " ÷ serial",
 		"new/postgres ÷ new/postgres" + before, "new/sqlite ÷ new/sqlite" + before, "dup/store ÷ dup/store" + before,
+		"new/postgres+upstream ÷ new/postgres",
 		"async/ack ÷ async/ack" + before} {
 		if v, ok := rep.Ratios[k]; ok {
 			line := fmt.Sprintf("%-24s %.3f", k, v)

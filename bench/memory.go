@@ -67,7 +67,7 @@ func runMemory(ctx context.Context, c config) (*MemoryReport, error) {
 	}
 	defer dropStore(st, benchTable)
 	trackPostgres(st)
-	up, upAddr, err := startUpstream(ctx, 0)
+	up, upAddr, err := startUpstream(ctx, 0, "", "")
 	if err != nil {
 		return nil, err
 	}

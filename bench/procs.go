@@ -20,6 +20,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/e2e"
 )
 
@@ -30,7 +33,19 @@ func runUpstream(args []string) {
 	fs := flag.NewFlagSet("upstream", flag.ExitOnError)
 	listen := fs.String("listen", "127.0.0.1:0", "address")
 	delay := fs.Duration("delay", 0, "time each request takes (a slow legacy handler)")
+	commitDSN := fs.String("commit-dsn", "", "the database of complete_by upstream's commit function")
+	commitFn := fs.String("commit-fn", "", "complete_by upstream's commit function, e.g. bench_events_commit")
 	_ = fs.Parse(args)
+	// complete_by upstream: a request with a Webhook-Claim runs the one
+	// transaction the upstream adds, the commit function's call, before
+	// answering.
+	var pool *pgxpool.Pool
+	if *commitDSN != "" {
+		var err error
+		if pool, err = pgxpool.New(context.Background(), *commitDSN); err != nil {
+			log.Fatal(err)
+		}
+	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		log.Fatal(err)
@@ -42,6 +57,16 @@ func runUpstream(args []string) {
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			_, _ = io.Copy(io.Discard, r.Body)
 			time.Sleep(*delay)
+			if claim := r.Header.Get("Webhook-Claim"); claim != "" && pool != nil {
+				err := pgx.BeginFunc(r.Context(), pool, func(tx pgx.Tx) error {
+					_, err := tx.Exec(r.Context(), `SELECT `+pgx.Identifier{*commitFn}.Sanitize()+`($1)`, claim)
+					return err
+				})
+				if err != nil {
+					http.Error(w, "not committed", http.StatusInternalServerError)
+					return
+				}
+			}
 			w.Header().Set("Content-Type", "application/json")
 			w.Header().Set("Content-Length", strconv.Itoa(len(answer)))
 			_, _ = w.Write(answer)
@@ -132,12 +157,18 @@ func (c *child) exited() bool {
 }
 
 // startUpstream starts the upstream child and returns it with its address.
-func startUpstream(ctx context.Context, delay time.Duration) (*child, string, error) {
+// With commitDSN, a request carrying a Webhook-Claim calls commitFn in a
+// transaction of its own on that database (complete_by upstream).
+func startUpstream(ctx context.Context, delay time.Duration, commitDSN, commitFn string) (*child, string, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, "", err
 	}
-	cmd := exec.Command(self, "upstream", "-listen", "127.0.0.1:0", "-delay", delay.String())
+	args := []string{"upstream", "-listen", "127.0.0.1:0", "-delay", delay.String()}
+	if commitDSN != "" {
+		args = append(args, "-commit-dsn", commitDSN, "-commit-fn", commitFn)
+	}
+	cmd := exec.Command(self, args...)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {

@@ -248,6 +248,9 @@ func (h *Handler) provisionAsync(ctx caddy.Context) error {
 		Retention:      time.Duration(h.Retention),
 		KeepBody:       time.Duration(h.KeepBody),
 		Logger:         h.logger,
+		// complete_by upstream: each attempt carries its queue claim and
+		// is settled by the queue row (internal/dispatch).
+		CompleteByUpstream: h.byUpstream(),
 	}
 	if h.Rate != nil {
 		cfg.Rate, cfg.Per = h.Rate.Events, time.Duration(h.Rate.Window)

@@ -284,7 +284,8 @@ func (h *Handler) forwardItem(r *http.Request, it signature.BatchItem, i, n int,
 	ir.Header.Set("Webhook-Batch-Item", strconv.Itoa(i+1)+"/"+strconv.Itoa(n))
 	cw := &itemWriter{header: http.Header{}}
 	id := delivery{h: h, r: ir, start: time.Now(), eventID: it.ID, attempt: cl.Attempts, ambiguousBefore: cl.Ambiguous}
-	_ = h.forward(cw, ir, next, []claim.Ref{{Scope: h.Scope, ID: it.ID, Token: cl.Token}}, &id)
+	ref := claim.Ref{Scope: h.Scope, ID: it.ID, Token: cl.Token, ByUpstream: h.byUpstream()}
+	_ = h.forward(cw, h.withClaim(ir, ref), next, []claim.Ref{ref}, &id)
 	return id.outcome, id.status, 0
 }
 

@@ -45,6 +45,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		forward_timeout <duration>       # upper bound of one forward; default 5m
 //		read_timeout <duration>          # to receive the whole body; default 10s
 //		on_ambiguous reforward | hold    # default reforward
+//		complete_by gateway | upstream   # default gateway; upstream: the upstream commits the claim (postgres)
 //		on_missing_id reject | forward   # default reject
 //		dedupe_body on | off             # default per provider
 //		replay_window <duration>         # dedupe_body: how long body hashes are kept; default 400d
@@ -100,7 +101,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 func (h *Handler) values() map[string]any {
 	m := map[string]any{
 		"url": &h.URL, "scope": &h.Scope, "on_ambiguous": &h.OnAmbiguous, "on_missing_id": &h.OnMissingID,
-		"tolerance": &h.Tolerance, "lease": &h.Lease, "retention": &h.Retention, "replay_window": &h.ReplayWindow,
+		"complete_by": &h.CompleteBy,
+		"tolerance":   &h.Tolerance, "lease": &h.Lease, "retention": &h.Retention, "replay_window": &h.ReplayWindow,
 		"forward_timeout": &h.ForwardTimeout, "read_timeout": &h.ReadTimeout,
 	}
 	maps.Copy(m, h.asyncValues())

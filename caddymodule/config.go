@@ -62,6 +62,9 @@ func (h *Handler) applyDefaults() {
 	if h.ReadTimeout == 0 {
 		h.ReadTimeout = caddy.Duration(defaultReadTimeout)
 	}
+	if h.CompleteBy == "" {
+		h.CompleteBy = completeByGateway
+	}
 	if h.OnAmbiguous == "" {
 		h.OnAmbiguous = "reforward"
 	}
@@ -134,6 +137,9 @@ func (h *Handler) checkCommon() error {
 	case "reforward", "hold":
 	default:
 		return fmt.Errorf("on_ambiguous: want reforward or hold, got %q", h.OnAmbiguous)
+	}
+	if err := h.checkCompleteBy(); err != nil {
+		return err
 	}
 	switch h.OnMissingID {
 	case "reject", "forward":

@@ -52,7 +52,8 @@ func (m syncMode) serve(w http.ResponseWriter, next caddyhttp.Handler, d *delive
 	}
 	d.ambiguousBefore = cl.Ambiguous
 	h.noteReforward(d.eventID, cl)
-	refs := []claim.Ref{{Scope: h.Scope, ID: d.eventID, Token: cl.Token}}
+	refs := []claim.Ref{{Scope: h.Scope, ID: d.eventID, Token: cl.Token, ByUpstream: h.byUpstream()}}
+	noteClaim(d.r, cl.Attempts)
 	if h.dedupeBody {
 		bc, ok := h.claimBody(w, d, refs[0])
 		if !ok {
@@ -60,7 +61,7 @@ func (m syncMode) serve(w http.ResponseWriter, next caddyhttp.Handler, d *delive
 		}
 		refs = append(refs, bc)
 	}
-	return h.forward(w, d.forwardable(), next, refs, d)
+	return h.forward(w, h.withClaim(d.forwardable(), refs[0]), next, refs, d)
 }
 
 // answerCached answers a delivery of an event this instance knows is
@@ -270,6 +271,10 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 // event's second ambiguous ending under reforward), release after an
 // ambiguous ending (counted on the row), or release.
 func (h *Handler) settle(ctx context.Context, claims []claim.Ref, end forwardEnd, tee *capture, d *delivery) {
+	if claims[0].ByUpstream {
+		h.conclude(ctx, claims, end, tee, d)
+		return
+	}
 	switch v := h.verdict(end); {
 	case v == verdictComplete:
 		d.outcome = outcomeCompleted

@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -140,6 +141,15 @@ type Handler struct {
 	// 503 without Retry-After until an operator releases or completes it.
 	OnAmbiguous string `json:"on_ambiguous,omitempty"`
 
+	// CompleteBy says who completes a claim: "gateway" (default) when the
+	// upstream answers 2xx; "upstream" when the upstream calls the SQL
+	// function <table>_commit with the forward's Webhook-Claim header in
+	// the transaction of its work, and every ending of the forward is then
+	// settled by what the database says (docs/exactly-once.md), so no
+	// ending is ambiguous. upstream needs storage postgres, on the
+	// upstream's own database, and refuses on_ambiguous hold.
+	CompleteBy string `json:"complete_by,omitempty"`
+
 	// OnMissingID is what happens to a verified delivery without a usable
 	// event ID: "reject" (default, 400) or "forward" (forwarded without
 	// deduplication, and logged).
@@ -228,6 +238,9 @@ type Handler struct {
 	scopeUsed bool
 	// trust describes how a request becomes a claim here (trust.go).
 	trust string
+	// warnedUncommitted latches the route's warning about an upstream
+	// answering 2xx without committing its claim (complete_by upstream).
+	warnedUncommitted *atomic.Bool
 }
 
 // CaddyModule returns the Caddy module information.
@@ -244,6 +257,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.ctx = ctx
 	h.logger = ctx.Logger()
+	h.warnedUncommitted = new(atomic.Bool)
 	if err := h.prepareConfig(); err != nil {
 		return err // before any store, pool or queue is opened
 	}
@@ -382,11 +396,16 @@ func (h *Handler) Cleanup() error {
 // it works" table. Whatever is answered at the edge is answered from the
 // one outcome table (answer.go).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	stripClaimHeader(r)
+	setPlaceholders(r, h.Scope)
 	d := takeDelivery(h, r)
 	defer d.done()
 	ok, err := h.intake.take(w, next, d)
 	if !ok {
 		return err
+	}
+	if d.eventID != "" {
+		setPlaceholder(r, placeholderEventID, d.eventID)
 	}
 	return h.mode.serve(w, next, d)
 }

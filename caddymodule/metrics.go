@@ -63,12 +63,17 @@ const (
 	outcomeQueued            = "queued"          // async: stored for delivery, 200 at once
 	outcomeReadTimeout       = "read_timeout"    // the body did not arrive within read_timeout: 408
 	outcomeKeyUnavailable    = "key_unavailable" // the provider's key could not be fetched: 503, nothing recorded
+	// complete_by upstream: a 2xx whose upstream did not commit its claim
+	// (completed all the same); a claim whose upstream transaction still
+	// held it when the wait ran out (left to its lease).
+	outcomeUncommitted = "completed_uncommitted"
+	outcomePending     = "commit_pending"
 )
 
 var allOutcomes = []string{outcomeCompleted, outcomeReleased, outcomeAmbiguous, outcomeAmbiguousReleased, outcomeDuplicate,
 	outcomeInFlight, outcomeHeld, outcomeInvalidSignature, outcomeBadRequest, outcomeTooLarge,
 	outcomeUnsupported, outcomeStoreError, outcomeHandshake, outcomeForwardedNoID, outcomeBodyReplay,
-	outcomeQueued, outcomeReadTimeout, outcomeKeyReused, outcomeKeyUnavailable}
+	outcomeQueued, outcomeReadTimeout, outcomeKeyReused, outcomeKeyUnavailable, outcomeUncommitted, outcomePending}
 
 // storeTimes are the store_duration_seconds series, one per operation,
 // resolved once so no store call does a label lookup.

@@ -226,13 +226,15 @@ func TestQueueAndForgetCommandsSendConfirmation(t *testing.T) {
 func TestLogFilterCommand(t *testing.T) {
 	out, err := runCLI(t, "log-filter", "--provider", "stripe,gitlab", "--provider", "standard", "--provider", "github")
 	require.NoError(t, err)
-	for _, h := range []string{"Stripe-Signature", "X-Gitlab-Token", "Webhook-Signature", "Svix-Signature", "X-Hub-Signature-256", "X-Hub-Signature"} {
+	for _, h := range []string{"Stripe-Signature", "X-Gitlab-Token", "Webhook-Signature", "Svix-Signature", "X-Hub-Signature-256", "X-Hub-Signature",
+		"Webhook-Claim"} {
 		require.Contains(t, out, "\t\t\t\trequest>headers>"+h+" delete\n")
 	}
 	require.True(t, strings.HasPrefix(out, "{\n\tlog default {\n\t\tformat filter {\n\t\t\twrap json\n"), out)
 	out, err = runCLI(t, "log-filter", "--provider", "hmac", "--header", "x-acme-signature", "--site", "--wrap", "console")
 	require.NoError(t, err)
-	require.Equal(t, "log {\n\tformat filter {\n\t\twrap console\n\t\tfields {\n\t\t\trequest>headers>X-Acme-Signature delete\n\t\t}\n\t}\n}\n", out)
+	require.Equal(t, "log {\n\tformat filter {\n\t\twrap console\n\t\tfields {\n\t\t\trequest>headers>Webhook-Claim delete\n"+
+		"\t\t\trequest>headers>X-Acme-Signature delete\n\t\t}\n\t}\n}\n", out)
 	_, err = runCLI(t, "log-filter", "--provider", "hmac")
 	require.ErrorContains(t, err, "--header")
 	_, err = runCLI(t, "log-filter", "--provider", "nosuch")

@@ -76,6 +76,10 @@ type Ref struct {
 	Resp *store.Response
 	// HoldReason is why the claim is held (Hold), stored for the admin API.
 	HoldReason string
+	// ByUpstream: the upstream completes this claim in its own transaction
+	// (complete_by upstream): renewed without waiting for its row lock,
+	// settled by Conclude (upstream.go).
+	ByUpstream bool
 }
 
 // Timers are the store_duration_seconds series of the claim's store calls;
@@ -179,7 +183,7 @@ func (k *Keeper) Keep(ctx context.Context, refs []Ref, stop <-chan struct{}) {
 				Lease: k.o.Lease,
 				Renew: func(ctx context.Context) error {
 					defer observe(k.o.Timers.Heartbeat, time.Now())
-					return k.o.Store.Heartbeat(ctx, c.Scope, c.ID, c.Token, k.o.Lease)
+					return k.renew(ctx, c)
 				},
 				Lost:   store.ErrLeaseLost,
 				Logger: k.o.Logger, Name: "claim lease",

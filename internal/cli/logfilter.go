@@ -26,7 +26,8 @@ import (
 // the request headers that carry a signature or a secret token for each
 // provider: every signature header of its scheme, its alias families
 // (svix-* for standard), the legacy SHA-1 header of github, and the extra
-// names given (a provider hmac's configured header, a renamed header).
+// names given (a provider hmac's configured header, a renamed header),
+// and Webhook-Claim, the claim value of complete_by upstream.
 func SecretHeaders(providers []string, extra ...string) ([]string, error) {
 	var out []string
 	for _, p := range providers {
@@ -58,6 +59,9 @@ func SecretHeaders(providers []string, extra ...string) ([]string, error) {
 			out = append(out, http.CanonicalHeaderKey(h))
 		}
 	}
+	// complete_by upstream's claim value, on the request reverse_proxy
+	// sends (its debug line prints that request's headers).
+	out = append(out, "Webhook-Claim")
 	slices.Sort(out)
 	return slices.Compact(out), nil
 }

@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/proxyerr"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/sendonce"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
 
 // maxUpstreamDrain is the most of an upstream's answer that is read (and
@@ -44,7 +46,9 @@ func (rt *route) deliver(cfg *Route, j queue.Job) {
 	switch {
 	case errors.Is(cause, errKilled):
 		return // as a crash: nothing is settled
-	case status == 0 && errors.Is(cause, errShutdown):
+	case status == 0 && errors.Is(cause, errShutdown) && !cfg.CompleteByUpstream:
+		// complete_by upstream settles by the truth below instead: the
+		// upstream may have committed before the shutdown cut its answer.
 		sctx, scancel := context.WithTimeout(context.Background(), opts.StoreTimeout)
 		err := rt.d.q.Release(sctx, j.ID, j.Token, j.Attempt)
 		scancel()
@@ -58,16 +62,47 @@ func (rt *route) deliver(cfg *Route, j queue.Job) {
 	}
 
 	delivered := status >= 200 && status < 300
-	sctx, scancel := context.WithTimeout(context.Background(), opts.StoreTimeout)
-	t0 := time.Now()
-	state, err := rt.d.q.Settle(sctx, queue.Settlement{
+	settlement := queue.Settlement{
 		ID: j.ID, Token: j.Token, Attempt: j.Attempt, Status: status, Error: errText, Duration: dur,
 		Delivered: delivered, RetryIn: cfg.backoff(j.RoundAttempts), MaxAttempts: cfg.MaxAttempts, MaxAge: cfg.MaxAge,
-	})
+	}
+	t0 := time.Now()
+	var (
+		state     queue.State
+		err       error
+		committed bool
+	)
+	if cfg.CompleteByUpstream {
+		// Settled by the truth: the wait for the upstream's transaction
+		// comes on top of the store timeout.
+		wait := cmp.Or(cfg.CommitWait, DefaultCommitWait)
+		if errors.Is(cause, errShutdown) {
+			wait = min(wait, opts.Grace)
+		}
+		sctx, scancel := context.WithTimeout(context.Background(), opts.StoreTimeout+wait)
+		state, committed, err = rt.d.q.Conclude(sctx, settlement, wait)
+		scancel()
+	} else {
+		sctx, scancel := context.WithTimeout(context.Background(), opts.StoreTimeout)
+		state, err = rt.d.q.Settle(sctx, settlement)
+		scancel()
+	}
 	rt.d.series.settle.Observe(time.Since(t0).Seconds())
-	scancel()
 	fields = append(fields, zap.Int("status", status), zap.Duration("duration", dur))
+	if cfg.CompleteByUpstream {
+		fields = append(fields, zap.Bool("committed_by_upstream", committed))
+		if delivered && !committed && err == nil {
+			log.Warn("upstream answered 2xx without committing the claim (complete_by upstream): "+
+				"it does not call the commit function, or uses another database; its lost answers are not protected",
+				fields...)
+		}
+	}
 	switch {
+	case errors.Is(err, queue.ErrPending):
+		rt.attempts[AttemptPending].Inc()
+		log.Warn("the upstream's transaction still held the event when the wait ended; "+
+			"it is settled when that transaction ends and the lease expires", fields...)
+		return
 	case errors.Is(err, queue.ErrLeaseLost):
 		rt.attempts[AttemptLeaseLost].Inc()
 		log.Warn("queue lease lost before settling; the event may be delivered twice", fields...)
@@ -82,6 +117,9 @@ func (rt *route) deliver(cfg *Route, j queue.Job) {
 	switch state {
 	case queue.StateDelivered:
 		outcome = queue.AttemptDelivered
+		if cfg.CompleteByUpstream && !committed {
+			outcome = AttemptUncommitted
+		}
 	case queue.StateDead:
 		outcome = queue.AttemptDead
 	}
@@ -129,6 +167,12 @@ func (rt *route) send(ctx context.Context, cfg *Route, j queue.Job) (int, string
 	req.Header = j.Request.Header.Clone()
 	if req.Header == nil {
 		req.Header = http.Header{}
+	}
+	// Never one from outside (a stored request's, say): the upstream
+	// commits whatever claim it is given.
+	req.Header.Del(ClaimHeader)
+	if cfg.CompleteByUpstream {
+		req.Header.Set(ClaimHeader, store.QueueClaimValue(cfg.Scope, j.EventID, j.Token))
 	}
 	// A dispatch attempt is a forward of a claimed job: never re-sent by
 	// the Transport inside the attempt (the job's retries are counted).

@@ -28,11 +28,18 @@ type Metrics struct {
 const (
 	AttemptLeaseLost    = "lease_lost"    // the lease was lost before settling
 	AttemptSettleFailed = "settle_failed" // the store failed the settle
+	// AttemptUncommitted: delivered on a 2xx the upstream answered without
+	// committing its claim (complete_by upstream broken: it does not call
+	// the commit function, or uses another database).
+	AttemptUncommitted = "delivered_uncommitted"
+	// AttemptPending: complete_by upstream, the upstream's transaction
+	// still held the event when the wait ran out; not settled.
+	AttemptPending = "commit_pending"
 )
 
 // attemptOutcomes are every outcome label of Attempts.
 var attemptOutcomes = []string{queue.AttemptDelivered, queue.AttemptRetry, queue.AttemptDead, queue.AttemptLost,
-	queue.AttemptReleased, AttemptLeaseLost, AttemptSettleFailed}
+	queue.AttemptReleased, AttemptLeaseLost, AttemptSettleFailed, AttemptUncommitted, AttemptPending}
 
 // series are the metrics' series a dispatcher and its routes update,
 // resolved once (New, newRoute) so no delivery does a label lookup. The

@@ -50,7 +50,28 @@ type Route struct {
 	KeepBody  time.Duration
 	// Logger, when set, receives this route's logs instead of Options.Logger.
 	Logger *zap.Logger
+	// CompleteByUpstream (complete_by upstream): each attempt carries the
+	// header Webhook-Claim (store.QueueClaimValue of the taken event), the
+	// upstream calls <table>_commit with it in the transaction of its work,
+	// and the attempt is settled by what the queue row then says
+	// (Queue.Conclude), whatever the HTTP exchange showed: an attempt whose
+	// answer was lost after the upstream committed is delivered, not
+	// retried.
+	CompleteByUpstream bool
+	// CommitWait bounds the wait for an upstream transaction still holding
+	// the event when the attempt ends. Defaults to DefaultCommitWait.
+	CommitWait time.Duration
 }
+
+// DefaultCommitWait is Route.CommitWait's default: an upstream transaction
+// that called <table>_commit commits within it, or the attempt is left for
+// its lease to expire (the next take then waits for that transaction).
+const DefaultCommitWait = 30 * time.Second
+
+// ClaimHeader is the header that carries an upstream-completed claim
+// (complete_by upstream). Any copy arriving from outside is removed before
+// a forward, on every route: the upstream trusts it.
+const ClaimHeader = "Webhook-Claim"
 
 // workers is how many deliveries this instance runs at once.
 func (c *Route) workers() int {

@@ -280,6 +280,12 @@ var (
 	// ErrConflict: the event is in a state the operation does not apply to
 	// (retrying a delivered event, purging one in delivery).
 	ErrConflict = errors.New("queued event is in another state")
+	// ErrPending: Conclude's wait for a transaction holding the event ran
+	// out (the upstream is committing, or holds its transaction open); the
+	// event is left in delivery, its lease runs out unless renewed, and it
+	// is taken back only once that transaction has ended without
+	// committing the delivery.
+	ErrPending = errors.New("queued event held by an open transaction")
 )
 
 // Queue stores and hands out events. All methods are safe for concurrent
@@ -300,6 +306,13 @@ type Queue interface {
 	// (at now + RetryIn) or dead, returning the new state; ErrLeaseLost if
 	// the token no longer holds it (the attempt is recorded all the same).
 	Settle(ctx context.Context, s Settlement) (State, error)
+	// Conclude is Settle for a delivery the upstream completes in its own
+	// transaction (complete_by upstream, QueueClaimValue): it waits at most
+	// wait for a transaction holding the event, then settles by what the
+	// row says: delivered by <table>_commit (committed true, whatever
+	// s.Delivered says), else as Settle. ErrLeaseLost as Settle;
+	// ErrPending when the wait ran out (nothing recorded).
+	Conclude(ctx context.Context, s Settlement, wait time.Duration) (state State, committed bool, err error)
 	// Release hands a taken event back without an answer (shutdown): it is
 	// queued again at once and the attempt does not count.
 	Release(ctx context.Context, id int64, token string, attempt int) error

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
@@ -166,16 +167,14 @@ func (q *Queue) Heartbeat(ctx context.Context, id int64, token string, lease tim
 	if lease <= 0 {
 		return fmt.Errorf("renewing queue lease: lease must be positive, got %s", lease)
 	}
-	var n int64
+	var held bool
 	err := q.runAgain(ctx, func(ctx context.Context) error {
-		tag, err := q.pool.Exec(ctx, q.sql.heartbeat, id, token, micros(lease))
-		n = tag.RowsAffected()
-		return interpretError(err)
+		return interpretError(q.pool.QueryRow(ctx, q.sql.heartbeat, id, token, micros(lease)).Scan(&held))
 	})
 	if err != nil {
 		return fmt.Errorf("renewing queue lease: %w", err)
 	}
-	if n == 0 {
+	if !held {
 		return queue.ErrLeaseLost
 	}
 	return nil
@@ -225,6 +224,83 @@ func (q *Queue) settle(ctx context.Context, s queue.Settlement) (queue.State, er
 		return "", queue.ErrLeaseLost
 	}
 	return queue.State(state), nil
+}
+
+// Conclude settles a delivery the upstream completes in its own
+// transaction (see queue.Queue), in one READ COMMITTED transaction whose
+// lock_timeout bounds the wait for the upstream's.
+func (q *Queue) Conclude(ctx context.Context, s queue.Settlement, wait time.Duration) (queue.State, bool, error) {
+	var (
+		state     queue.State
+		committed bool
+	)
+	// Not within the statement deadline: the wait for the upstream's
+	// transaction may take up to wait (30 s), which the deadline would take
+	// for a lost connection. A conflict runs it again: it reads the truth
+	// afresh.
+	err := q.slowRun.Run(ctx, func(ctx context.Context) (err error) {
+		state, committed, err = q.conclude(ctx, s, wait)
+		return err
+	})
+	return state, committed, err
+}
+
+func (q *Queue) conclude(ctx context.Context, s queue.Settlement, wait time.Duration) (queue.State, bool, error) {
+	tx, err := q.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return "", false, fmt.Errorf("concluding delivery: %w", interpretError(err))
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	ms := strconv.FormatInt(max(wait.Milliseconds(), 1), 10) + "ms"
+	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, ms); err != nil {
+		return "", false, fmt.Errorf("concluding delivery: %w", interpretError(err))
+	}
+	var found string
+	err = tx.QueryRow(ctx, q.sql.concludeLock, s.ID, s.Token).Scan(&found)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "55P03": // lock_not_available: the wait ran out
+		return "", false, queue.ErrPending
+	case err != nil && !errors.Is(err, pgx.ErrNoRows):
+		return "", false, fmt.Errorf("concluding delivery: %w", interpretError(err))
+	}
+	var (
+		state     string
+		lost      bool
+		committed = queue.State(found) == queue.StateDelivered
+	)
+	if committed {
+		if _, err := tx.Exec(ctx, q.sql.concludeCommitted, s.ID, s.Token, s.Status); err != nil {
+			return "", false, fmt.Errorf("concluding delivery: %w", interpretError(err))
+		}
+		state, s.Error = string(queue.StateDelivered), ""
+	} else {
+		err = tx.QueryRow(ctx, q.sql.settle, s.ID, s.Token, s.Delivered, s.Status, s.Error,
+			s.MaxAttempts, micros(s.MaxAge), micros(max(s.RetryIn, 0))).Scan(&state)
+		lost = errors.Is(err, pgx.ErrNoRows)
+		if err != nil && !lost {
+			return "", false, fmt.Errorf("concluding delivery: %w", interpretError(err))
+		}
+	}
+	outcome := queue.AttemptLost
+	switch queue.State(state) {
+	case queue.StateDelivered:
+		outcome = queue.AttemptDelivered
+	case queue.StateDead:
+		outcome = queue.AttemptDead
+	case queue.StateQueued:
+		outcome = queue.AttemptRetry
+	}
+	if _, err := tx.Exec(ctx, q.sql.finishAttempt, s.ID, s.Attempt, micros(s.Duration), s.Status, s.Error, outcome); err != nil {
+		return "", false, fmt.Errorf("concluding delivery: recording attempt: %w", interpretError(err))
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return "", false, fmt.Errorf("concluding delivery: committing: %w", interpretError(err))
+	}
+	if lost {
+		return "", false, queue.ErrLeaseLost
+	}
+	return queue.State(state), committed, nil
 }
 
 // Release queues a taken event again at once; the attempt does not count

@@ -63,6 +63,10 @@ type Queue struct {
 	// deadline, and again when rolled back by a conflict (SQLSTATE 40001,
 	// 40P01): pgstore.Store.DeliveryRunner.
 	run pgschema.Runner
+	// slowRun runs Conclude, which waits for an upstream's transaction
+	// longer than the statement deadline: conflicts run again, no deadline
+	// but the caller's.
+	slowRun pgschema.Runner
 }
 
 var _ queue.Queue = (*Queue)(nil)
@@ -97,6 +101,7 @@ func New(ctx context.Context, s *pgstore.Store, opts Options) (*Queue, error) {
 	pool := s.Pool()
 	q := &Queue{store: s, pool: pool, names: n, sql: buildQueries(n),
 		run: s.DeliveryRunner()}
+	q.slowRun = pgschema.Runner{Retries: q.run.Retries, Retried: q.run.Retried}
 	if err := q.migrate(ctx, opts); err != nil {
 		return nil, fmt.Errorf("migrating queue tables of %s: %w", t, err)
 	}

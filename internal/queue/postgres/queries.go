@@ -18,6 +18,8 @@ type queries struct {
 	get, attempts, list                    string
 	retry, retryDead, purge, purgeState    string
 	stats, sweepDelete, sweepStrip, exists string
+	// complete_by upstream (Conclude).
+	concludeLock, concludeCommitted string
 }
 
 const us = ` * interval '1 microsecond'`
@@ -119,6 +121,8 @@ func buildQueries(n names) queries {
 				updated_at = statement_timestamp(), last_status = 0,
 				last_error = 'lease expired: the dispatcher delivering it stopped or lost the database'
 			WHERE scope = $1 AND state = 'delivering' AND lease_until <= statement_timestamp()
+				AND id IN (SELECT id FROM ` + q + ` WHERE scope = $1 AND state = 'delivering'
+					AND lease_until <= statement_timestamp() FOR UPDATE SKIP LOCKED)
 			RETURNING id, attempts, state`,
 		loseAttempts: `UPDATE ` + a + ` SET outcome = 'lost',
 				error = 'lease expired before the attempt was settled'
@@ -159,8 +163,20 @@ func buildQueries(n names) queries {
 		nextDue: `SELECT COALESCE(CEIL(EXTRACT(EPOCH FROM (min(run_at) - statement_timestamp())) * 1000000), 0)::bigint
 			FROM ` + q + ` WHERE scope = $1 AND state = 'queued'`,
 
-		heartbeat: `UPDATE ` + q + ` SET lease_until = now() + $3::bigint` + us + `
-			WHERE id = $1 AND token = $2 AND state = 'delivering'`,
+		// Never waits for a lock: a row another transaction holds (an
+		// upstream between its <table>_commit and its commit) is not
+		// renewed, and reads as held (true) while it is in delivery or
+		// delivered under the token in the statement's snapshot.
+		heartbeat: `WITH lk AS (
+				SELECT id FROM ` + q + ` WHERE id = $1 AND token = $2 AND state = 'delivering'
+				FOR UPDATE SKIP LOCKED
+			), upd AS (
+				UPDATE ` + q + ` AS t SET lease_until = now() + $3::bigint` + us + `
+				FROM lk WHERE t.id = lk.id
+				RETURNING 1
+			)
+			SELECT EXISTS (SELECT 1 FROM upd) OR EXISTS (SELECT 1 FROM ` + q + `
+				WHERE id = $1 AND token = $2 AND state IN ('delivering', 'delivered'))`,
 		// $3 delivered; otherwise dead when the round is out of attempts
 		// ($6) or the next attempt would fall after max_age ($7), else
 		// queued again after $8.
@@ -177,6 +193,15 @@ func buildQueries(n names) queries {
 		finishAttempt: `UPDATE ` + a + ` SET finished_at = now(), duration_us = $3, status = $4, error = $5,
 				outcome = CASE WHEN outcome = 'delivering' THEN $6 ELSE outcome END
 			WHERE queue_id = $1 AND attempt = $2`,
+		// Conclude: wait (lock_timeout) for a transaction holding the
+		// event, then read it under the token.
+		concludeLock: `SELECT state FROM ` + q + `
+			WHERE id = $1 AND token = $2 AND state IN ('delivering', 'delivered')
+			FOR UPDATE`,
+		// A delivery <table>_commit marked delivered: the gateway's record
+		// of the attempt ($3 the status seen, 0 none).
+		concludeCommitted: `UPDATE ` + q + ` SET token = '', last_status = $3, last_error = '', updated_at = now()
+			WHERE id = $1 AND token = $2 AND state = 'delivered'`,
 		release: `UPDATE ` + q + ` SET state = 'queued', run_at = now(), token = '', lease_until = NULL,
 				round_attempts = GREATEST(round_attempts - 1, 0), updated_at = now()
 			WHERE id = $1 AND token = $2 AND state = 'delivering'`,

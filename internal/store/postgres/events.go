@@ -19,6 +19,8 @@ type queries struct {
 	stmts                  [store.NumStmts]string
 	get, list, deleteBatch string
 	batch                  batchQueries
+	// commit: complete_by upstream (commit.go).
+	commit commitQueries
 }
 
 const columns = `scope, event_id, state, attempts, first_seen, updated_at, lease_until, completed_at, status,
@@ -35,17 +37,34 @@ func buildQueries(ident pgx.Identifier) queries {
 			// One statement decides the claim: the primary key settles races,
 			// and a conflicting row is taken over only when it is claimable.
 			// $4 is the lease in microseconds.
-			store.StmtClaim: `INSERT INTO ` + t + ` AS e
+			// A row another transaction holds (an upstream between its
+			// <table>_commit and its commit) is not claimed, lest the
+			// statement wait for that transaction: lk locks a claimable row
+			// or skips it, and the INSERT runs only for an absent row or a
+			// locked one. StmtInspect then reports the skipped row in flight.
+			store.StmtClaim: `WITH lk AS (
+					SELECT 1 FROM ` + t + ` e WHERE e.scope = $1 AND e.event_id = $2
+						AND (` + store.ClaimableSQL("now()", "$5::boolean") + `)
+					FOR UPDATE SKIP LOCKED
+				)
+				INSERT INTO ` + t + ` AS e
 					(scope, event_id, state, token, attempts, lease_until, first_seen, updated_at, fingerprint)
-				VALUES ($1, $2, 'processing', $3, 1, now() + $4::bigint * interval '1 microsecond', now(), now(), $6)
+				SELECT $1::text, $2::text, 'processing', $3::text, 1, now() + $4::bigint * interval '1 microsecond',
+					now(), now(), $6::text
+				WHERE EXISTS (SELECT 1 FROM lk)
+					OR NOT EXISTS (SELECT 1 FROM ` + t + ` x WHERE x.scope = $1 AND x.event_id = $2)
 				` + takeoverSQL("$5::boolean") + `
 				RETURNING e.attempts, e.ambiguous`,
 			// Why the claim was refused; the lease left in microseconds, by the
-			// database clock.
-			store.StmtInspect: `SELECT state, token, attempts, status,
-					` + LeaseLeftSQL("") + `,
-					fingerprint
-				FROM ` + t + ` WHERE scope = $1 AND event_id = $2`,
+			// database clock. A claimable row another transaction holds reads
+			// as processing with one second left (in flight: see StmtClaim).
+			store.StmtInspect: `SELECT CASE WHEN l.locked THEN 'processing' ELSE e.state END, e.token, e.attempts, e.status,
+					CASE WHEN l.locked THEN 1000000 ELSE ` + LeaseLeftSQL("e.") + ` END::bigint,
+					e.fingerprint
+				FROM ` + t + ` e CROSS JOIN LATERAL (SELECT (` + store.ClaimableSQL("now()", "false") + `)
+					AND NOT EXISTS (SELECT 1 FROM ` + t + ` x WHERE x.scope = $1 AND x.event_id = $2
+						FOR SHARE SKIP LOCKED) AS locked) l
+				WHERE e.scope = $1 AND e.event_id = $2`,
 			// The statements below find their row by primary key (scope,
 			// event ID); "state || ''" keeps the planner off the (state,
 			// updated_at) index, whose 'processing' entries, dead ones
@@ -93,6 +112,9 @@ func buildQueries(ident pgx.Identifier) queries {
 				LIMIT $2
 				FOR UPDATE SKIP LOCKED)
 			AND state <> 'processing'`,
+
+		// complete_by upstream (commit.go).
+		commit: buildCommitQueries(ident),
 	}
 }
 

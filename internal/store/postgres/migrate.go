@@ -92,6 +92,12 @@ func migrations(ident pgx.Identifier) []*goose.Migration {
 				`ALTER TABLE ` + table + ` DROP COLUMN IF EXISTS ambiguous`,
 			)},
 		),
+		// complete_by upstream: <table>_commit(claim text), which an
+		// upstream calls in its own transaction (see commit.go).
+		goose.NewGoMigration(6,
+			&goose.GoFunc{RunTx: migrateCommit(ident)},
+			&goose.GoFunc{RunTx: dropCommit(ident)},
+		),
 	}
 }
 

@@ -72,6 +72,8 @@ func dropTable(t *testing.T, dsn, table string) {
 		_, err := pool.Exec(ctx, "DROP TABLE IF EXISTS "+pgx.Identifier(strings.Split(name, ".")).Sanitize())
 		require.NoError(t, err)
 	}
+	_, err = pool.Exec(ctx, "DROP FUNCTION IF EXISTS "+pgx.Identifier(strings.Split(table+"_commit", ".")).Sanitize()+"(text)")
+	require.NoError(t, err)
 }
 
 func newStore(t *testing.T, opts postgres.Options) *postgres.Store {
@@ -307,6 +309,7 @@ func TestUpgradeAddsHoldReason(t *testing.T) {
 	for _, q := range []string{
 		"ALTER TABLE " + pgx.Identifier{table}.Sanitize() + " DROP COLUMN hold_reason",
 		"ALTER TABLE " + pgx.Identifier{table}.Sanitize() + " DROP COLUMN ambiguous",
+		"DROP FUNCTION " + pgx.Identifier{table + "_commit"}.Sanitize() + "(text)",
 		"DELETE FROM " + pgx.Identifier{table + "_goose_version"}.Sanitize() + " WHERE version_id >= 4",
 	} {
 		_, err := s.Pool().Exec(ctx, q)
