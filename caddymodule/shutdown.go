@@ -18,7 +18,9 @@ import (
 // (or held) by whichever delivery came next. Instead the exit cuts them
 // here, before the process ends, and each is settled as ambiguous at once
 // by its route's on_ambiguous: held, or released (counted as an ambiguous
-// ending on the row).
+// ending on the row). A route with complete_by upstream settles it by the
+// database's truth instead (conclude), within the same bound: a claim an
+// upstream transaction still holds then is left to its lease.
 
 // errShutdown is the cause of a forward cut by the process's exit.
 var errShutdown = errors.New("caddy is exiting")
