@@ -202,7 +202,12 @@ func init() {
 				Note:   "a timeout or error is retried up to 7 times on a growing schedule; the site's admins are mailed when all fail",
 				Source: "https://chargebee.com/docs/2.0/site-configuration/articles-and-faq/at-which-rate-can-we-expect-the-webhook-calls-in-chargebee-will-there-be-any-performance-disruption.html",
 			},
-			Answer: Answer{Status: 200, Source: "https://chargebee.com/docs/1.0/site-configuration/articles-and-faq/how-would-i-know-if-the-configured-webhook-url-in-my-chargebee-site-is-failing.html"},
+			Answer:  Answer{Status: 200, Source: "https://chargebee.com/docs/1.0/site-configuration/articles-and-faq/how-would-i-know-if-the-configured-webhook-url-in-my-chargebee-site-is-failing.html"},
+			MaxBody: MaxBody{Source: Undocumented},
+			// The page names a connection, a read and a total timeout but
+			// gives none of their values.
+			Timeout: Timeout{Source: Undocumented},
+			Refusal: Refusal{Source: Undocumented},
 		},
 		SecretFormat:    "`<user>:<password>`, the Basic credentials set on the webhook",
 		Doc:             "https://www.chargebee.com/docs/2.0/webhook_settings.html",
@@ -281,7 +286,18 @@ func init() {
 	// no ID outside the payload: the default event ID is the SHA-256 of
 	// bt_payload. The bt_challenge GET verifies the destination.
 	register(Preset{ //nolint:gosec // G101: SecretFormat describes a secret, holds none
-		Name:            "braintree",
+		Name: "braintree",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 24 * time.Hour,
+				Note:   "resent every hour until a 2xx within 30 s, for up to 24 hours in production (3 hours in sandbox)",
+				Source: "https://developer.paypal.com/braintree/docs/guides/webhooks/parse",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 30 * time.Second, Note: "a slower answer is a timeout and is retried", Source: "https://developer.paypal.com/braintree/docs/guides/webhooks/parse"},
+			Answer:  Answer{Note: "any 2xx within 30 seconds", Source: "https://developer.paypal.com/braintree/docs/guides/webhooks/parse"},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		SecretFormat:    "`<public key>:<private key>`, one per API key pair",
 		Doc:             "https://developer.paypal.com/braintree/docs/guides/webhooks/parse/node",
 		SignatureHeader: "none: form fields bt_signature (public key|hex) and bt_payload",
