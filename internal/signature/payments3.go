@@ -69,6 +69,10 @@ func init() {
 				Note:   "any non-2xx; up to 10 retries, the n-th after about 10+n·2^(n+5) s, in creation order",
 				Source: "https://docs.recurly.com/recurly-subscriptions/v2021-02-25/docs/automatic-retries",
 			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 5 * time.Second, Source: "https://docs.recurly.com/recurly-subscriptions/docs/overview-webhooks"},
+			Answer:  Answer{Note: "any 2xx within 5 seconds; a redirect is not followed and counts as a failure", Source: "https://docs.recurly.com/recurly-subscriptions/docs/overview-webhooks"},
+			Refusal: Refusal{Note: "any non-2xx is a failure and is retried", Source: "https://docs.recurly.com/recurly-subscriptions/docs/overview-webhooks"},
 		},
 		Scheme: Scheme{
 			Headers:       []HeaderSet{{Signature: "recurly-signature"}},
@@ -113,7 +117,11 @@ func init() {
 				Note:   "anything but 200, or a timeout, is retried with exponential backoff",
 				Source: "https://www.airwallex.com/docs/developer-tools/webhooks/webhooks-overview",
 			},
-			Answer: Answer{Status: 200, Source: "https://www.airwallex.com/docs/developer-tools/webhooks/webhooks-overview"},
+			Answer:  Answer{Status: 200, Source: "https://www.airwallex.com/docs/developer-tools/webhooks/webhooks-overview"},
+			MaxBody: MaxBody{Source: Undocumented},
+			// A timeout counts as a failure; its length is not given.
+			Timeout: Timeout{Source: Undocumented},
+			Refusal: Refusal{Note: "anything but 200 is a failed delivery and is retried", Source: "https://www.airwallex.com/docs/developer-tools/webhooks/webhooks-overview"},
 		},
 		Scheme: Scheme{
 			Headers:       []HeaderSet{{Signature: "x-signature", Timestamp: "x-timestamp"}},
