@@ -187,7 +187,15 @@ func init() {
 	// Xendit sends the account's verification token in x-callback-token
 	// and a webhook-id that names the event for deduplication.
 	register(Preset{ //nolint:gosec // G101: SecretFormat describes a secret, holds none
-		Name:            "xendit",
+		Name: "xendit",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, Attempts: 7,
+				Note:   "up to 6 retries with exponential back-off, the first 15 min and the second 1 h after the original",
+				Source: "https://docs.xendit.co/webhook/delivery-attempts-and-retries/",
+			},
+			Answer: Answer{Note: "any 2xx", Source: "https://docs.xendit.co/webhook/delivery-attempts-and-retries/"},
+		},
 		SecretFormat:    "the webhook verification token",
 		Doc:             "https://docs.xendit.co/docs/handling-webhooks",
 		SignatureHeader: "x-callback-token: <verification token>",
@@ -235,7 +243,10 @@ func init() {
 	// gets one notification per status: configure event_id (order_id and
 	// transaction_status, say).
 	register(Preset{
-		Name:            "midtrans",
+		Name: "midtrans",
+		Delivery: Delivery{
+			Answer: Answer{Status: 200, Note: "redirects (301, 302, 303) are not supported", Source: "https://docs.midtrans.com/docs/technical-faq"},
+		},
 		SecretFormat:    "the server key",
 		Doc:             "https://docs.midtrans.com/docs/https-notification-webhooks#verifying-notification-authenticity",
 		SignatureHeader: "none: body signature_key = <hex SHA-512>",

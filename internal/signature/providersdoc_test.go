@@ -46,7 +46,6 @@ var unresearched = map[string]bool{
 
 	"alchemy":      true,
 	"asana":        true,
-	"bitbucket":    true,
 	"box":          true,
 	"buildkite":    true,
 	"calcom":       true,
@@ -96,5 +95,4 @@ var unresearched = map[string]bool{
 	"woocommerce":  true,
 	"workos":       true,
 	"xero":         true,
-	"zoom":         true,
 }

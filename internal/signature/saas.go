@@ -30,7 +30,18 @@ func init() {
 	})
 	// Zoom has no per-event ID; configure one (e.g. a composite) per route.
 	register(Preset{
-		Name:             "zoom",
+		Name: "zoom",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 85 * time.Minute, Attempts: 4,
+				Note:   "3 retries: 5 min after the first attempt, then 20 min and 60 min after the previous one",
+				Source: "https://developers.zoom.us/blog/webhook-delays/",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 3 * time.Second, Source: "https://developers.zoom.us/blog/webhook-delays/"},
+			Answer:  Answer{Note: "200 or 204 within 3 seconds", Source: "https://developers.zoom.us/blog/webhook-delays/"},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:              "https://developers.zoom.us/docs/api/webhooks/#verify-webhook-events",
 		SignatureHeader:  "x-zm-signature: v0=<hex> (with x-zm-request-timestamp)",
 		DefaultTolerance: 5 * time.Minute,
