@@ -1,5 +1,7 @@
 package signature
 
+import "time"
+
 // Commerce and payment providers beyond the first group: an HMAC of the body
 // in one header, no timestamp. Checked against the providers'
 // documentation; no conformance vectors yet. Where the default event ID is
@@ -50,7 +52,18 @@ func init() {
 		},
 	})
 	register(Preset{
-		Name:            "coinbase",
+		Name: "coinbase",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 3 * 24 * time.Hour,
+				Note:   "exponential back-off, at most 1 hour apart",
+				Source: "https://docs.cdp.coinbase.com/commerce/api-arcitecture/webhooks-overview",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Source: Undocumented},
+			Answer:  Answer{Status: 200, Source: "https://docs.cdp.coinbase.com/commerce/api-arcitecture/webhooks-overview"},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:             "https://docs.cdp.coinbase.com/commerce/api-arcitecture/webhooks-security",
 		SignatureHeader: "X-CC-Webhook-Signature: <hex>",
 		Oracle:          "coinbase-commerce-node",

@@ -170,7 +170,15 @@ func init() {
 		build: buildPubkey(algECDSAP256, ""),
 	})
 	// Resend delivers through Svix.
-	register(svixBased("resend", "https://resend.com/docs/dashboard/webhooks/verify-webhooks-requests", "resend"))
+	resend := svixBased("resend", "https://resend.com/docs/dashboard/webhooks/verify-webhooks-requests", "resend")
+	resend.Delivery = Delivery{
+		Retry: Retry{
+			Retries: true, For: 27*time.Hour + 35*time.Minute + 5*time.Second, Attempts: 8,
+			Note:   "at once, then after 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h; a removed or disabled endpoint stops them",
+			Source: "https://resend.com/docs/webhooks/retries-and-replays",
+		},
+	}
+	register(resend)
 }
 
 // svixBased is a provider that delivers through Svix: the svix preset's

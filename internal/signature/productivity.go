@@ -115,7 +115,18 @@ func init() {
 	// Calendly: "t=<ts>,v1=<hex>" over "<t>.<body>"; its guide uses a
 	// three-minute tolerance. Payloads carry no event ID: configure one.
 	register(Preset{
-		Name:             "calendly",
+		Name: "calendly",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 24 * time.Hour,
+				Note:   "a 3xx, 4xx or 5xx answer is retried with exponential back-off for 24 hours (or until 24 hours after the booked event); the webhook is then disabled",
+				Source: "https://developer.calendly.com/api-docs/overview/webhooks/webhook-errors",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 15 * time.Second, Note: "read timeout; 10 s to connect", Source: "https://developer.calendly.com/api-docs/overview/webhooks/webhook-timeouts"},
+			Answer:  Answer{Note: "a 2xx, promptly", Source: "https://developer.calendly.com/api-docs/overview/webhooks/webhook-errors"},
+			Refusal: Refusal{Note: "retried like any error answer, and counts towards disabling the webhook", Source: "https://developer.calendly.com/api-docs/overview/webhooks/webhook-errors"},
+		},
 		Doc:              "https://developer.calendly.com/api-docs/4c305798a61d3-webhook-signatures",
 		SignatureHeader:  "Calendly-Webhook-Signature: t=<ts>,v1=<hex>",
 		DefaultTolerance: 3 * time.Minute,
