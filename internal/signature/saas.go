@@ -120,7 +120,14 @@ func init() {
 	})
 	// Sentry-Hook-Timestamp is sent but not signed, so it is not checked.
 	register(Preset{
-		Name:            "sentry",
+		Name: "sentry",
+		Delivery: Delivery{
+			Timeout: Timeout{
+				Duration: time.Second,
+				Note:     "1000 timeouts within 24 hours unsubscribe the webhook (not for published partner integrations)",
+				Source:   "https://sentry.io/changelog/2023-10-3-change-to-integration-platform-webhook-handling",
+			},
+		},
 		Doc:             "https://docs.sentry.io/integrations/integration-platform/webhooks/",
 		SignatureHeader: "Sentry-Hook-Signature: <hex>",
 		EventID:         ids(headerID("Request-ID")),
