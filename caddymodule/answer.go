@@ -48,6 +48,7 @@ const (
 	ansItemsUnavailable                     // batch split: an item could not be claimed or is held
 	ansItemsInFlight                        // batch split: an item is in flight in another delivery
 	ansItemsFailed                          // batch split: the upstream did not accept an item
+	ansTokenReused                          // a single-use signature value came before with another body
 )
 
 // statusRefuse in a row's status means the route's refuse_status.
@@ -129,6 +130,8 @@ var answers = [...]answerRow{
 	ansItemsUnavailable: {outcome: outcomeStoreError, status: http.StatusServiceUnavailable, retry: unavailableRetryAfter},
 	ansItemsInFlight:    {outcome: outcomeInFlight, status: http.StatusConflict},
 	ansItemsFailed:      {outcome: outcomeReleased, status: http.StatusBadGateway},
+	ansTokenReused: {outcome: outcomeInvalidSignature, status: http.StatusBadRequest,
+		reason: "signature token already used", logged: true},
 }
 
 // say is what a call adds to its answer's row.

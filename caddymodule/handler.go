@@ -96,14 +96,17 @@ type Handler struct {
 	// retry window of the providers. Default: 30 days.
 	Retention caddy.Duration `json:"retention,omitempty"`
 
-	// ReplayWindow is how long the body hashes of dedupe_body are kept,
-	// counted from the delivery's first arrival. A provider that signs no
-	// timestamp (github, shopify, gitlab, ...) makes a captured delivery
-	// valid forever: while its body hash is kept, a replay is answered as
-	// a duplicate even after retention deleted the event's row. A body-hash
-	// row is a SHA-256 and its times: about 470 bytes in PostgreSQL with its
-	// indexes, 330 in SQLite (measured; see docs/operations.md, Retention), so about 470 MB
-	// per million deliveries kept. Must be at least retention; only with
+	// ReplayWindow is how long replay records are kept, counted from the
+	// delivery's first arrival. A provider that signs no timestamp (github,
+	// shopify, intercom, ...) makes a captured delivery valid forever: every
+	// such route claims a replay record next to the event ID (the body's
+	// SHA-256 under dedupe_body, else the SHA-256 of the event ID and the
+	// body; replayguard.go), and while it is kept a replay is answered as a
+	// duplicate even after retention deleted the event's row. A record is a
+	// SHA-256 and its times: about 470 bytes in PostgreSQL with its
+	// indexes, 330 in SQLite (measured; see docs/operations.md, Retention),
+	// so about 470 MB per million deliveries kept. Must be at least
+	// retention; only for providers without a signed timestamp or with
 	// dedupe_body. Default: 400 days, or retention when that is longer.
 	ReplayWindow caddy.Duration `json:"replay_window,omitempty"`
 
@@ -185,6 +188,10 @@ type Handler struct {
 	mode   mode
 
 	dedupeBody bool
+	// replayRecord: deliveries claim a replay record next to the event ID
+	// (replayguard.go); singleUse reads the preset's single-use value.
+	replayRecord bool
+	singleUse    *eventid.Extractor
 	verifier   signature.Verifier
 	preset     signature.Preset
 	extractor  *eventid.Extractor
@@ -292,6 +299,7 @@ func (h *Handler) provisionClaims(ctx caddy.Context) {
 			return []store.Expiry{
 				{Scopes: []string{h.Scope}, Cutoff: now.Add(-time.Duration(h.Retention))},
 				{Scopes: []string{h.bodyScope()}, Cutoff: now.Add(-time.Duration(h.ReplayWindow))},
+				{Scopes: []string{h.onceScope()}, Cutoff: now.Add(-h.onceKeep())},
 			}
 		},
 	}
