@@ -275,6 +275,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.backend, h.poolKey = b, st.poolKey()
 	scopes.add(h.Scope, b)
 	scopeTrusts.add(h.Scope, h.trust)
+	h.provisionLearned(ctx)
 	if entries > 0 {
 		h.completed = b.completed
 	}
@@ -351,6 +352,9 @@ func (h *Handler) Cleanup() error {
 		if h.backend != nil {
 			scopes.remove(h.Scope, h.backend)
 			scopeTrusts.remove(h.Scope, h.trust)
+			if h.learned != nil && h.backend.secrets != nil {
+				learningScopes.remove(h.Scope, h.backend)
+			}
 		}
 		if h.poolKey != "" {
 			_, err := backends.Delete(h.poolKey)
