@@ -45,6 +45,29 @@ type delivery struct {
 	fingerprint string
 }
 
+// deliveryPool recycles deliveries: the intake and the mode are
+// interfaces, so a delivery handed to them lives on the heap; pooled, a
+// request costs no allocation for it. Nothing keeps a delivery past
+// ServeHTTP (the forward's heartbeat and the completion written after the
+// answer hold only claim.Refs).
+var deliveryPool = sync.Pool{New: func() any { return new(delivery) }}
+
+// takeDelivery takes a delivery of r from the pool, with a body buffer.
+func takeDelivery(h *Handler, r *http.Request) *delivery {
+	d := deliveryPool.Get().(*delivery)
+	d.h, d.r, d.start, d.buf = h, r, time.Now(), getBodyBuf()
+	return d
+}
+
+// done logs the delivery, returns its body buffer (unless forwarded) and
+// puts it back in the pool.
+func (d *delivery) done() {
+	d.log()
+	d.buf.release()
+	*d = delivery{}
+	deliveryPool.Put(d)
+}
+
 // forwardable returns the request with its body put back exactly as it
 // arrived, for the next handler.
 func (d *delivery) forwardable() *http.Request {

@@ -384,9 +384,8 @@ func (h *Handler) Cleanup() error {
 // it works" table. Whatever is answered at the edge is answered from the
 // one outcome table (answer.go).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	d := &delivery{h: h, r: r, start: time.Now(), buf: getBodyBuf()}
-	defer d.buf.release()
-	defer d.log()
+	d := takeDelivery(h, r)
+	defer d.done()
 	ok, err := h.intake.take(w, next, d)
 	if !ok {
 		return err
