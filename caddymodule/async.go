@@ -338,8 +338,7 @@ func (m asyncMode) serve(w http.ResponseWriter, _ caddyhttp.Handler, d *delivery
 	case queue.Duplicate:
 		d.status = queuedStatus
 		if out.Refused == 1 {
-			h.logger.Warn("delivery replayed: its replay record is kept (body under another event id with dedupe_body, or the same delivery after retention); answered as a duplicate, not queued",
-				zap.String("scope", h.Scope), zap.String("event_id", id))
+			h.logger.Warn(replayedMessage(h.dedupeBody, "queued"), zap.String("scope", h.Scope), zap.String("event_id", id))
 			h.answer(w, d, ansBodyReplay, say{})
 			return nil
 		}

@@ -157,8 +157,7 @@ func (h *Handler) claimBody(w http.ResponseWriter, d *delivery, idClaim claim.Re
 			zap.String("scope", h.Scope), zap.String("event_id", idClaim.ID), zap.Error(err))
 		h.answer(w, d, ansStoreUnavailable, say{})
 	case bc.Outcome == store.Duplicate:
-		h.logger.Warn("delivery replayed: its replay record is kept (body under another event id with dedupe_body, or the same delivery after retention); answered as a duplicate, not forwarded",
-			zap.String("scope", h.Scope), zap.String("event_id", idClaim.ID))
+		h.logger.Warn(replayedMessage(h.dedupeBody, "forwarded"), zap.String("scope", h.Scope), zap.String("event_id", idClaim.ID))
 		h.answer(w, d, ansBodyReplay, say{})
 	case bc.Outcome == store.InFlight:
 		h.answer(w, d, ansBodyInFlight, say{retryAfter: bc.RetryAfter})

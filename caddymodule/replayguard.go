@@ -126,6 +126,15 @@ func deliveryKey(id string, body []byte) string {
 	return "delivery-sha256:" + hex.EncodeToString(hs.Sum(nil))
 }
 
+// replayedMessage is the warning of a delivery its replay record stopped
+// (not: "forwarded" or "queued").
+func replayedMessage(dedupeBody bool, not string) string {
+	if dedupeBody {
+		return "body already delivered under another event id; answered as a duplicate, not " + not + " (dedupe_body)"
+	}
+	return "delivery replayed after its event's retention (replay record kept for replay_window); answered as a duplicate, not " + not
+}
+
 // keepsReplayRecord reports whether a route claims a replay record: under
 // dedupe_body, and for every preset without a signed timestamp.
 func (h *Handler) keepsReplayRecord() bool {
