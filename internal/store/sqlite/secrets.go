@@ -74,7 +74,7 @@ func secretMigrations(table string) []*goose.Migration {
 					`learned_by TEXT NOT NULL DEFAULT ''`)(ctx, tx); err != nil {
 					return err
 				}
-				return execAll(`CREATE TABLE IF NOT EXISTS ` + e + ` (
+				return execAll(`CREATE TABLE IF NOT EXISTS `+e+` (
 					scope           TEXT NOT NULL PRIMARY KEY,
 					first_loaded_at INTEGER,
 					enroll_until    INTEGER

@@ -3,8 +3,8 @@ package storetest
 import (
 	"errors"
 	"sync"
-	"time"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -176,7 +176,7 @@ func RunSecrets(t *testing.T, newStore func(t *testing.T) store.Store, reopen fu
 		require.NoError(t, err)
 		require.Len(t, list, 2)
 		require.Equal(t, "asana", list[0].Scope)
-		require.Equal(t, "", list[0].Secret)
+		require.Empty(t, list[0].Secret)
 		require.Equal(t, now.Add(time.Minute).UnixMilli(), list[0].EnrollUntil.UnixMilli())
 		require.Equal(t, "notion", list[1].Scope)
 		require.True(t, list[1].EnrollUntil.IsZero())
