@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -106,6 +107,28 @@ func (h *Handler) batched(body []byte) bool {
 	return len(h.preset.EventID) == 0 || h.batch.Present(body)
 }
 
+// itemVerifier returns the route's verifier when its provider signs each
+// item of a batch (signature.ItemVerifier) and the delivery is split: its
+// items are then verified one by one (serveSplit), so one forged item is
+// refused alone. Otherwise nil: the whole delivery is verified.
+func (h *Handler) itemVerifier(body []byte) signature.ItemVerifier {
+	iv, ok := h.verifier.(signature.ItemVerifier)
+	if !ok || h.learned != nil || !h.splitting(body) {
+		return nil
+	}
+	return iv
+}
+
+// verifyDelivery verifies a delivery before it is claimed: whole (verify),
+// or, for a split delivery whose provider signs each item, only what
+// covers the whole delivery (serveSplit checks each item).
+func (h *Handler) verifyDelivery(ctx context.Context, body []byte, hdr http.Header) error {
+	if iv := h.itemVerifier(body); iv != nil {
+		return iv.VerifyDelivery(body, hdr)
+	}
+	return h.verify(ctx, body, hdr)
+}
+
 // splitting reports whether the delivery is split into its items.
 func (h *Handler) splitting(body []byte) bool {
 	return h.batch != nil && h.batch.Policy == signature.BatchSplit && h.batched(body)
@@ -133,7 +156,7 @@ func (m splitMode) serve(w http.ResponseWriter, next caddyhttp.Handler, d *deliv
 	if !d.split {
 		return m.sync.serve(w, next, d)
 	}
-	h, items := m.sync.h, d.items
+	h, items, refused := m.sync.h, d.items, d.refusedItems
 	var (
 		forwarded, dups, failed int
 		worst                   answerID // the answer when an item failed
@@ -170,19 +193,56 @@ func (m splitMode) serve(w http.ResponseWriter, next caddyhttp.Handler, d *deliv
 	// The delivery's log line has no event ID: each item's debug line has
 	// its own.
 	switch {
+	case refused > 0:
+		// Items that failed their own signature were neither claimed nor
+		// forwarded; the provider's retry of the delivery finds the
+		// others completed.
+		d.reason = fmt.Sprintf("%d of %d items failed verification", refused, refused+len(items))
+		if failed > 0 {
+			d.reason += fmt.Sprintf("; %d not completed", failed)
+		}
+		h.answer(w, d, ansItemsRefused, say{reason: d.reason + "; the other items are forwarded once"})
+		d.status = h.RefuseStatus
 	case failed > 0:
 		d.reason = fmt.Sprintf("%d of %d items not completed", failed, len(items))
 		h.answer(w, d, worst, say{reason: d.reason + "; items already completed are skipped on retry", retryAfter: retry})
 		d.status = answers[worst].status
 	case forwarded == 0:
 		d.status = http.StatusOK
+		if lit := h.preset.Delivery.Answer.Body; lit != "" {
+			h.answer(w, d, ansAcceptedDuplicate, say{body: []byte(lit)})
+			return nil
+		}
 		h.answer(w, d, ansDuplicate, say{})
 	default:
 		d.status = http.StatusOK
+		if lit := h.preset.Delivery.Answer.Body; lit != "" {
+			h.answer(w, d, ansAccepted, say{body: []byte(lit)})
+			return nil
+		}
 		b, _ := json.Marshal(map[string]any{"received": true, "items": len(items), "forwarded": forwarded, "duplicates": dups})
 		h.answer(w, d, ansItemsDone, say{body: append(b, '\n')})
 	}
 	return nil
+}
+
+// batchItemsChecked is batchItems for a split delivery: when the
+// provider signs each item (itemVerifier), an item failing its signature
+// is left out and counted in refused.
+func (h *Handler) batchItemsChecked(body []byte) ([]signature.BatchItem, int, error) {
+	iv := h.itemVerifier(body)
+	if iv == nil {
+		items, err := h.batchItems(body)
+		return items, 0, err
+	}
+	items, refused, err := h.batch.SplitChecked(body, iv.VerifyItem)
+	switch {
+	case errors.Is(err, eventid.ErrAmbiguous):
+		return nil, 0, err
+	case err != nil:
+		return nil, 0, fmt.Errorf("%w: %w", eventid.ErrMissing, err)
+	}
+	return items, refused, nil
 }
 
 // forwardItem claims one batch item and, when claimed, forwards it alone

@@ -34,7 +34,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		secret    <secret>               # repeatable; every one is tried (rotation)
 //		tolerance <duration>             # timestamped schemes; default 5m
 //		url       <public url>           # schemes that sign the URL (square, twilio)
-//		event_id  header <name> | json <path>... | form <field>  # repeatable parts; default: the provider's own ID
+//		event_id  header <name> | json <path>... | form <field> | form_sha256 <field>  # repeatable parts; default: the provider's own ID
 //		scope     <name>                 # namespace of event IDs; default: provider
 //		storage   postgres <dsn> | sqlite <path>
 //		table     <name>                 # events table; default webhook_events
@@ -216,7 +216,7 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, seen map[string]
 	case "event_id":
 		args := d.RemainingArgs()
 		if len(args) < 2 {
-			return d.Errf("event_id: want header <name>, json <path>... or form <field>")
+			return d.Errf("event_id: want header <name>, json <path>..., form <field> or form_sha256 <field>")
 		}
 		if args[0] != "json" && len(args) != 2 {
 			// A composite key mixing kinds is one line per part: a JSON path

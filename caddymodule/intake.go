@@ -150,7 +150,7 @@ func (in webhookIntake) take(w http.ResponseWriter, next caddyhttp.Handler, d *d
 	if handshake && hs.Challenge.Auth != signature.AuthSignature {
 		return false, h.serveHandshake(w, hs, next, d)
 	}
-	if err := h.verify(r.Context(), d.signed, r.Header); err != nil {
+	if err := h.verifyDelivery(r.Context(), d.signed, r.Header); err != nil {
 		h.refuse(w, d, err)
 		return false, nil
 	}
@@ -161,12 +161,12 @@ func (in webhookIntake) take(w http.ResponseWriter, next caddyhttp.Handler, d *d
 		return false, nil
 	}
 	if h.batch != nil && h.splitting(d.signed) { // a batching provider (batch.go)
-		items, err := h.batchItems(d.signed)
+		items, refused, err := h.batchItemsChecked(d.signed)
 		if err != nil {
 			h.answer(w, d, ansBadRequest, say{reason: eventIDReason(err)})
 			return false, nil
 		}
-		d.items, d.split = items, true
+		d.items, d.split, d.refusedItems = items, true, refused
 		return true, nil
 	}
 	id, err := h.eventID(d.signed, r.Header)

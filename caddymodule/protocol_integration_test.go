@@ -3,12 +3,15 @@ package caddymodule
 import (
 	"bytes"
 	"crypto/hmac"
+	"crypto/sha1" //nolint:gosec // Braintree's documented scheme
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -118,7 +121,30 @@ func protoRoutes(t *testing.T) []protoRoute {
 	add("sendgrid", "/p/sendgrid-split", "batch split", "scope sendgrid_split")
 	add("gocardless", "/p/gocardless-split", "batch split")
 	add("hubspot", "")
+	for _, p := range presetsB {
+		add(p, "")
+	}
+	// Plivo and Mandrill post forms: their event IDs are form fields.
+	for _, f := range []struct{ provider, field string }{{"plivo", "CallUUID"}, {"mandrill", "mandrill_events"}} {
+		add(f.provider, "")
+		r := &routes[len(routes)-1]
+		r.config = strings.Replace(r.config, "event_id json id", "event_id form "+f.field, 1)
+		r.idFrom = "form " + f.field
+	}
+	add("adyen", "")
+	for _, p := range []string{"mollie", "recurly", "revolut", "airwallex", "fastspring", "authorizenet", "flutterwave",
+		"xendit", "chargebee", "midtrans", "mercadopago", "rapyd", "braintree"} {
+		add(p, "")
+	}
+	add("adyen", "/p/adyen-basic", `secret "basic:ws_adyen:{env.WI_TEST_ADYEN_PASS}"`, "scope adyen_basic")
 	return routes
+}
+
+// presetsB are the issue 25 presets that deliver a JSON body through the
+// generic route (TestProtocolsThroughCaddy "<name> delivers").
+var presetsB = []string{
+	"zendesk", "segment", "clickup", "sanity", "liveblocks", "lithic", "aftership", "moderntreasury", "finch",
+	"onfido", "cashfree", "cloudinary", "pusher", "vonage", "postmark", "hygraph", "attio", "launchdarkly", "helpscout", "orb", "coinify", "moonpay", "jira", "fintoc", "zohopayments",
 }
 
 // protoConfig renders the Caddyfile: every route on table, plus extra
@@ -154,6 +180,7 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 		t.Skip("in-process Caddy: skipped with -short")
 	}
 	t.Setenv("WI_TEST_META_VERIFY", "meta-verify-"+randomHex(4))
+	t.Setenv("WI_TEST_ADYEN_PASS", "adyen-pass-"+randomHex(4))
 	dsn := pgDSN(t)
 	table := "pt_" + randomHex(6)
 	t.Cleanup(func() { dropTable(dsn, table) })
@@ -345,12 +372,67 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 		requireDelivers(t, r, r.signing)
 	})
 
-	for _, p := range []string{"mailgun", "linear", "woocommerce", "gitea"} {
+	for _, p := range []string{"mailgun", "linear", "woocommerce", "gitea", "mollie", "recurly", "revolut", "airwallex",
+		"authorizenet", "flutterwave", "xendit", "chargebee", "midtrans", "mercadopago", "rapyd"} {
 		t.Run(p+" delivers", func(t *testing.T) {
 			r := byPath["/p/"+p]
 			requireDelivers(t, r, r.signing)
 		})
 	}
+
+	for _, p := range presetsB {
+		t.Run(p+" delivers", func(t *testing.T) {
+			r := byPath["/p/"+p]
+			requireDelivers(t, r, r.signing)
+			// A delivery signed with another secret is refused with the
+			// preset's refusal status and never reaches the upstream.
+			before := len(up.got(r.path))
+			_, st, _, body := deliver(t, r, cliSigningSecret(t, p), "")
+			preset, _ := signature.Lookup(p)
+			require.Equal(t, preset.RefuseStatus, st, body)
+			require.Len(t, up.got(r.path), before)
+		})
+	}
+
+	// formDelivers: a form delivery (the ID in a form field) is forwarded
+	// once with its bytes; the same event again is answered at the edge.
+	formDelivers := func(t *testing.T, r protoRoute, form url.Values, id string) {
+		t.Helper()
+		_, field, _ := strings.Cut(r.idFrom, " ")
+		form.Set(field, id)
+		sp := cli.SignParams{Provider: r.provider, Secret: r.signing, URL: r.url, Body: []byte(form.Encode()),
+			ContentType: "application/x-www-form-urlencoded", EventIDFrom: r.idFrom, EventID: id}
+		d, err := cli.BuildDelivery(sp)
+		require.NoError(t, err)
+		st, h, body := doReq(t, http.MethodPost, r.path, d.Body, d.Header)
+		require.Equal(t, http.StatusOK, st, "delivery refused: %s", body)
+		require.Equal(t, "yes", h.Get("X-Upstream"))
+		got := up.got(r.path)
+		require.Equal(t, d.Body, got[len(got)-1].body, "forwarded byte for byte")
+		d, err = cli.BuildDelivery(sp) // signed again (Plivo: a new nonce)
+		require.NoError(t, err)
+		st, h, body = doReq(t, http.MethodPost, r.path, d.Body, d.Header)
+		require.Equal(t, http.StatusOK, st, body)
+		require.Equal(t, "true", h.Get("Idempotent-Replayed"), "the redelivery is answered at the edge")
+		require.Len(t, up.got(r.path), len(got))
+		// The same form with a changed field fails the signature.
+		tampered := bytes.Replace(d.Body, []byte("inbound"), []byte("outbound"), 1)
+		tampered = bytes.Replace(tampered, []byte("send"), []byte("open"), 1)
+		st, _, body = doReq(t, http.MethodPost, r.path, tampered, d.Header)
+		require.Equal(t, http.StatusBadRequest, st, body)
+		require.Len(t, up.got(r.path), len(got))
+	}
+
+	t.Run("plivo form delivers", func(t *testing.T) {
+		r := byPath["/p/plivo"]
+		form := url.Values{"Direction": {"inbound"}, "From": {"15550000001"}, "To": {"15550000002"}, "Event": {"StartApp"}}
+		formDelivers(t, r, form, "call-"+randomHex(6))
+	})
+
+	t.Run("mandrill form delivers", func(t *testing.T) {
+		r := byPath["/p/mandrill"]
+		formDelivers(t, r, url.Values{}, `[{"event":"send","_id":"`+randomHex(8)+`","ts":1764547200}]`)
+	})
 
 	asanaSecret := "asana-hook-secret-" + randomHex(8)
 	t.Run("asana X-Hook-Secret learned, heartbeat, deliveries", func(t *testing.T) {
@@ -480,6 +562,123 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 		st, rh, _ := doReq(t, http.MethodPost, r.path, body, h)
 		require.Equal(t, http.StatusOK, st)
 		require.Equal(t, "true", rh.Get("Idempotent-Replayed"))
+	})
+
+	// Adyen signs each notification item; a real Adyen-shaped delivery of
+	// two items, one with a tampered amount: the tampered item is refused
+	// and never forwarded, the other is forwarded once, and "[accepted]"
+	// comes only when every item is accepted. Adyen keeps a delivery that
+	// was not accepted in its retry queue and resends it whole: the item
+	// already completed is then a duplicate, and the other is forwarded.
+	t.Run("adyen items verified one by one", func(t *testing.T) {
+		r := byPath["/p/adyen"]
+		psp1, psp2 := "79140733"+randomHex(4), "88254081"+randomHex(4)
+		unsigned := []byte(`{"live":"false","notificationItems":[` +
+			`{"NotificationRequestItem":{"additionalData":{"authCode":"58747"},"amount":{"currency":"EUR","value":1000},"eventCode":"AUTHORISATION","eventDate":"2025-12-01T00:00:00+01:00","merchantAccountCode":"TestMerchant","merchantReference":"order-1","paymentMethod":"visa","pspReference":"` + psp1 + `","reason":"","success":"true"}},` +
+			`{"NotificationRequestItem":{"additionalData":{},"amount":{"currency":"EUR","value":2500},"eventCode":"AUTHORISATION","eventDate":"2025-12-01T00:00:01+01:00","merchantAccountCode":"TestMerchant","merchantReference":"order-2","paymentMethod":"mc","pspReference":"` + psp2 + `","reason":"","success":"true"}}]}`)
+		h := http.Header{"Content-Type": {"application/json"}}
+		genuine, err := signature.SignDelivery("adyen", signature.Options{Secrets: []string{r.signing}}, unsigned, h, time.Now())
+		require.NoError(t, err)
+		tampered := bytes.Replace(genuine, []byte(`"value":2500`), []byte(`"value":1`), 1)
+		require.NotEqual(t, genuine, tampered)
+
+		st, rh, body := doReq(t, http.MethodPost, r.path, tampered, h)
+		require.Equal(t, http.StatusBadRequest, st, body)
+		require.Contains(t, body, "1 of 2 items failed verification")
+		require.NotEqual(t, "[accepted]", body)
+		require.Empty(t, rh.Get("X-Upstream"))
+		got := up.got(r.path)
+		require.Len(t, got, 1, "only the authentic item is forwarded")
+		require.Contains(t, string(got[0].body), psp1)
+		require.NotContains(t, string(got[0].body), psp2)
+		v, err := signature.New("adyen", signature.Options{Secrets: []string{r.signing}})
+		require.NoError(t, err)
+		require.NoError(t, v.Verify(got[0].body, nil), "the forwarded item keeps its own hmacSignature")
+
+		// Adyen retries the delivery (still tampered by whoever sits in
+		// the middle): refused again, nothing forwarded again.
+		st, _, body = doReq(t, http.MethodPost, r.path, tampered, h)
+		require.Equal(t, http.StatusBadRequest, st, body)
+		require.Len(t, up.got(r.path), 1)
+
+		// The genuine delivery: the second item is forwarded once, the
+		// first is a duplicate, and Adyen gets [accepted].
+		st, rh, body = doReq(t, http.MethodPost, r.path, genuine, h)
+		require.Equal(t, http.StatusOK, st, body)
+		require.Equal(t, "[accepted]", body)
+		require.Empty(t, rh.Get("X-Upstream"))
+		got = up.got(r.path)
+		require.Len(t, got, 2)
+		require.Contains(t, string(got[1].body), psp2)
+		require.Contains(t, string(got[1].body), `"value":2500`)
+
+		// Redelivered: answered at the edge, still [accepted].
+		st, rh, body = doReq(t, http.MethodPost, r.path, genuine, h)
+		require.Equal(t, http.StatusOK, st, body)
+		require.Equal(t, "[accepted]", body)
+		require.Equal(t, "true", rh.Get("Idempotent-Replayed"))
+		require.Len(t, up.got(r.path), 2, "each item forwarded exactly once")
+	})
+
+	t.Run("adyen with Basic credentials", func(t *testing.T) {
+		r := byPath["/p/adyen-basic"]
+		body := []byte(`{"live":"false","notificationItems":[{"NotificationRequestItem":{"additionalData":{},"amount":{"currency":"EUR","value":700},"eventCode":"CAPTURE","merchantAccountCode":"TestMerchant","merchantReference":"order-3","originalReference":"8313842560770001","pspReference":"88254081` + randomHex(4) + `","success":"true"}}]}`)
+		h := http.Header{"Content-Type": {"application/json"}}
+		body, err := signature.SignDelivery("adyen", signature.Options{Secrets: []string{r.signing}}, body, h, time.Now())
+		require.NoError(t, err)
+		st, _, resp := doReq(t, http.MethodPost, r.path, body, h)
+		require.Equal(t, http.StatusBadRequest, st, "no Authorization: %s", resp)
+		h.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte("ws_adyen:"+os.Getenv("WI_TEST_ADYEN_PASS"))))
+		st, _, resp = doReq(t, http.MethodPost, r.path, body, h)
+		require.Equal(t, http.StatusOK, st, resp)
+		require.Equal(t, "[accepted]", resp)
+		require.Len(t, up.got(r.path), 1)
+	})
+
+	t.Run("fastspring batch set", func(t *testing.T) {
+		r := byPath["/p/fastspring"]
+		body := []byte(`{"events":[{"id":"fs1` + randomHex(4) + `","type":"order.completed","data":{"total":10.0}},{"id":"fs2` + randomHex(4) + `","type":"subscription.activated","data":{}}]}`)
+		h := http.Header{"Content-Type": {"application/json"}}
+		body, err := signature.SignDelivery("fastspring", signature.Options{Secrets: []string{r.signing}}, body, h, time.Now())
+		require.NoError(t, err)
+		st, rh, resp := doReq(t, http.MethodPost, r.path, body, h)
+		require.Equal(t, http.StatusOK, st, resp)
+		require.Equal(t, "yes", rh.Get("X-Upstream"), "batch set forwards the delivery whole")
+		require.Len(t, up.got(r.path), 1)
+		require.Equal(t, body, up.got(r.path)[0].body)
+		st, rh, _ = doReq(t, http.MethodPost, r.path, body, h)
+		require.Equal(t, http.StatusOK, st)
+		require.Equal(t, "true", rh.Get("Idempotent-Replayed"))
+		require.Len(t, up.got(r.path), 1)
+	})
+
+	t.Run("braintree bt_challenge and signed form", func(t *testing.T) {
+		r := byPath["/p/braintree"]
+		pub, priv, ok := strings.Cut(r.signing, ":")
+		require.True(t, ok)
+		challenge := randomHex(10)
+		st, h, body := doReq(t, http.MethodGet, r.path+"?bt_challenge="+challenge, nil, nil)
+		k := sha1.Sum([]byte(priv))
+		m := hmac.New(sha1.New, k[:])
+		m.Write([]byte(challenge))
+		requireAnswered(t, r.path, st, h, body, "text/plain; charset=utf-8", pub+"|"+hex.EncodeToString(m.Sum(nil)))
+
+		d, err := cli.BuildDelivery(cli.SignParams{Provider: "braintree", Secret: r.signing})
+		require.NoError(t, err)
+		require.Len(t, d.EventID, 64)
+		st, h, body = doReq(t, http.MethodPost, r.path, d.Body, d.Header)
+		require.Equal(t, http.StatusOK, st, body)
+		require.Equal(t, "yes", h.Get("X-Upstream"))
+		st, h, _ = doReq(t, http.MethodPost, r.path, d.Body, d.Header)
+		require.Equal(t, http.StatusOK, st)
+		require.Equal(t, "true", h.Get("Idempotent-Replayed"), "Braintree's retry is answered at the edge")
+		require.Len(t, up.got(r.path), 1)
+		forged := bytes.Replace(d.Body, []byte("bt_payload=e"), []byte("bt_payload=f"), 1)
+		if !bytes.Equal(forged, d.Body) {
+			st, _, body = doReq(t, http.MethodPost, r.path, forged, d.Header)
+			require.Equal(t, http.StatusBadRequest, st, body)
+		}
+		require.Len(t, up.got(r.path), 1)
 	})
 
 	t.Run("hubspot batch set", func(t *testing.T) {

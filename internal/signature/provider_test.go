@@ -365,7 +365,7 @@ func TestNewErrors(t *testing.T) {
 		o        signature.Options
 		want     string
 	}{
-		{"unknown provider", "nope", signature.Options{Secrets: []string{"s"}}, `unknown provider "nope" (known: alchemy, asana, bitbucket,`},
+		{"unknown provider", "nope", signature.Options{Secrets: []string{"s"}}, `unknown provider "nope" (known: `},
 		{"no secret", "stripe", signature.Options{}, "at least one secret is required"},
 		{"empty secret", "stripe", signature.Options{Secrets: []string{"a", ""}}, "secret 2 is empty"},
 		{"negative tolerance", "stripe", signature.Options{Secrets: []string{"s"}, Tolerance: -time.Second}, "tolerance must not be negative"},
@@ -462,6 +462,8 @@ var documentedTolerance = map[string]time.Duration{
 	"workos":   3 * time.Minute,  // @workos-inc/node default 180 s
 	"twitch":   10 * time.Minute, // Twitch EventSub guide
 	"box":      10 * time.Minute, // Box SDKs' maximum message age
+	// cloudinary verifyNotificationSignature's valid_for default: 7,200 s
+	"cloudinary": 2 * time.Hour,
 }
 
 // TestPresetData checks the table the README is generated from.
@@ -494,14 +496,17 @@ func TestPresetData(t *testing.T) {
 			require.NotEmpty(t, p.SignatureHeader)
 			require.NotEmpty(t, p.Signed)
 			require.Contains(t, []string{"sha1", "sha256", "sha512", "ed25519", "ecdsa-p256", ""}, p.Algorithm)
-			require.Contains(t, []string{"hex", "base64", ""}, p.Encoding)
+			require.Contains(t, []string{"hex", "base64", "base64url", ""}, p.Encoding)
 			if want, ok := defaults[name]; ok {
 				require.Equal(t, want, p.EventID)
 			}
 			signedID := false
 			for _, src := range p.EventID {
 				kind, rest, ok := strings.Cut(src, " ")
-				require.True(t, ok && rest != "" && (kind == "json" || kind == "header"), src)
+				require.True(t, ok && rest != "" && (kind == "json" || kind == "header" || kind == "form_sha256"), src)
+				if kind == "form_sha256" && p.Algorithm != "" {
+					signedID = true // the hash of a signed form field (braintree's bt_payload)
+				}
 				if kind == "json" && p.Algorithm != "" && p.Name != "mailgun" {
 					signedID = true // the body is signed (not by a token or Mailgun's timestamp+token)
 				}
@@ -510,6 +515,9 @@ func TestPresetData(t *testing.T) {
 						signedID = true
 					}
 				}
+			}
+			if p.Batch != nil && signedItemIDs[name] {
+				signedID = true // each item's ID is among its signed fields
 			}
 			hasTS := p.DefaultTolerance > 0
 			require.Equal(t, !hasTS && !signedID, p.DedupeBody, "DedupeBody rule (README \"Providers\")")
@@ -597,3 +605,7 @@ func TestPresetOverride(t *testing.T) {
 	_, err = signature.New("stripe", signature.Options{Secrets: []string{"s"}, HMAC: signature.HMACOptions{Algorithm: "md5"}})
 	require.Error(t, err)
 }
+
+// signedItemIDs are the batching presets whose item IDs are among each
+// item's signed fields (Adyen signs pspReference, eventCode and success).
+var signedItemIDs = map[string]bool{"adyen": true}
