@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/claim"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/eventid"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
 
@@ -124,6 +126,31 @@ func deliveryKey(id string, body []byte) string {
 	hs.Write([]byte(id))
 	hs.Write(body)
 	return "delivery-sha256:" + hex.EncodeToString(hs.Sum(nil))
+}
+
+// claimItemRecord claims the replay record of a batch item forwarded on
+// its own (batch split): the item's ID and its request body. It returns
+// the record's claim, or, having released the item's claim, the item's
+// outcome ("duplicate" for a replay) and Retry-After.
+func (h *Handler) claimItemRecord(ctx context.Context, it signature.BatchItem, item claim.Ref) (claim.Ref, string, time.Duration) {
+	key := h.replayKey(it.ID, it.Body)
+	rc, err := h.claims.Claim(ctx, h.bodyScope(), key, "")
+	if err == nil && rc.Outcome == store.Claimed {
+		return claim.Ref{Scope: h.bodyScope(), ID: key, Token: rc.Token}, "", 0
+	}
+	h.claims.Settle(ctx, []claim.Ref{item}, 0, claim.Release)
+	switch {
+	case err != nil:
+		h.logger.Warn("claiming batch item's replay record failed; nothing forwarded",
+			zap.String("scope", h.Scope), zap.String("event_id", it.ID), zap.Error(err))
+		return claim.Ref{}, outcomeStoreError, unavailableRetryAfter
+	case rc.Outcome == store.Duplicate:
+		h.logger.Warn(replayedMessage(h.dedupeBody, "forwarded"), zap.String("scope", h.Scope), zap.String("event_id", it.ID))
+		return claim.Ref{}, outcomeDuplicate, 0
+	case rc.Outcome == store.InFlight:
+		return claim.Ref{}, outcomeInFlight, rc.RetryAfter
+	}
+	return claim.Ref{}, outcomeHeld, unavailableRetryAfter
 }
 
 // replayedMessage is the warning of a delivery its replay record stopped

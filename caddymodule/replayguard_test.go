@@ -175,3 +175,50 @@ func TestIssue22_ReplayRecordWithDedupeBodyOff(t *testing.T) {
 	requireRelayed(t, g.serve(githubDelivery(secret, body, "guid-23")))
 	require.Equal(t, 2, g.up.count())
 }
+
+// Adyen signs each item and no timestamp, and its deliveries are split
+// (batch split): each forwarded item claims its own replay record, so a
+// captured delivery replayed after retention forwards none of its items.
+func TestIssue22_ReplayAfterRetentionBatchSplit(t *testing.T) {
+	t.Parallel()
+	secret := randomHex(32)
+	scope := uniqueScope("adyen")
+	g := newGateway(t, `webhook_idempotency {
+		provider adyen
+		secret `+secret+`
+		scope `+scope+`
+		retention 3d
+		cache 0
+	}`)
+	unsigned := []byte(`{"live":"false","notificationItems":[` +
+		`{"NotificationRequestItem":{"additionalData":{},"amount":{"currency":"EUR","value":1000},"eventCode":"AUTHORISATION","eventDate":"2025-12-01T00:00:00+01:00","merchantAccountCode":"TestMerchant","merchantReference":"order-1","paymentMethod":"visa","pspReference":"PSP22A","reason":"","success":"true"}},` +
+		`{"NotificationRequestItem":{"additionalData":{},"amount":{"currency":"EUR","value":2500},"eventCode":"AUTHORISATION","eventDate":"2025-12-01T00:00:01+01:00","merchantAccountCode":"TestMerchant","merchantReference":"order-2","paymentMethod":"mc","pspReference":"PSP22B","reason":"","success":"true"}}]}`)
+	h := http.Header{}
+	body, err := signature.SignDelivery("adyen", signature.Options{Secrets: []string{secret}}, unsigned, h, time.Now())
+	require.NoError(t, err)
+	deliver := func() answer {
+		req := newDelivery("http://gateway.test/adyen", body, "Content-Type", "application/json")
+		return g.serve(req)
+	}
+	a := deliver()
+	require.Equal(t, http.StatusOK, a.status, "body %s", a.body)
+	require.Equal(t, 2, g.up.count())
+	records := 0
+	for _, e := range g.rows() {
+		if e.Scope == scope+"#body" {
+			records++
+		}
+	}
+	require.Equal(t, 2, records, "one replay record per item")
+
+	_, err = g.h.sweeper.Once(context.Background(), time.Now().Add(4*24*time.Hour))
+	require.NoError(t, err)
+	require.Equal(t, 2, len(g.rows()), "the items' event rows are gone, their records stay")
+
+	// The captured delivery, replayed twice: no item is forwarded again.
+	for range 2 {
+		a = deliver()
+		require.Equal(t, http.StatusOK, a.status, "body %s", a.body)
+	}
+	require.Equal(t, 2, g.up.count(), "upstream calls")
+}
