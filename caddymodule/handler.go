@@ -192,16 +192,19 @@ type Handler struct {
 	// (replayguard.go); singleUse reads the preset's single-use value.
 	replayRecord bool
 	singleUse    *eventid.Extractor
-	verifier     signature.Verifier
-	preset       signature.Preset
-	extractor    *eventid.Extractor
-	backend      *backend
-	completed    *cache.Completed // nil when Cache is 0
-	poolKey      string
-	logger       *zap.Logger
-	counters     map[string]prometheus.Counter
-	cacheHit     prometheus.Counter // cache_hits_total of the scope
-	cacheMiss    prometheus.Counter // cache_misses_total of the scope
+	// singleUseBlock is the JSON object carrying the single-use value
+	// ("signature"), left out of its fingerprint.
+	singleUseBlock string
+	verifier       signature.Verifier
+	preset         signature.Preset
+	extractor      *eventid.Extractor
+	backend        *backend
+	completed      *cache.Completed // nil when Cache is 0
+	poolKey        string
+	logger         *zap.Logger
+	counters       map[string]prometheus.Counter
+	cacheHit       prometheus.Counter // cache_hits_total of the scope
+	cacheMiss      prometheus.Counter // cache_misses_total of the scope
 	// bodyMismatch is the scope's body_mismatch_total.
 	bodyMismatch prometheus.Counter
 	// claimsInFlight and upstreamTime are the scope's claims_in_flight

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tidwall/sjson"
 	"go.uber.org/zap"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/claim"
@@ -59,6 +60,9 @@ func (h *Handler) provisionSingleUse() error {
 		return nil
 	}
 	kind, name, _ := strings.Cut(h.preset.SingleUse, " ")
+	if i := strings.LastIndexByte(name, '.'); kind == "json" && i > 0 {
+		h.singleUseBlock = name[:i]
+	}
 	src, err := eventid.ParseSource(kind, name)
 	if err != nil {
 		return fmt.Errorf("provider %s: single-use value: %w", h.Provider, err)
@@ -73,7 +77,9 @@ func (h *Handler) provisionSingleUse() error {
 // again, with a new value). The same value with the same body again (the
 // provider resending the very delivery) passes on to the event ID's claim;
 // with another body it is a signature pasted onto other data: refused 400.
-// It reports false when it has answered the delivery.
+// The fingerprint leaves out the object carrying the value
+// (singleUseFingerprint). It reports false when it has answered the
+// delivery.
 func (h *Handler) spendSingleUse(w http.ResponseWriter, d *delivery) bool {
 	if h.singleUse == nil {
 		return true
@@ -86,7 +92,7 @@ func (h *Handler) spendSingleUse(w http.ResponseWriter, d *delivery) bool {
 		return false
 	}
 	ctx := d.r.Context()
-	fp := bodyKey(d.signed)
+	fp := h.singleUseFingerprint(d.signed)
 	cl, err := h.claims.Claim(ctx, h.onceScope(), value, fp)
 	if err != nil {
 		h.logger.Warn("recording the signature token failed; answered 503, nothing forwarded",
@@ -105,6 +111,19 @@ func (h *Handler) spendSingleUse(w http.ResponseWriter, d *delivery) bool {
 		zap.String("scope", h.Scope))
 	h.answer(w, d, ansTokenReused, say{})
 	return false
+}
+
+// singleUseFingerprint hashes what the single-use value must come with:
+// the body without the object that carries the value (Mailgun's
+// "signature": a provider that signs a retry again, with a new timestamp,
+// sends the same event data), else the whole body.
+func (h *Handler) singleUseFingerprint(body []byte) string {
+	if h.singleUseBlock != "" {
+		if b, err := sjson.DeleteBytes(body, h.singleUseBlock); err == nil {
+			return bodyKey(b)
+		}
+	}
+	return bodyKey(body)
 }
 
 // replayKey is the key of the delivery's replay record in bodyScope: the

@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"context"
 	"net/http"
+	"strconv"
 	"testing"
 	"time"
 
@@ -63,6 +64,15 @@ func TestIssue22_MailgunTokenReuseRefused(t *testing.T) {
 		}
 		require.Equal(t, 2.0, g.outcomes(outcomeInvalidSignature))
 
+		// The same event data with the same token, signed again with a new
+		// timestamp (a resend), is no forgery: it reaches the event's claim.
+		ts2 := strconv.FormatInt(g.clock.Now().Unix(), 10)
+		resent, err := sjson.SetBytes(genuine, "signature.timestamp", ts2)
+		require.NoError(t, err)
+		resent, err = sjson.SetBytes(resent, "signature.signature", hexOf(mac256([]byte(secret), []byte(ts2), []byte(token))))
+		require.NoError(t, err)
+		requireDuplicate(t, g.serve(mailgunRequest(resent)))
+
 		// The legitimate ones: the genuine delivery again is a duplicate;
 		// Mailgun's next delivery carries a new token and is forwarded.
 		requireDuplicate(t, g.serve(mailgunRequest(genuine)))
@@ -75,7 +85,7 @@ func TestIssue22_MailgunTokenReuseRefused(t *testing.T) {
 		// Tokens are kept for twice the tolerance (and a minute): by then
 		// the signed timestamp is refused on its own.
 		ctx := context.Background()
-		_, err := g.h.sweeper.Once(ctx, g.clock.Now().Add(5*time.Minute))
+		_, err = g.h.sweeper.Once(ctx, g.clock.Now().Add(5*time.Minute))
 		require.NoError(t, err)
 		g.requireRow(scope+"#once", token, store.StateCompleted)
 		_, err = g.h.sweeper.Once(ctx, g.clock.Now().Add(12*time.Minute))

@@ -39,7 +39,8 @@ type Preset struct {
 	// of a value the signature covers that the provider sends once, when the
 	// signature does not cover the event data (Mailgun's signature.token:
 	// "use each token once"). The gateway remembers it for twice the
-	// tolerance and refuses it with another body. "": none.
+	// tolerance and refuses it with other data (the body without the
+	// object carrying it). "": none.
 	SingleUse string
 	// RefuseStatus is the HTTP status the provider's documentation requires
 	// for a delivery that fails verification (a bad, missing or stale
