@@ -163,7 +163,7 @@ func (p Preset) ReplayGuard() string {
 	switch {
 	case p.DefaultTolerance > 0 && p.SingleUse != "":
 		return "signed timestamp (±" + shortDuration(p.DefaultTolerance) + "); its token (`" +
-			strings.TrimPrefix(p.SingleUse, "json ") + "`) refused with another body for " + shortDuration(2*p.DefaultTolerance+time.Minute)
+			strings.TrimPrefix(p.SingleUse, "json ") + "`) refused with other event data for " + shortDuration(2*p.DefaultTolerance+time.Minute)
 	case p.DefaultTolerance > 0:
 		return "signed timestamp (±" + shortDuration(p.DefaultTolerance) + ")"
 	case p.DedupeBody:

@@ -37,8 +37,8 @@ type Preset struct {
 	ReplayResponse bool
 	// SingleUse is the source ("json <path>", "header <Name>", as EventID's)
 	// of a value the signature covers that the provider sends once, when the
-	// signature does not cover the event data (Mailgun's signature.token:
-	// "use each token once"). The gateway remembers it for twice the
+	// signature does not cover the event data (Mailgun's signature.token,
+	// which its documentation asks receivers to accept once). The gateway remembers it for twice the
 	// tolerance and refuses it with other data (the body without the
 	// object carrying it). "": none.
 	SingleUse string
