@@ -223,7 +223,7 @@ func TestIssue22_ReplayAfterRetentionBatchSplit(t *testing.T) {
 
 	_, err = g.h.sweeper.Once(context.Background(), time.Now().Add(4*24*time.Hour))
 	require.NoError(t, err)
-	require.Equal(t, 2, len(g.rows()), "the items' event rows are gone, their records stay")
+	require.Len(t, g.rows(), 2, "the items' event rows are gone, their records stay")
 
 	// The captured delivery, replayed twice: no item is forwarded again.
 	for range 2 {
