@@ -49,18 +49,19 @@ const (
 	outcomeBadRequest       = "bad_request"       // no usable event ID, unreadable body: 400
 	outcomeTooLarge         = "too_large"         // over max_body: 413
 	outcomeUnsupported      = "unsupported_encoding"
-	outcomeStoreError       = "store_error"   // 503, nothing forwarded
-	outcomeHandshake        = "handshake"     // verified challenge, forwarded without a claim
-	outcomeForwardedNoID    = "forwarded"     // on_missing_id forward: forwarded without deduplication
-	outcomeBodyReplay       = "body_replayed" // dedupe_body: same body under another event ID, 200 at the edge
-	outcomeQueued           = "queued"        // async: stored for delivery, 200 at once
-	outcomeReadTimeout      = "read_timeout"  // the body did not arrive within read_timeout: 408
+	outcomeStoreError       = "store_error"     // 503, nothing forwarded
+	outcomeHandshake        = "handshake"       // verified challenge, forwarded without a claim
+	outcomeForwardedNoID    = "forwarded"       // on_missing_id forward: forwarded without deduplication
+	outcomeBodyReplay       = "body_replayed"   // dedupe_body: same body under another event ID, 200 at the edge
+	outcomeQueued           = "queued"          // async: stored for delivery, 200 at once
+	outcomeReadTimeout      = "read_timeout"    // the body did not arrive within read_timeout: 408
+	outcomeKeyUnavailable   = "key_unavailable" // the provider's key could not be fetched: 503, nothing recorded
 )
 
 var allOutcomes = []string{outcomeCompleted, outcomeReleased, outcomeAmbiguous, outcomeDuplicate,
 	outcomeInFlight, outcomeHeld, outcomeInvalidSignature, outcomeBadRequest, outcomeTooLarge,
 	outcomeUnsupported, outcomeStoreError, outcomeHandshake, outcomeForwardedNoID, outcomeBodyReplay,
-	outcomeQueued, outcomeReadTimeout, outcomeKeyReused}
+	outcomeQueued, outcomeReadTimeout, outcomeKeyReused, outcomeKeyUnavailable}
 
 // storeTimes are the store_duration_seconds series, one per operation,
 // resolved once so no store call does a label lookup.
