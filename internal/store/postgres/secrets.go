@@ -112,30 +112,39 @@ func (s *Store) LearnSecret(ctx context.Context, l store.Learn) error {
 	if l.Secret == "" {
 		return errors.New("storing learned secret: the secret is empty")
 	}
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		var until *time.Time
-		err := interpretError(tx.QueryRow(ctx, s.sq.lockWindow, l.Scope).Scan(&until))
-		if err != nil && !errors.Is(err, store.ErrNotFound) {
+	// Run again after a conflict, the transaction finds its own secret
+	// stored and changes nothing.
+	err := s.slow.Run(ctx, func(ctx context.Context) error {
+		return interpretLearn(pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			var until *time.Time
+			err := interpretError(tx.QueryRow(ctx, s.sq.lockWindow, l.Scope).Scan(&until))
+			if err != nil && !errors.Is(err, store.ErrNotFound) {
+				return err
+			}
+			var stored string
+			err = interpretError(tx.QueryRow(ctx, s.sq.lockSecret, l.Scope).Scan(&stored))
+			switch {
+			case err != nil && !errors.Is(err, store.ErrNotFound):
+				return err
+			case stored == l.Secret:
+				return nil
+			case until == nil || !until.After(l.Now):
+				return store.ErrEnrollmentClosed
+			case stored != "" && !l.Replace:
+				return store.ErrSecretExists
+			}
+			if _, err := tx.Exec(ctx, s.sq.set, l.Scope, l.Secret, l.From, l.By); err != nil {
+				return err
+			}
+			_, err = tx.Exec(ctx, s.sq.closeWindow, l.Scope, l.Now)
 			return err
-		}
-		var stored string
-		err = interpretError(tx.QueryRow(ctx, s.sq.lockSecret, l.Scope).Scan(&stored))
-		switch {
-		case err != nil && !errors.Is(err, store.ErrNotFound):
-			return err
-		case stored == l.Secret:
-			return nil
-		case until == nil || !until.After(l.Now):
-			return store.ErrEnrollmentClosed
-		case stored != "" && !l.Replace:
-			return store.ErrSecretExists
-		}
-		if _, err := tx.Exec(ctx, s.sq.set, l.Scope, l.Secret, l.From, l.By); err != nil {
-			return err
-		}
-		_, err = tx.Exec(ctx, s.sq.closeWindow, l.Scope, l.Now)
-		return err
+		}))
 	})
+	return err
+}
+
+// interpretLearn maps LearnSecret's errors, keeping its refusals.
+func interpretLearn(err error) error {
 	if errors.Is(err, store.ErrEnrollmentClosed) || errors.Is(err, store.ErrSecretExists) {
 		return err
 	}
@@ -145,7 +154,9 @@ func (s *Store) LearnSecret(ctx context.Context, l store.Learn) error {
 // LearnedSecret implements store.Secrets.
 func (s *Store) LearnedSecret(ctx context.Context, scope string) (store.LearnedSecret, error) {
 	var ls store.LearnedSecret
-	err := interpretError(s.pool.QueryRow(ctx, s.sq.get, scope).Scan(&ls.Scope, &ls.Secret, &ls.LearnedAt, &ls.From, &ls.By))
+	err := s.slow.Run(ctx, func(ctx context.Context) error {
+		return interpretError(s.pool.QueryRow(ctx, s.sq.get, scope).Scan(&ls.Scope, &ls.Secret, &ls.LearnedAt, &ls.From, &ls.By))
+	})
 	if err != nil {
 		return store.LearnedSecret{}, err
 	}
@@ -155,24 +166,28 @@ func (s *Store) LearnedSecret(ctx context.Context, scope string) (store.LearnedS
 
 // LearnedSecrets implements store.Secrets.
 func (s *Store) LearnedSecrets(ctx context.Context) ([]store.LearnedSecret, error) {
-	rows, err := s.pool.Query(ctx, s.sq.list)
-	if err != nil {
-		return nil, interpretError(err)
-	}
-	defer rows.Close()
 	var out []store.LearnedSecret
-	for rows.Next() {
-		var (
-			ls                    store.LearnedSecret
-			learned, first, until *time.Time
-		)
-		if err := rows.Scan(&ls.Scope, &ls.Secret, &learned, &ls.From, &ls.By, &first, &until); err != nil {
-			return nil, interpretError(err)
+	err := s.slow.Run(ctx, func(ctx context.Context) error {
+		out = nil
+		rows, err := s.pool.Query(ctx, s.sq.list)
+		if err != nil {
+			return interpretError(err)
 		}
-		ls.LearnedAt, ls.FirstLoadedAt, ls.EnrollUntil = utc(learned), utc(first), utc(until)
-		out = append(out, ls)
-	}
-	return out, interpretError(rows.Err())
+		defer rows.Close()
+		for rows.Next() {
+			var (
+				ls                    store.LearnedSecret
+				learned, first, until *time.Time
+			)
+			if err := rows.Scan(&ls.Scope, &ls.Secret, &learned, &ls.From, &ls.By, &first, &until); err != nil {
+				return interpretError(err)
+			}
+			ls.LearnedAt, ls.FirstLoadedAt, ls.EnrollUntil = utc(learned), utc(first), utc(until)
+			out = append(out, ls)
+		}
+		return interpretError(rows.Err())
+	})
+	return out, err
 }
 
 func utc(t *time.Time) time.Time {
@@ -184,11 +199,16 @@ func utc(t *time.Time) time.Time {
 
 // ForgetLearnedSecret implements store.Secrets.
 func (s *Store) ForgetLearnedSecret(ctx context.Context, scope string) error {
-	tag, err := s.pool.Exec(ctx, s.sq.forget, scope)
-	if err != nil {
+	var n int64
+	err := s.slow.Run(ctx, func(ctx context.Context) error {
+		tag, err := s.pool.Exec(ctx, s.sq.forget, scope)
+		n = tag.RowsAffected()
 		return interpretError(err)
+	})
+	if err != nil {
+		return err
 	}
-	if tag.RowsAffected() == 0 {
+	if n == 0 {
 		return store.ErrNotFound
 	}
 	return nil
@@ -201,12 +221,16 @@ func (s *Store) RouteLoaded(ctx context.Context, scope string, now time.Time, wi
 		u := now.Add(window)
 		until = &u
 	}
-	_, err := s.pool.Exec(ctx, s.sq.loaded, scope, now, until)
-	return interpretError(err)
+	return s.slow.Run(ctx, func(ctx context.Context) error {
+		_, err := s.pool.Exec(ctx, s.sq.loaded, scope, now, until)
+		return interpretError(err)
+	})
 }
 
 // Enroll implements store.Secrets.
 func (s *Store) Enroll(ctx context.Context, scope string, until time.Time) error {
-	_, err := s.pool.Exec(ctx, s.sq.enroll, scope, until)
-	return interpretError(err)
+	return s.slow.Run(ctx, func(ctx context.Context) error {
+		_, err := s.pool.Exec(ctx, s.sq.enroll, scope, until)
+		return interpretError(err)
+	})
 }
