@@ -134,6 +134,11 @@ type EventJSON struct {
 	// its forward ended, or that its claim's lease expired. Omitted unless
 	// held, and for events held by a version that recorded no reason.
 	HoldReason string `json:"hold_reason,omitempty"`
+	// Ambiguous counts the event's forwards that ended with no known
+	// outcome (released under on_ambiguous reforward, held, or cut by a
+	// gateway's exit or death); the upstream may have run each. A completed
+	// event with ambiguous > 0 may have run more than once. Omitted when 0.
+	Ambiguous int `json:"ambiguous,omitempty"`
 	// Response describes the stored answer (replay response, provider
 	// idempotency_key): its size and SHA-256, never its content.
 	Response *ResponseJSON `json:"response,omitempty"`
@@ -157,7 +162,7 @@ type ResponseJSON struct {
 func toJSON(e store.Event) EventJSON {
 	out := EventJSON{EventHead: EventHead{Scope: e.Scope, EventID: e.EventID, State: string(e.State)}, Attempts: e.Attempts,
 		FirstSeen: e.FirstSeen.UTC(), UpdatedAt: e.UpdatedAt.UTC(), Status: e.Status, HoldReason: e.HoldReason,
-		LeaseUntil: timePtr(e.LeaseUntil), CompletedAt: timePtr(e.CompletedAt)}
+		Ambiguous: e.Ambiguous, LeaseUntil: timePtr(e.LeaseUntil), CompletedAt: timePtr(e.CompletedAt)}
 	if r := e.Response; r.Stored {
 		out.Response = &ResponseJSON{BodyStored: r.BodyStored}
 		switch {

@@ -112,9 +112,11 @@ var answers = [...]answerRow{
 		detail: "A request with the same key is being processed; retry after it has completed."},
 	ansBodyInFlight: {outcome: outcomeInFlight, status: http.StatusConflict,
 		reason: "the same body is being processed under another event id; retry later"},
+	// No Retry-After: nothing changes until an operator acts.
 	ansHeld: {outcome: outcomeHeld, status: http.StatusServiceUnavailable,
-		reason: "event is held after an ambiguous forward; an operator must release it", retry: unavailableRetryAfter,
-		title: "Idempotency-Key is held", detail: "A request with this key ended with no known outcome; an operator must release it."},
+		reason: "event is held: a forward of it ended with no known outcome, so the upstream may have run it and may still be running it; it is not forwarded until an operator completes or releases it",
+		title:  "Idempotency-Key is held",
+		detail: "A request with this key ended with no known outcome: it may have been processed, and may still be running. It is not processed again until an operator completes or releases the key."},
 	ansRefused:     {outcome: outcomeInvalidSignature, status: statusRefuse, logged: true},
 	ansBodyRefused: {outcome: outcomeBadRequest, status: statusRefuse, logged: true},
 	ansBadRequest:  {outcome: outcomeBadRequest, status: http.StatusBadRequest, logged: true, title: "Bad Request"},

@@ -269,8 +269,10 @@ func (h *Handler) forwardItem(r *http.Request, it signature.BatchItem, i, n int,
 	case store.InFlight:
 		return outcomeInFlight, 0, cl.RetryAfter
 	case store.Held:
+		h.noteHeldNow(it.ID, cl)
 		return outcomeHeld, 0, unavailableRetryAfter
 	case store.Claimed:
+		h.noteReforward(it.ID, cl)
 	default:
 		return outcomeStoreError, 0, unavailableRetryAfter
 	}
@@ -289,7 +291,7 @@ func (h *Handler) forwardItem(r *http.Request, it signature.BatchItem, i, n int,
 	// Which item of which batch, for the upstream's logs.
 	ir.Header.Set("Webhook-Batch-Item", strconv.Itoa(i+1)+"/"+strconv.Itoa(n))
 	cw := &itemWriter{header: http.Header{}}
-	id := delivery{h: h, r: ir, start: time.Now(), eventID: it.ID}
+	id := delivery{h: h, r: ir, start: time.Now(), eventID: it.ID, attempt: cl.Attempts, ambiguousBefore: cl.Ambiguous}
 	_ = h.forward(cw, ir, next, refs, &id)
 	return id.outcome, id.status, 0
 }

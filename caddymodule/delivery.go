@@ -31,12 +31,16 @@ type delivery struct {
 	// own signature (a provider that signs each item): left out.
 	refusedItems int
 
-	eventID  string
-	outcome  string
-	attempt  int
-	status   int
-	cached   bool
-	upstream time.Duration
+	eventID string
+	outcome string
+	attempt int
+	// ambiguousBefore counts the event's earlier forwards that ended with
+	// no known outcome (store.Claim.Ambiguous): settle holds the event
+	// when this forward ends so too.
+	ambiguousBefore int
+	status          int
+	cached          bool
+	upstream        time.Duration
 	// reason is why the gateway refused the delivery (the reason its
 	// answer gives; never a secret, signature or body).
 	reason string

@@ -125,11 +125,11 @@ func TestEdge_OnAmbiguousHoldParksBodyToo(t *testing.T) {
 			return a.status == http.StatusServiceUnavailable
 		}, 5*time.Second, 50*time.Millisecond)
 		requireRefused(t, a, http.StatusServiceUnavailable, "held")
-		require.NotEmpty(t, a.header.Get("Retry-After"))
+		require.Empty(t, a.header.Get("Retry-After"), "nothing changes until an operator acts")
 	}
 	require.Equal(t, 1, up.count())
 	// Held with the reason the log line gives, for the admin API.
-	const why = "forward_timeout ended the forward before an upstream status arrived"
+	const why = "forward_timeout ended the forward before an upstream status arrived; the upstream may still be running the event"
 	ev := g.requireRow(scope, guid, store.StateHeld)
 	require.Equal(t, why, ev.HoldReason)
 	require.Equal(t, why, toJSON(ev).HoldReason)

@@ -50,6 +50,8 @@ func (m syncMode) serve(w http.ResponseWriter, next caddyhttp.Handler, d *delive
 	if cl.Outcome != store.Claimed {
 		return h.answerClaim(w, d, cl)
 	}
+	d.ambiguousBefore = cl.Ambiguous
+	h.noteReforward(d.eventID, cl)
 	refs := []claim.Ref{{Scope: h.Scope, ID: d.eventID, Token: cl.Token}}
 	if h.replayRecord { // replayguard.go
 		bc, ok := h.claimBody(w, d, refs[0])
@@ -125,11 +127,37 @@ func (h *Handler) answerClaim(w http.ResponseWriter, d *delivery, cl store.Claim
 			h.answer(w, d, ansDuplicate, say{})
 		}
 	case store.Held:
+		h.noteHeldNow(d.eventID, cl)
 		h.answer(w, d, ansHeld, say{})
 	default:
 		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("unexpected claim outcome %v", cl.Outcome))
 	}
 	return nil
+}
+
+// noteReforward warns about, and counts, a claim that forwards an event
+// again although an earlier forward of it may have run the upstream: it
+// ended with no known outcome and was released (on_ambiguous reforward), or
+// its gateway stopped and the lease expired. The alert "an event may have
+// run twice" watches ambiguous_reforwards_total.
+func (h *Handler) noteReforward(id string, cl store.Claim) {
+	if cl.Ambiguous == 0 {
+		return
+	}
+	h.ambiguousReforwards.Inc()
+	h.logger.Warn("forwarding an event again that an earlier forward may already have run (it ended with no known outcome, or its lease expired); the upstream may run it twice",
+		zap.String("scope", h.Scope), zap.String("event_id", id), zap.Int("attempt", cl.Attempts),
+		zap.Int("ambiguous_endings", cl.Ambiguous))
+}
+
+// noteHeldNow logs a claim that found the event's lease expired and held
+// it (on_ambiguous hold): the forward that held the claim never settled.
+func (h *Handler) noteHeldNow(id string, cl store.Claim) {
+	if !cl.HeldNow {
+		return
+	}
+	h.logger.Warn("event held: its claim's lease expired before its forward settled; the upstream may have run it, or may still be running it (on_ambiguous hold)",
+		zap.String("scope", h.Scope), zap.String("event_id", id), zap.String("reason", store.HoldLeaseExpired))
 }
 
 // bodyScope is the scope of body-hash keys (dedupe_body): a scope of its
@@ -193,9 +221,15 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 	// Keep the store open until this claim is settled, even if a config
 	// reload drops the handler meanwhile (see Cleanup).
 	defer h.claims.Track()()
+	defer trackForward()()
 	wire := new(wireTrace)
-	fctx, cancel := context.WithTimeout(wire.with(context.WithoutCancel(r.Context())), time.Duration(h.ForwardTimeout))
+	tctx, cancel := context.WithTimeout(wire.with(context.WithoutCancel(r.Context())), time.Duration(h.ForwardTimeout))
 	defer cancel()
+	// A process exit past the grace period cuts the forward here, so its
+	// claims are settled before the process ends (see shutdownForwards).
+	fctx, cut := context.WithCancelCause(tctx)
+	defer cut(nil)
+	defer context.AfterFunc(exiting, func() { cut(errShutdown) })()
 
 	hbDone := make(chan struct{})
 	hbStopped := make(chan struct{})
@@ -221,6 +255,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 
 	end := forwardEnd{status: finalStatus(rec), err: err, panicked: panicked != nil, wire: wire}
 	end.timedOut = errors.Is(fctx.Err(), context.DeadlineExceeded) && end.status == 0
+	end.shutdown = errors.Is(context.Cause(fctx), errShutdown) && end.status == 0
 	d.status = end.status
 	h.settle(r.Context(), claims, end, tee, d)
 	if panicked != nil {
@@ -230,7 +265,9 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 }
 
 // settle settles the forward's claims by its verdict: complete (cached at
-// once, written after the answer), hold (on_ambiguous hold) or release.
+// once, written after the answer), hold (on_ambiguous hold, or the
+// event's second ambiguous ending under reforward), release after an
+// ambiguous ending (counted on the row), or release.
 func (h *Handler) settle(ctx context.Context, claims []claim.Ref, end forwardEnd, tee *capture, d *delivery) {
 	switch v := h.verdict(end); {
 	case v == verdictComplete:
@@ -242,22 +279,33 @@ func (h *Handler) settle(ctx context.Context, claims []claim.Ref, end forwardEnd
 		// answered from the cache, or waits for the completion (claim.Keeper.Claim).
 		h.remember(claims[0], end.status)
 		h.claims.CompleteAfterAnswer(ctx, claims, end.status)
-	case v == verdictAmbiguous && h.OnAmbiguous == "hold":
+	case v == verdictAmbiguous && (h.OnAmbiguous == "hold" || d.ambiguousBefore > 0):
 		// The upstream may or may not have done the work: park the event
 		// as held now, so its retries get 503 and an operator can decide
-		// at once.
+		// at once. Under reforward an event is forwarded again after one
+		// ambiguous ending, never after a second: an upstream slower than
+		// forward_timeout would otherwise run once per delivery.
 		d.outcome, d.reason = outcomeAmbiguous, end.describe()
-		h.logger.Warn("forward ended with no known outcome; the event is held (on_ambiguous hold)",
-			zap.String("scope", h.Scope), zap.String("event_id", claims[0].ID), zap.String("reason", d.reason))
+		msg := "forward ended with no known outcome; the event is held (on_ambiguous hold)"
+		if h.OnAmbiguous != "hold" {
+			d.reason = "a second forward ended with no known outcome (on_ambiguous reforward forwards an event again once): " + d.reason
+			msg = "forward of an event forwarded again ended with no known outcome again; the event is held, not forwarded a third time (on_ambiguous reforward)"
+		}
+		h.logger.Warn(msg, zap.String("scope", h.Scope), zap.String("event_id", claims[0].ID), zap.String("reason", d.reason))
 		for i := range claims {
 			claims[i].HoldReason = d.reason
 		}
 		h.claims.Settle(ctx, claims, 0, claim.Hold)
+	case v == verdictAmbiguous:
+		// Released as reforward says, but counted on the row: the next
+		// claim warns that the upstream may already have run the event,
+		// and holds it if that forward ends ambiguously too.
+		d.outcome, d.reason = outcomeAmbiguousReleased, end.describe()
+		h.logger.Warn("forward ended with no known outcome; the event is released and its next delivery forwarded again (on_ambiguous reforward)",
+			zap.String("scope", h.Scope), zap.String("event_id", claims[0].ID), zap.String("reason", d.reason))
+		h.claims.Settle(ctx, claims, 0, claim.ReleaseAmbiguous)
 	default:
 		d.outcome = outcomeReleased
-		if v == verdictAmbiguous {
-			d.reason = end.describe()
-		}
 		h.claims.Settle(ctx, claims, end.status, claim.Release)
 	}
 }
@@ -362,6 +410,9 @@ type forwardEnd struct {
 	timedOut bool
 	// panicked: the next handler panicked (http.ErrAbortHandler included).
 	panicked bool
+	// shutdown: the process exit cut the forward before a status arrived
+	// (shutdownForwards).
+	shutdown bool
 	// wire is what net/http's transport reported about the request; zero
 	// when the next handler did not use it (php_fastcgi, a custom handler).
 	wire *wireTrace
@@ -374,7 +425,8 @@ type forwardEnd struct {
 //   - any other final status → release;
 //   - net/http's transport took a connection for the request but wrote no
 //     request header → release (nothing reached the upstream);
-//   - forward_timeout, or a panic before any status → ambiguous;
+//   - forward_timeout, the process's exit, or a panic before any status →
+//     ambiguous;
 //   - an error: proxyerr.Ambiguous decides;
 //   - no status and no error → release.
 func (e forwardEnd) verdict() verdict {
@@ -385,7 +437,7 @@ func (e forwardEnd) verdict() verdict {
 		return verdictRelease
 	case e.wire.nothingWritten():
 		return verdictRelease
-	case e.timedOut, e.panicked:
+	case e.timedOut, e.shutdown, e.panicked:
 		return verdictAmbiguous
 	case e.err != nil && proxyerr.Ambiguous(e.err):
 		return verdictAmbiguous
@@ -393,15 +445,18 @@ func (e forwardEnd) verdict() verdict {
 	return verdictRelease
 }
 
-// describe says, for the log line, why a forward's end was ambiguous.
+// describe says, for the log line and a hold's reason, why a forward's
+// end was ambiguous and whether the upstream may still be running it.
 func (e forwardEnd) describe() string {
 	switch {
+	case e.shutdown:
+		return "Caddy stopped past its grace period while the forward ran, before an upstream status arrived; the upstream may have run the event and may still be running it"
 	case e.timedOut:
-		return "forward_timeout ended the forward before an upstream status arrived"
+		return "forward_timeout ended the forward before an upstream status arrived; the upstream may still be running the event"
 	case e.panicked:
-		return "the next handler panicked before an upstream status arrived"
+		return "the next handler panicked before an upstream status arrived; the upstream may have run the event"
 	case e.err != nil:
-		return "the upstream connection failed after the request was written, before a status line"
+		return "the upstream connection failed after the request was written, before a status line; the upstream may have run the event"
 	}
 	return ""
 }

@@ -79,7 +79,7 @@ func TestForwardSurvivesPanic(t *testing.T) {
 		{"abort after 200 reforward", "reforward", http.ErrAbortHandler, 200, store.StateCompleted, outcomeCompleted},
 		{"abort after 503", "hold", http.ErrAbortHandler, 503, store.StateReleased, outcomeReleased},
 		{"abort before a status hold", "hold", http.ErrAbortHandler, 0, store.StateHeld, outcomeAmbiguous},
-		{"abort before a status reforward", "reforward", http.ErrAbortHandler, 0, store.StateReleased, outcomeReleased},
+		{"abort before a status reforward", "reforward", http.ErrAbortHandler, 0, store.StateReleased, outcomeAmbiguousReleased},
 		{"custom panic after 201", "hold", custom{"boom"}, 201, store.StateCompleted, outcomeCompleted},
 		{"custom panic before a status", "hold", custom{"boom"}, 0, store.StateHeld, outcomeAmbiguous},
 	} {
@@ -113,7 +113,7 @@ func TestForwardSurvivesPanic(t *testing.T) {
 			ev := g.requireRow(scope, id, tc.state)
 			require.Equal(t, 1, ev.Attempts)
 			if tc.state == store.StateHeld {
-				require.Equal(t, "the next handler panicked before an upstream status arrived", ev.HoldReason)
+				require.Equal(t, "the next handler panicked before an upstream status arrived; the upstream may have run the event", ev.HoldReason)
 			}
 			require.Equal(t, 0.0, gaugeValue(t, metrics.inFlight.WithLabelValues(scope)), "claims_in_flight balanced")
 			lines := g.deliveryLog()
@@ -399,20 +399,26 @@ func TestCase_BR07_AmbiguousOutcome(t *testing.T) {
 					require.ErrorIs(t, c.CtxErr, context.DeadlineExceeded,
 						"the upstream call was ended by forward_timeout, not by the provider leaving")
 					require.GreaterOrEqual(t, c.Returned.Sub(c.Entered), 300*time.Millisecond)
-					require.Equal(t, 1.0, g.outcomes(outcomeAmbiguous)+g.outcomes(outcomeReleased))
+					require.Equal(t, 1.0, g.outcomes(outcomeAmbiguous)+g.outcomes(outcomeAmbiguousReleased))
+					require.Zero(t, g.outcomes(outcomeReleased), "an ambiguous ending is never counted as a plain release")
 
 					g.clock.Advance(60 * time.Second) // the provider's retry
 					switch mode {
 					case "reforward":
-						g.requireRow(scope, id, store.StateReleased)
+						require.Equal(t, 1.0, g.outcomes(outcomeAmbiguousReleased))
+						require.Len(t, g.logged("forward ended with no known outcome; the event is released and its next delivery forwarded again (on_ambiguous reforward)"), 1)
+						require.Equal(t, 1, g.requireRow(scope, id, store.StateReleased).Ambiguous)
 						requireRelayed(t, g.serve(g.stripe(secret, body, g.clock.Unix())))
 						require.Equal(t, 2, g.up.count(), "at-least-once edge: forwarded again")
+						require.Len(t, g.logged(reforwardWarning), 1, "the re-forward is warned about")
+						require.Equal(t, 1.0, counterValue(t, g.h.ambiguousReforwards))
 						g.requireRow(scope, id, store.StateCompleted)
 					case "hold":
 						require.Equal(t, 1.0, g.outcomes(outcomeAmbiguous))
 						a = untilNot409(t, g, ended, 1)
-						requireRefused(t, a, http.StatusServiceUnavailable, "held")
-						require.NotEmpty(t, a.header.Get("Retry-After"))
+						requireRefused(t, a, http.StatusServiceUnavailable, "may still be running")
+						require.Empty(t, a.header.Get("Retry-After"), "nothing changes by itself: no Retry-After")
+						require.Contains(t, g.requireRow(scope, id, store.StateHeld).HoldReason, "may still be running")
 						requireRefused(t, g.serve(g.stripe(secret, body, g.clock.Unix())), http.StatusServiceUnavailable, "held")
 						require.Equal(t, 1, g.up.count(), "held: not forwarded")
 						g.requireRow(scope, id, store.StateHeld)
@@ -503,11 +509,17 @@ func TestCase_BR07_AmbiguousOutcome(t *testing.T) {
 					case "reforward":
 						requireRelayed(t, a)
 						require.Equal(t, 2, up.count(), "documented at-least-once edge")
-						g.requireRow(g.h.Scope, id, store.StateCompleted)
+						require.Equal(t, 1, g.requireRow(g.h.Scope, id, store.StateCompleted).Ambiguous,
+							"the expired lease counts as an ambiguous ending")
+						require.Len(t, g.logged(reforwardWarning), 1, "the re-forward after an expired lease is warned about")
+						require.Equal(t, 1.0, counterValue(t, g.h.ambiguousReforwards))
 					case "hold":
 						requireRefused(t, a, http.StatusServiceUnavailable, "held")
+						require.Empty(t, a.header.Get("Retry-After"))
 						require.Equal(t, 1, up.count())
-						g.requireRow(g.h.Scope, id, store.StateHeld)
+						e := g.requireRow(g.h.Scope, id, store.StateHeld)
+						require.Equal(t, store.HoldLeaseExpired, e.HoldReason)
+						require.Len(t, g.logged(heldNowLog), 1, "a lease-expiry hold has its log line")
 						// An operator completes it: later deliveries are duplicates.
 						require.NoError(t, g.h.backend.Resolve(context.Background(), g.h.Scope, id, store.StateCompleted))
 						requireDuplicate(t, g.serve(g.stripe(secret, body, g.clock.Unix())))
@@ -516,6 +528,71 @@ func TestCase_BR07_AmbiguousOutcome(t *testing.T) {
 				})
 			})
 		}
+	})
+}
+
+// The log lines of an event forwarded again after an ending that may have
+// run it, and of a claim that held an event whose lease expired.
+const (
+	reforwardWarning = "forwarding an event again that an earlier forward may already have run (it ended with no known outcome, or its lease expired); the upstream may run it twice"
+	heldNowLog       = "event held: its claim's lease expired before its forward settled; the upstream may have run it, or may still be running it (on_ambiguous hold)"
+)
+
+// An upstream slower than forward_timeout, under on_ambiguous reforward
+// (issue 21, item 7: an 11 s app behind forward_timeout 8s ran once per
+// delivery, 8 of 8): every forward ends ambiguously. The first is released
+// and forwarded again once, with a warning; the second ambiguous ending
+// holds the event: 2 executions for 8 deliveries, the hold's answer and
+// reason saying the upstream may still be running, with no Retry-After.
+func TestAmbiguousReforwardBound(t *testing.T) {
+	t.Parallel()
+	const secret = "whsec_bound"
+	body := []byte(`{"id":"evt_bound_1","object":"event","type":"charge.succeeded"}`)
+	eachBackend(t, func(t *testing.T, backend gatewayOption) {
+		up := newUpstream()
+		up.entered = make(chan int, 100)
+		up.respond = func(w http.ResponseWriter, r *http.Request, n int) error {
+			// Slower than forward_timeout: it finishes the work after the
+			// gateway has given up (the upstream's side effect is counted
+			// on entry, as the apps' databases counted theirs).
+			return blockUntilDone(w, r, n)
+		}
+		scope := uniqueScope("bound")
+		g := newGateway(t, `webhook_idempotency {
+			provider stripe
+			secret `+secret+`
+			scope `+scope+`
+			forward_timeout 200ms
+			on_ambiguous reforward
+		}`, backend, withUpstream(up))
+		var statuses []int
+		for range 8 {
+			g.clock.Advance(time.Minute) // the provider's next retry
+			a := g.serve(g.stripe(secret, body, g.clock.Unix()))
+			statuses = append(statuses, a.status)
+			if a.status == http.StatusServiceUnavailable {
+				requireRefused(t, a, http.StatusServiceUnavailable, "may still be running")
+				require.Empty(t, a.header.Get("Retry-After"))
+			}
+		}
+		require.Equal(t, 2, up.count(), "upstream executions for 8 deliveries")
+		require.Equal(t, []int{504, 504, 503, 503, 503, 503, 503, 503}, statuses)
+		e := g.requireRow(scope, "evt_bound_1", store.StateHeld)
+		require.Equal(t, 2, e.Ambiguous)
+		require.Contains(t, e.HoldReason, "a second forward ended with no known outcome")
+		require.Contains(t, e.HoldReason, "may still be running")
+		require.Equal(t, 1.0, g.outcomes(outcomeAmbiguousReleased))
+		require.Equal(t, 1.0, g.outcomes(outcomeAmbiguous))
+		require.Equal(t, 6.0, g.outcomes(outcomeHeld))
+		require.Zero(t, g.outcomes(outcomeReleased))
+		require.Equal(t, 1.0, counterValue(t, g.h.ambiguousReforwards))
+		require.Len(t, g.logged(reforwardWarning), 1)
+		// An operator who releases it gives it one more forward, which may
+		// end ambiguously once before it is held again.
+		require.NoError(t, g.h.backend.Resolve(context.Background(), scope, "evt_bound_1", store.StateReleased))
+		require.Equal(t, http.StatusGatewayTimeout, g.serve(g.stripe(secret, body, g.clock.Unix())).status)
+		require.Equal(t, 3, up.count())
+		g.requireRow(scope, "evt_bound_1", store.StateHeld)
 	})
 }
 

@@ -134,10 +134,13 @@ type Handler struct {
 
 	// OnAmbiguous is what happens to an event whose forward had no known
 	// outcome (forward_timeout ended it, the upstream's connection failed
-	// after the request was written and before a status line, or its
-	// gateway died; see forward.go): "reforward" (default) lets the next
-	// delivery forward again; "hold" parks it in the held state at once,
-	// answered 503, until an operator releases or completes it.
+	// after the request was written and before a status line, Caddy exited
+	// past its grace period while it ran, or its gateway died; see
+	// forward.go): "reforward" (default) lets the next delivery forward
+	// again, once: a second such ending of the same event holds it, so an
+	// upstream that keeps ending ambiguously runs at most twice per event;
+	// "hold" parks it in the held state at once. A held event is answered
+	// 503 without Retry-After until an operator releases or completes it.
 	OnAmbiguous string `json:"on_ambiguous,omitempty"`
 
 	// OnMissingID is what happens to a verified delivery without a usable
@@ -207,6 +210,8 @@ type Handler struct {
 	cacheMiss      prometheus.Counter // cache_misses_total of the scope
 	// bodyMismatch is the scope's body_mismatch_total.
 	bodyMismatch prometheus.Counter
+	// ambiguousReforwards is the scope's ambiguous_reforwards_total.
+	ambiguousReforwards prometheus.Counter
 	// claimsInFlight and upstreamTime are the scope's claims_in_flight
 	// gauge and upstream_duration_seconds histogram.
 	claimsInFlight prometheus.Gauge
@@ -336,8 +341,13 @@ func (h *Handler) Validate() error {
 	return h.checkConfig()
 }
 
-// Cleanup releases this handler's use of the shared store.
+// Cleanup releases this handler's use of the shared store. When Caddy is
+// exiting, the forwards still running (past the grace period) are cut and
+// settled first (shutdownForwards).
 func (h *Handler) Cleanup() error {
+	if caddy.Exiting() {
+		shutdownForwards(h.logger)
+	}
 	if h.claims != nil {
 		h.claims.Drain()
 	}

@@ -24,6 +24,7 @@ import (
 //	caddy_webhook_idempotency_cache_hits_total{scope}
 //	caddy_webhook_idempotency_cache_misses_total{scope}
 //	caddy_webhook_idempotency_body_mismatch_total{scope}
+//	caddy_webhook_idempotency_ambiguous_reforwards_total{scope}
 //	caddy_webhook_idempotency_store_batch_size{op}
 //	caddy_webhook_idempotency_store_retries_total{reason}
 var metrics = struct {
@@ -36,30 +37,35 @@ var metrics = struct {
 	cacheHits    *prometheus.CounterVec
 	cacheMiss    *prometheus.CounterVec
 	bodyMismatch *prometheus.CounterVec
+	reforwards   *prometheus.CounterVec
 }{}
 
 // Outcomes of a delivery; each delivery is counted once, with its final one.
 const (
-	outcomeCompleted        = "completed"         // forwarded, upstream 2xx, event completed
-	outcomeReleased         = "released"          // forwarded, upstream non-2xx or proxy error, claim released
-	outcomeAmbiguous        = "ambiguous"         // forward_timeout ended the forward (on_ambiguous hold)
-	outcomeDuplicate        = "duplicate"         // completed before: 200 at the edge
-	outcomeInFlight         = "in_flight"         // claimed by a live delivery: 409
-	outcomeHeld             = "held"              // event held after an ambiguous forward: 503
-	outcomeInvalidSignature = "invalid_signature" // 400
-	outcomeBadRequest       = "bad_request"       // no usable event ID, unreadable body: 400
-	outcomeTooLarge         = "too_large"         // over max_body: 413
-	outcomeUnsupported      = "unsupported_encoding"
-	outcomeStoreError       = "store_error"     // 503, nothing forwarded
-	outcomeHandshake        = "handshake"       // verified challenge, forwarded without a claim
-	outcomeForwardedNoID    = "forwarded"       // on_missing_id forward: forwarded without deduplication
-	outcomeBodyReplay       = "body_replayed"   // dedupe_body: same body under another event ID, 200 at the edge
-	outcomeQueued           = "queued"          // async: stored for delivery, 200 at once
-	outcomeReadTimeout      = "read_timeout"    // the body did not arrive within read_timeout: 408
-	outcomeKeyUnavailable   = "key_unavailable" // the provider's key could not be fetched: 503, nothing recorded
+	outcomeCompleted = "completed" // forwarded, upstream 2xx, event completed
+	outcomeReleased  = "released"  // forwarded, upstream non-2xx or proxy error, claim released
+	outcomeAmbiguous = "ambiguous" // the forward ended with no known outcome; event held (on_ambiguous hold, or a second such ending under reforward)
+	// outcomeAmbiguousReleased: the forward ended with no known outcome and
+	// the event was released (on_ambiguous reforward); the upstream may
+	// have run it. Never counted as released.
+	outcomeAmbiguousReleased = "ambiguous_released"
+	outcomeDuplicate         = "duplicate"         // completed before: 200 at the edge
+	outcomeInFlight          = "in_flight"         // claimed by a live delivery: 409
+	outcomeHeld              = "held"              // event held after an ambiguous forward: 503
+	outcomeInvalidSignature  = "invalid_signature" // 400
+	outcomeBadRequest        = "bad_request"       // no usable event ID, unreadable body: 400
+	outcomeTooLarge          = "too_large"         // over max_body: 413
+	outcomeUnsupported       = "unsupported_encoding"
+	outcomeStoreError        = "store_error"     // 503, nothing forwarded
+	outcomeHandshake         = "handshake"       // verified challenge, forwarded without a claim
+	outcomeForwardedNoID     = "forwarded"       // on_missing_id forward: forwarded without deduplication
+	outcomeBodyReplay        = "body_replayed"   // dedupe_body: same body under another event ID, 200 at the edge
+	outcomeQueued            = "queued"          // async: stored for delivery, 200 at once
+	outcomeReadTimeout       = "read_timeout"    // the body did not arrive within read_timeout: 408
+	outcomeKeyUnavailable    = "key_unavailable" // the provider's key could not be fetched: 503, nothing recorded
 )
 
-var allOutcomes = []string{outcomeCompleted, outcomeReleased, outcomeAmbiguous, outcomeDuplicate,
+var allOutcomes = []string{outcomeCompleted, outcomeReleased, outcomeAmbiguous, outcomeAmbiguousReleased, outcomeDuplicate,
 	outcomeInFlight, outcomeHeld, outcomeInvalidSignature, outcomeBadRequest, outcomeTooLarge,
 	outcomeUnsupported, outcomeStoreError, outcomeHandshake, outcomeForwardedNoID, outcomeBodyReplay,
 	outcomeQueued, outcomeReadTimeout, outcomeKeyReused, outcomeKeyUnavailable}
@@ -101,6 +107,8 @@ func initMetrics(reg *prometheus.Registry) error {
 			"Lookups of the in-memory cache that had to ask the store.", "scope")
 		metrics.bodyMismatch = newCounterVec("body_mismatch_total",
 			"Completed event IDs that arrived again with a different body (dedupe_body), answered as duplicates.", "scope")
+		metrics.reforwards = newCounterVec("ambiguous_reforwards_total",
+			"Events forwarded again although an earlier forward of theirs may have run the upstream (it ended with no known outcome, or its lease expired): each may have run twice.", "scope")
 		op := metrics.store.WithLabelValues
 		metrics.storeTime = storeTimes{
 			claim: op("claim"), complete: op("complete"), release: op("release"), hold: op("hold"), heartbeat: op("heartbeat"),
@@ -108,7 +116,7 @@ func initMetrics(reg *prometheus.Registry) error {
 		}
 	})
 	return register(reg, metrics.deliveries, metrics.store, metrics.upstream,
-		metrics.inFlight, metrics.cacheHits, metrics.cacheMiss, metrics.bodyMismatch, batchSizes, storeRetries)
+		metrics.inFlight, metrics.cacheHits, metrics.cacheMiss, metrics.bodyMismatch, metrics.reforwards, batchSizes, storeRetries)
 }
 
 // storeRetries counts store operations run again, by reason (the
@@ -193,6 +201,7 @@ func (h *Handler) provisionMetrics(ctx caddy.Context) error {
 	h.cacheHit = metrics.cacheHits.WithLabelValues(h.Scope)
 	h.cacheMiss = metrics.cacheMiss.WithLabelValues(h.Scope)
 	h.bodyMismatch = metrics.bodyMismatch.WithLabelValues(h.Scope)
+	h.ambiguousReforwards = metrics.reforwards.WithLabelValues(h.Scope)
 	h.claimsInFlight = metrics.inFlight.WithLabelValues(h.Scope)
 	h.upstreamTime = metrics.upstream.WithLabelValues(h.Scope, h.Provider)
 	return nil

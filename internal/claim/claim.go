@@ -47,6 +47,11 @@ const (
 	Release
 	// Hold: the outcome is unknown (on_ambiguous hold); an operator decides.
 	Hold
+	// ReleaseAmbiguous: the outcome is unknown and the next delivery is
+	// forwarded again (on_ambiguous reforward); the ending is counted on
+	// the row (store.Event.Ambiguous), so the next claim knows the
+	// upstream may already have run the event.
+	ReleaseAmbiguous
 )
 
 // String is the op's name in log lines ("complete", "release", "hold").
@@ -56,6 +61,8 @@ func (o Op) String() string {
 		return "complete"
 	case Hold:
 		return "hold"
+	case ReleaseAmbiguous:
+		return "release_ambiguous"
 	}
 	return "release"
 }
@@ -263,6 +270,9 @@ func (k *Keeper) settleOnce(parent context.Context, c Ref, status int, op Op) er
 	case Hold:
 		defer observe(k.o.Timers.Hold, t0)
 		return k.o.Store.Hold(ctx, c.Scope, c.ID, c.Token, c.HoldReason)
+	case ReleaseAmbiguous:
+		defer observe(k.o.Timers.Release, t0)
+		return k.o.Store.ReleaseAmbiguous(ctx, c.Scope, c.ID, c.Token)
 	}
 	defer observe(k.o.Timers.Release, t0)
 	return k.o.Store.Release(ctx, c.Scope, c.ID, c.Token)

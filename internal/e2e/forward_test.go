@@ -186,6 +186,8 @@ func TestForwardTimeout(t *testing.T) {
 				row, ok := b.row(id)
 				require.True(t, ok)
 				require.Equal(t, "released", row.State, "released at once")
+				require.Equal(t, 1, row.Ambiguous)
+				require.Regexp(t, `^ambiguous_released/5\d\d$`, deliveryLines(t, g, id, 1)[0], "never counted as a plain release")
 				r = b.deliver(g, id)
 				require.True(t, r.Forwarded(), "the retry is forwarded: %d", r.Status)
 				require.Len(t, b.up.Calls(id), 2)
@@ -202,7 +204,7 @@ func TestForwardTimeout(t *testing.T) {
 			for range 2 {
 				r = b.deliver(g, id)
 				require.Equal(t, 503, r.Status, "a retry within the lease: held, not in flight: %s", r.Body)
-				require.GreaterOrEqual(t, r.RetryAfterSeconds(), 1)
+				require.Equal(t, -1, r.RetryAfterSeconds(), "held: no Retry-After, nothing changes until an operator acts")
 			}
 			require.Len(t, b.up.Calls(id), 1, "never forwarded again")
 			require.Zero(t, b.up.Successes(id))

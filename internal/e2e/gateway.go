@@ -218,6 +218,18 @@ func (g *Gateway) Kill() {
 	<-g.exited
 }
 
+// Terminate sends SIGTERM to Caddy, as a rolling deploy does, and waits
+// at most limit for the process to exit; it reports whether it did.
+func (g *Gateway) Terminate(limit time.Duration) bool {
+	_ = g.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-g.exited:
+		return true
+	case <-time.After(limit):
+		return false
+	}
+}
+
 // Exited reports whether the process has ended.
 func (g *Gateway) Exited() bool {
 	select {

@@ -190,12 +190,12 @@ func TestUpstreamClosesWithoutAnswer(t *testing.T) {
 
 				if policy == "reforward" {
 					require.Equal(t, "released", row.State)
-					require.Equal(t, []string{"released/502"}, deliveryLines(t, g, id, 1))
+					require.Equal(t, []string{"ambiguous_released/502"}, deliveryLines(t, g, id, 1), "never counted as a plain release")
 					r = b.deliver(g, id)
 					require.True(t, r.Forwarded(), "the retry is forwarded: %d %s", r.Status, r.Body)
 					require.Equal(t, 2, up.Calls(id), "two executions")
 					require.Equal(t, "completed", b.waitState(id, "completed").State)
-					require.Equal(t, []string{"released/502", "completed/200"}, deliveryLines(t, g, id, 2))
+					require.Equal(t, []string{"ambiguous_released/502", "completed/200"}, deliveryLines(t, g, id, 2))
 					requireGaugeZero(t, g)
 					return
 				}
@@ -216,6 +216,37 @@ func TestUpstreamClosesWithoutAnswer(t *testing.T) {
 			})
 		}
 	}
+}
+
+// An upstream that reads every request and closes without answering, under
+// on_ambiguous reforward (issue 21, item 7's 8-of-8 run): the first
+// ambiguous ending releases the event, the re-forward is warned about, and
+// the second holds it: 2 executions for 8 deliveries, the later ones 503
+// without Retry-After.
+func TestUpstreamAlwaysClosesBoundedReforward(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	up := b.rawUpstream(func(string, int) e2e.RawAction { return e2e.RawAction{Close: true} })
+	g := b.adminGateway("a", up.Addr(), "on_ambiguous reforward")
+	id := e2e.NewEventID()
+	var statuses []int
+	for range 8 {
+		r := b.deliver(g, id)
+		statuses = append(statuses, r.Status)
+		if r.Status == 503 {
+			require.Equal(t, -1, r.RetryAfterSeconds(), "held: no Retry-After")
+			require.Contains(t, r.Body, "may still be running")
+		}
+	}
+	require.Equal(t, []int{502, 502, 503, 503, 503, 503, 503, 503}, statuses)
+	require.Equal(t, 2, up.Calls(id), "upstream executions for 8 deliveries")
+	row := b.waitState(id, "held")
+	require.Equal(t, 2, row.Ambiguous)
+	require.Contains(t, row.HoldReason, "a second forward ended with no known outcome")
+	require.Equal(t, []string{"ambiguous_released/502", "ambiguous/502", "held/0", "held/0", "held/0", "held/0", "held/0", "held/0"},
+		deliveryLines(t, g, id, 8))
+	require.Equal(t, 1, logCount(g, "forwarding an event again that an earlier forward may already have run"))
+	requireGaugeZero(t, g)
 }
 
 // (c) A refused connection: the request never reached the upstream, so the

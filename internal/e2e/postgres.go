@@ -67,6 +67,10 @@ type Row struct {
 	Attempts int
 	Status   int
 	Live     bool // processing with a lease still running (database clock)
+	// HoldReason is why a held event is held; Ambiguous counts the
+	// event's forwards that ended with no known outcome.
+	HoldReason string
+	Ambiguous  int
 }
 
 // Rows reads every row of scope from table (webhook_events when "") in the
@@ -80,7 +84,8 @@ func (d *Database) Rows(ctx context.Context, table, scope string) (map[string]Ro
 		return nil, err
 	}
 	defer conn.Close(ctx)
-	rows, err := conn.Query(ctx, `SELECT event_id, state, attempts, status, COALESCE(lease_until > now(), false)
+	rows, err := conn.Query(ctx, `SELECT event_id, state, attempts, status, COALESCE(lease_until > now(), false),
+			COALESCE(hold_reason, ''), ambiguous
 		FROM `+pgx.Identifier{table}.Sanitize()+` WHERE scope = $1`, scope)
 	if err != nil {
 		return nil, err
@@ -88,7 +93,7 @@ func (d *Database) Rows(ctx context.Context, table, scope string) (map[string]Ro
 	out := map[string]Row{}
 	for rows.Next() {
 		var r Row
-		if err := rows.Scan(&r.EventID, &r.State, &r.Attempts, &r.Status, &r.Live); err != nil {
+		if err := rows.Scan(&r.EventID, &r.State, &r.Attempts, &r.Status, &r.Live, &r.HoldReason, &r.Ambiguous); err != nil {
 			rows.Close()
 			return nil, err
 		}

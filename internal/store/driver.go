@@ -19,8 +19,9 @@ import (
 // method giving the result its meaning (leaseHeld for token-keyed ones).
 type Driver interface {
 	// ClaimRow runs the claim statement (StmtClaim) and returns the row's
-	// attempts; ErrNotFound when the row exists and is not claimable.
-	ClaimRow(ctx context.Context, a ClaimArgs) (attempts int, err error)
+	// attempts and ambiguous endings; ErrNotFound when the row exists and
+	// is not claimable.
+	ClaimRow(ctx context.Context, a ClaimArgs) (ClaimedRow, error)
 	// InspectRow reads what explains a refused claim (StmtInspect);
 	// ErrNotFound when there is no row.
 	InspectRow(ctx context.Context, scope, eventID string) (Inspected, error)
@@ -36,6 +37,9 @@ type Driver interface {
 	CompleteRow(ctx context.Context, scope, eventID, token string, status int) (changed bool, err error)
 	// ReleaseRow releases the row processing under token (StmtRelease).
 	ReleaseRow(ctx context.Context, scope, eventID, token string) (changed bool, err error)
+	// ReleaseAmbiguousRow releases the row processing under token and
+	// counts an ambiguous ending (StmtReleaseAmbiguous).
+	ReleaseAmbiguousRow(ctx context.Context, scope, eventID, token string) (changed bool, err error)
 	// HoldRow holds the row processing under token, with reason (StmtHold).
 	HoldRow(ctx context.Context, scope, eventID, token, reason string) (changed bool, err error)
 	// ForgetRow deletes the row, whatever its state (StmtForget).
@@ -69,18 +73,21 @@ type Stmt int
 
 const (
 	// StmtClaim (scope, event ID, token, lease time.Duration, hold bool,
-	// fingerprint string) returns attempts: INSERT the row as processing
-	// (token, attempts 1, lease_until = database now + lease, fingerprint)
-	// ON CONFLICT DO UPDATE, taking an existing row over (attempts + 1,
-	// status 0, no completed_at, the new fingerprint, no stored response)
-	// only WHERE ClaimableSQL holds; no row when it is not claimable.
+	// fingerprint string) returns attempts and ambiguous: INSERT the row as
+	// processing (token, attempts 1, lease_until = database now + lease,
+	// fingerprint) ON CONFLICT DO UPDATE, taking an existing row over
+	// (attempts + 1, status 0, no completed_at, the new fingerprint, no
+	// stored response; ambiguous + 1 when the row taken over was processing:
+	// its lease expired with its forward unsettled) only WHERE ClaimableSQL
+	// holds; no row when it is not claimable.
 	StmtClaim Stmt = iota
 	// StmtInspect (scope, event ID) returns state, token, attempts, status,
 	// the lease left in microseconds by the database clock (0 when expired
 	// or not processing) and the fingerprint: what explains a refused claim.
 	StmtInspect
 	// StmtHoldExpired (scope, event ID, token, reason string) returns
-	// attempts: the row moved to held, with hold_reason, when it is still
+	// attempts: the row moved to held, with hold_reason and ambiguous + 1,
+	// when it is still
 	// processing under token with a lease expired by the database clock;
 	// no row when it is no longer so.
 	StmtHoldExpired
@@ -94,8 +101,13 @@ const (
 	// StmtRelease (scope, event ID, token): released, no token or lease,
 	// while the row is processing under token.
 	StmtRelease
+	// StmtReleaseAmbiguous (scope, event ID, token): StmtRelease that also
+	// counts an ambiguous ending (ambiguous + 1): the forward ended with no
+	// known outcome and the event is offered to the next delivery.
+	StmtReleaseAmbiguous
 	// StmtHold (scope, event ID, token, reason string): held at once, live
-	// lease or not, no token or lease, hold_reason set, while the row is
+	// lease or not, no token or lease, hold_reason set, ambiguous + 1 (a
+	// hold is an ending with no known outcome), while the row is
 	// processing under token.
 	StmtHold
 	// StmtForget (scope, event ID): the row deleted, whatever its state.
@@ -130,6 +142,15 @@ type ClaimArgs struct {
 	Lease                 time.Duration
 	Hold                  bool // ClaimParams.HoldOnExpiry
 	Fingerprint           string
+}
+
+// ClaimedRow is what a won claim statement returns.
+type ClaimedRow struct {
+	Attempts int
+	// Ambiguous counts the row's earlier forwards that ended with no known
+	// outcome (Event.Ambiguous), the expired lease this claim took over
+	// included.
+	Ambiguous int
 }
 
 // Inspected is a row as the statement explaining a refused claim reads it.
@@ -209,8 +230,9 @@ type BatchClaim struct {
 	Hold                  bool // ClaimParams.HoldOnExpiry
 
 	// Claimed: the row was inserted or taken over with Token; Attempts is
-	// its attempts.
-	Claimed bool
+	// its attempts, Ambiguous its ambiguous endings (ClaimedRow.Ambiguous).
+	Claimed   bool
+	Ambiguous int
 	// When not Claimed, the row as the statement read it: State ("" when
 	// there was none), Attempts, Status, and the lease left by the database
 	// clock (0 when expired or not processing).

@@ -119,7 +119,7 @@ func (r Rules) claimBatched(ctx context.Context, p ClaimParams, token string) (c
 		bc = l
 	}
 	if bc.Claimed {
-		return Claim{Outcome: Claimed, Token: bc.Token, Attempts: bc.Attempts}, true, nil
+		return Claim{Outcome: Claimed, Token: bc.Token, Attempts: bc.Attempts, Ambiguous: bc.Ambiguous}, true, nil
 	}
 	switch bc.State {
 	case StateCompleted:
@@ -139,10 +139,10 @@ func (r Rules) claimBatched(ctx context.Context, p ClaimParams, token string) (c
 // this Claim call: a row processing under it is this call's own.
 func (r Rules) claimOne(ctx context.Context, p ClaimParams, token string) (Claim, error) {
 	for range maxClaimRounds {
-		attempts, err := r.d.ClaimRow(ctx, ClaimArgs{Scope: p.Scope, EventID: p.EventID, Token: token, Lease: p.Lease,
+		won, err := r.d.ClaimRow(ctx, ClaimArgs{Scope: p.Scope, EventID: p.EventID, Token: token, Lease: p.Lease,
 			Hold: p.HoldOnExpiry, Fingerprint: p.Fingerprint})
 		if err == nil {
-			return Claim{Outcome: Claimed, Token: token, Attempts: attempts}, nil
+			return Claim{Outcome: Claimed, Token: token, Attempts: won.Attempts, Ambiguous: won.Ambiguous}, nil
 		}
 		if !errors.Is(err, ErrNotFound) {
 			return Claim{}, fmt.Errorf("claiming event: %w", err)
@@ -190,7 +190,7 @@ func (r Rules) explain(ctx context.Context, p ClaimParams, own string) (c Claim,
 		if err != nil {
 			return Claim{}, false, gone(err) // renewed or settled meanwhile: try again
 		}
-		return Claim{Outcome: Held, Attempts: attempts}, true, nil
+		return Claim{Outcome: Held, Attempts: attempts, HeldNow: true}, true, nil
 	}
 	return Claim{}, false, fmt.Errorf("unknown event state %q", row.State)
 }
@@ -224,6 +224,13 @@ func (r Rules) Complete(ctx context.Context, scope, eventID, token string, statu
 func (r Rules) Release(ctx context.Context, scope, eventID, token string) error {
 	return r.settle(ctx, "releasing event", StateReleased,
 		BatchSettle{Stmt: StmtRelease, Scope: scope, EventID: eventID, Token: token})
+}
+
+// ReleaseAmbiguous releases the claimed event and counts an ambiguous
+// ending (see Store.ReleaseAmbiguous). Never batched: it is rare. It
+// returns ErrLeaseLost if the row is not processing under token.
+func (r Rules) ReleaseAmbiguous(ctx context.Context, scope, eventID, token string) error {
+	return leaseHeld("releasing event")(r.d.ReleaseAmbiguousRow(ctx, scope, eventID, token))
 }
 
 // Hold parks the claimed event in StateHeld at once, with reason (see

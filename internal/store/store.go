@@ -88,6 +88,13 @@ type Claim struct {
 	// Attempts counts how many times the event has been claimed, this claim
 	// included (Claimed) or so far (otherwise).
 	Attempts int
+	// Ambiguous counts the event's earlier forwards that ended with no
+	// known outcome (Event.Ambiguous), when Claimed: more than 0 means the
+	// upstream may already have run the event this claim forwards again.
+	Ambiguous int
+	// HeldNow: this claim found the event's lease expired and held it
+	// (Held, under HoldOnExpiry), rather than finding it held.
+	HeldNow bool
 	// RetryAfter is the time left on the live lease (InFlight); at least 1s.
 	RetryAfter time.Duration
 	// Status is the upstream status recorded when the event completed
@@ -118,6 +125,12 @@ type Event struct {
 	// when it parked the event (Store.Hold's reason, or HoldLeaseExpired);
 	// "" unless held, and for events held before reasons were recorded.
 	HoldReason string
+	// Ambiguous counts the forwards of the event that ended with no known
+	// outcome, each of which the upstream may have run: released by
+	// on_ambiguous reforward, held, or a lease that expired unsettled (its
+	// gateway stopped) and was taken over or held. A completed event with
+	// Ambiguous > 0 may have run more than once.
+	Ambiguous int
 }
 
 // HoldLeaseExpired is the hold reason of a claim whose lease expired
@@ -164,6 +177,10 @@ type Store interface {
 	// Release gives the claim up so the next delivery is forwarded again.
 	// It returns ErrLeaseLost if the token no longer holds the row.
 	Release(ctx context.Context, scope, eventID, token string) error
+	// ReleaseAmbiguous is Release after a forward that ended with no known
+	// outcome (on_ambiguous reforward): it also counts the ending in
+	// Event.Ambiguous, which the next claim reports (Claim.Ambiguous).
+	ReleaseAmbiguous(ctx context.Context, scope, eventID, token string) error
 	// Hold parks the claimed event in StateHeld at once, live lease or not:
 	// the gateway knows its forward's outcome is ambiguous (on_ambiguous
 	// hold), so deliveries are refused and an operator can release or

@@ -47,10 +47,10 @@ func buildBatchQueries(t string) batchQueries {
 				WHERE cur.claimable
 				ORDER BY i.ord
 				` + takeoverSQL("$5::boolean") + `
-				RETURNING e.scope, e.event_id, e.attempts
+				RETURNING e.scope, e.event_id, e.attempts, e.ambiguous
 			)
 			SELECT ins.attempts IS NOT NULL, COALESCE(ins.attempts, cur.attempts, 0),
-				COALESCE(cur.state, ''), COALESCE(cur.status, 0), cur.lease_left
+				COALESCE(cur.state, ''), COALESCE(cur.status, 0), cur.lease_left, COALESCE(ins.ambiguous, 0)
 			FROM i JOIN cur ON cur.ord = i.ord
 			LEFT JOIN ins ON ins.scope = i.scope AND ins.event_id = i.event_id
 			ORDER BY i.ord`,
@@ -67,10 +67,10 @@ func buildBatchQueries(t string) batchQueries {
 				SELECT $1, $2, 'processing', $3, 1, now() + $4::bigint * interval '1 microsecond', now(), now()
 				WHERE COALESCE((SELECT claimable FROM cur), true)
 				` + takeoverSQL("$5::boolean") + `
-				RETURNING e.attempts
+				RETURNING e.attempts, e.ambiguous
 			)
 			SELECT ins.attempts IS NOT NULL, COALESCE(ins.attempts, cur.attempts, 0),
-				COALESCE(cur.state, ''), COALESCE(cur.status, 0), COALESCE(cur.lease_left, 0)
+				COALESCE(cur.state, ''), COALESCE(cur.status, 0), COALESCE(cur.lease_left, 0), COALESCE(ins.ambiguous, 0)
 			FROM (SELECT 1) one LEFT JOIN cur ON true LEFT JOIN ins ON true`,
 		// $1 scopes, $2 event IDs, $3 tokens, $4 statuses; returns the
 		// positions of the rows changed. The settles find their rows by
@@ -90,7 +90,7 @@ func buildBatchQueries(t string) batchQueries {
 			RETURNING i.ord`,
 		// $1 scopes, $2 event IDs, $3 tokens, $4 reasons.
 		hold: `UPDATE ` + t + ` AS e SET state = 'held', token = '', lease_until = NULL, updated_at = now(),
-				hold_reason = i.reason
+				hold_reason = i.reason, ambiguous = e.ambiguous + 1
 			FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS i(scope, event_id, token, reason, ord)
 			WHERE e.scope = i.scope AND e.event_id = i.event_id AND e.token = i.token AND e.state || '' = 'processing'
 			RETURNING i.ord`,
@@ -128,7 +128,7 @@ func scanClaimOne(r pgx.Row, c *store.BatchClaim) error {
 		state  string
 		micros int64
 	)
-	err := r.Scan(&c.Claimed, &c.Attempts, &state, &c.Status, &micros)
+	err := r.Scan(&c.Claimed, &c.Attempts, &state, &c.Status, &micros, &c.Ambiguous)
 	c.State, c.LeaseLeft = store.State(state), time.Duration(micros)*time.Microsecond
 	return err
 }
@@ -265,7 +265,7 @@ func (d driver) writeBatch(ctx context.Context, b *store.Batch) error {
 					state  string
 					micros int64
 				)
-				if err := rows.Scan(&c.Claimed, &c.Attempts, &state, &c.Status, &micros); err != nil {
+				if err := rows.Scan(&c.Claimed, &c.Attempts, &state, &c.Status, &micros, &c.Ambiguous); err != nil {
 					return err
 				}
 				c.State, c.LeaseLeft = store.State(state), time.Duration(micros)*time.Microsecond

@@ -23,7 +23,7 @@ type queries struct {
 
 const columns = `scope, event_id, state, attempts, first_seen, updated_at, lease_until, completed_at, status,
 	fingerprint, response_headers IS NOT NULL, COALESCE(length(response_body), 0), response_size, response_sha256,
-	COALESCE(hold_reason, '')`
+	COALESCE(hold_reason, ''), ambiguous`
 
 // buildQueries builds the driver's statements from the validated, quoted
 // table name. The claimable and resolvable predicates are the store's.
@@ -39,7 +39,7 @@ func buildQueries(ident pgx.Identifier) queries {
 					(scope, event_id, state, token, attempts, lease_until, first_seen, updated_at, fingerprint)
 				VALUES ($1, $2, 'processing', $3, 1, now() + $4::bigint * interval '1 microsecond', now(), now(), $6)
 				` + takeoverSQL("$5::boolean") + `
-				RETURNING e.attempts`,
+				RETURNING e.attempts, e.ambiguous`,
 			// Why the claim was refused; the lease left in microseconds, by the
 			// database clock.
 			store.StmtInspect: `SELECT state, token, attempts, status,
@@ -52,7 +52,7 @@ func buildQueries(ident pgx.Identifier) queries {
 			// included until a vacuum, are as many as the deliveries (see
 			// batchQueries.complete).
 			store.StmtHoldExpired: `UPDATE ` + t + ` SET state = 'held', token = '', lease_until = NULL, updated_at = now(),
-					hold_reason = $4
+					hold_reason = $4, ambiguous = ambiguous + 1
 				WHERE scope = $1 AND event_id = $2 AND state || '' = 'processing' AND token = $3 AND lease_until <= now()
 				RETURNING attempts`,
 			store.StmtRenew: `UPDATE ` + t + ` SET lease_until = now() + $4::bigint * interval '1 microsecond', updated_at = now()
@@ -63,7 +63,10 @@ func buildQueries(ident pgx.Identifier) queries {
 			store.StmtRelease: `UPDATE ` + t + ` SET state = 'released', token = '', lease_until = NULL, updated_at = now()
 				WHERE scope = $1 AND event_id = $2 AND token = $3 AND state || '' = 'processing'`,
 			store.StmtHold: `UPDATE ` + t + ` SET state = 'held', token = '', lease_until = NULL, updated_at = now(),
-					hold_reason = $4
+					hold_reason = $4, ambiguous = ambiguous + 1
+				WHERE scope = $1 AND event_id = $2 AND token = $3 AND state || '' = 'processing'`,
+			store.StmtReleaseAmbiguous: `UPDATE ` + t + ` SET state = 'released', token = '', lease_until = NULL, updated_at = now(),
+					ambiguous = ambiguous + 1
 				WHERE scope = $1 AND event_id = $2 AND token = $3 AND state || '' = 'processing'`,
 			store.StmtForget: `DELETE FROM ` + t + ` WHERE scope = $1 AND event_id = $2`,
 			// An operator's decision on a held row or an expired claim; $3 is
@@ -256,7 +259,7 @@ func scanEvent(row pgx.CollectableRow) (store.Event, error) {
 	)
 	err := row.Scan(&ev.Scope, &ev.EventID, &state, &ev.Attempts, &ev.FirstSeen, &ev.UpdatedAt,
 		&leaseUntil, &completed, &ev.Status,
-		&ev.Fingerprint, &hasResponse, &stored, &size, &sum, &ev.HoldReason)
+		&ev.Fingerprint, &hasResponse, &stored, &size, &sum, &ev.HoldReason, &ev.Ambiguous)
 	if err != nil {
 		return store.Event{}, err
 	}
@@ -295,7 +298,8 @@ func takeoverSQL(hold string) string {
 					completed_at = NULL,
 					status       = 0,
 					fingerprint  = EXCLUDED.fingerprint,
-					response_headers = NULL, response_body = NULL, response_size = 0, response_sha256 = ''
+					response_headers = NULL, response_body = NULL, response_size = 0, response_sha256 = '',
+					ambiguous    = e.ambiguous + CASE WHEN e.state = 'processing' THEN 1 ELSE 0 END
 				WHERE ` + store.ClaimableSQL("now()", hold)
 }
 

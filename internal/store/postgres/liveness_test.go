@@ -184,10 +184,14 @@ func TestSerializableDatabase(t *testing.T) {
 		require.NoError(t, errs[i], "store %d", i)
 		t.Cleanup(func() { _ = stores[i].Close() })
 	}
-	var versions, isolation string
-	require.NoError(t, stores[0].Pool().QueryRow(ctx, `SELECT string_agg(version_id::text, ',' ORDER BY id)
-		FROM webhook_events_goose_version`).Scan(&versions))
-	require.Equal(t, "0,1,2,3,4", versions, "each version recorded once")
+	var (
+		isolation       string
+		recorded, count int
+	)
+	require.NoError(t, stores[0].Pool().QueryRow(ctx, `SELECT count(*), count(DISTINCT version_id)
+		FROM webhook_events_goose_version`).Scan(&recorded, &count))
+	require.Equal(t, count, recorded, "each version recorded once")
+	require.Greater(t, count, 5, "version 0 and every migration")
 	require.NoError(t, stores[0].Pool().QueryRow(ctx, "SHOW default_transaction_isolation").Scan(&isolation))
 	require.Equal(t, "serializable", isolation)
 

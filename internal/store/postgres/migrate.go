@@ -81,6 +81,17 @@ func migrations(ident pgx.Identifier) []*goose.Migration {
 				`ALTER TABLE ` + table + ` DROP COLUMN IF EXISTS hold_reason`,
 			)},
 		),
+		// How many forwards of the event ended with no known outcome
+		// (Event.Ambiguous): released ambiguously, held, or a lease that
+		// expired and was taken over.
+		goose.NewGoMigration(5,
+			&goose.GoFunc{RunTx: pgschema.ExecAll(
+				`ALTER TABLE ` + table + ` ADD COLUMN IF NOT EXISTS ambiguous integer NOT NULL DEFAULT 0`,
+			)},
+			&goose.GoFunc{RunTx: pgschema.ExecAll(
+				`ALTER TABLE ` + table + ` DROP COLUMN IF EXISTS ambiguous`,
+			)},
+		),
 	}
 }
 

@@ -10,10 +10,10 @@ import (
 // The typed statements of store.Driver: each runs its store.Stmt from the
 // driver's table with its arguments in the order the SQL numbers them.
 
-func (d driver) ClaimRow(ctx context.Context, a store.ClaimArgs) (int, error) {
-	var attempts int
-	err := d.queryRow(ctx, store.StmtClaim, a.Scope, a.EventID, a.Token, a.Lease, a.Hold, a.Fingerprint).Scan(&attempts)
-	return attempts, err
+func (d driver) ClaimRow(ctx context.Context, a store.ClaimArgs) (store.ClaimedRow, error) {
+	var c store.ClaimedRow
+	err := d.queryRow(ctx, store.StmtClaim, a.Scope, a.EventID, a.Token, a.Lease, a.Hold, a.Fingerprint).Scan(&c.Attempts, &c.Ambiguous)
+	return c, err
 }
 
 func (d driver) InspectRow(ctx context.Context, scope, eventID string) (store.Inspected, error) {
@@ -43,6 +43,10 @@ func (d driver) CompleteRow(ctx context.Context, scope, eventID, token string, s
 
 func (d driver) ReleaseRow(ctx context.Context, scope, eventID, token string) (bool, error) {
 	return d.exec(ctx, store.StmtRelease, scope, eventID, token)
+}
+
+func (d driver) ReleaseAmbiguousRow(ctx context.Context, scope, eventID, token string) (bool, error) {
+	return d.exec(ctx, store.StmtReleaseAmbiguous, scope, eventID, token)
 }
 
 func (d driver) HoldRow(ctx context.Context, scope, eventID, token, reason string) (bool, error) {

@@ -290,8 +290,9 @@ func TestSecretsConformance(t *testing.T) {
 }
 
 // TestUpgradeAddsHoldReason: a table an earlier version migrated (goose at
-// version 3, no hold_reason) is brought up at the next start: an event it
-// held reads with no reason, and new holds record theirs.
+// version 3, no hold_reason, no ambiguous) is brought up at the next start:
+// an event it held reads with no reason and no ambiguous ending, and new
+// holds record theirs.
 func TestUpgradeAddsHoldReason(t *testing.T) {
 	t.Parallel()
 	dsn := testDSN(t)
@@ -305,7 +306,8 @@ func TestUpgradeAddsHoldReason(t *testing.T) {
 	require.NoError(t, s.Hold(ctx, "s", "old", c.Token, "before the upgrade"))
 	for _, q := range []string{
 		"ALTER TABLE " + pgx.Identifier{table}.Sanitize() + " DROP COLUMN hold_reason",
-		"DELETE FROM " + pgx.Identifier{table + "_goose_version"}.Sanitize() + " WHERE version_id = 4",
+		"ALTER TABLE " + pgx.Identifier{table}.Sanitize() + " DROP COLUMN ambiguous",
+		"DELETE FROM " + pgx.Identifier{table + "_goose_version"}.Sanitize() + " WHERE version_id >= 4",
 	} {
 		_, err := s.Pool().Exec(ctx, q)
 		require.NoError(t, err)
@@ -317,10 +319,12 @@ func TestUpgradeAddsHoldReason(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, store.StateHeld, ev.State)
 	require.Empty(t, ev.HoldReason)
+	require.Zero(t, ev.Ambiguous)
 	c, err = s.Claim(ctx, store.ClaimParams{Scope: "s", EventID: "new", Lease: time.Minute})
 	require.NoError(t, err)
 	require.NoError(t, s.Hold(ctx, "s", "new", c.Token, "after the upgrade"))
 	ev, err = s.Get(ctx, "s", "new")
 	require.NoError(t, err)
 	require.Equal(t, "after the upgrade", ev.HoldReason)
+	require.Equal(t, 1, ev.Ambiguous)
 }

@@ -112,7 +112,7 @@ func (d driver) writeOps(ctx context.Context, q querier, b *store.Batch) error {
 // claimTx runs one claim's statement and, when it is refused, reads the
 // row that refused it.
 func (d driver) claimTx(ctx context.Context, tx querier, c *store.BatchClaim) error {
-	err := d.queryRow(ctx, tx, store.StmtClaim, c.Scope, c.EventID, c.Token, leaseMillis(c.Lease), c.Hold, "").Scan(&c.Attempts) // no fingerprint: such claims are not batched (store.Rules.Claim)
+	err := d.queryRow(ctx, tx, store.StmtClaim, c.Scope, c.EventID, c.Token, leaseMillis(c.Lease), c.Hold, "").Scan(&c.Attempts, &c.Ambiguous) // no fingerprint: such claims are not batched (store.Rules.Claim)
 	if err == nil {
 		c.Claimed = true
 		return nil

@@ -22,7 +22,7 @@ type queries struct {
 
 const columns = `scope, event_id, state, attempts, first_seen, updated_at, lease_until, completed_at, status,
 	fingerprint, response_headers IS NOT NULL, COALESCE(length(response_body), 0), response_size, response_sha256,
-	COALESCE(hold_reason, '')`
+	COALESCE(hold_reason, ''), ambiguous`
 
 func buildQueries(t string) queries {
 	return queries{
@@ -42,15 +42,16 @@ func buildQueries(t string) queries {
 					completed_at = NULL,
 					status       = 0,
 					fingerprint  = excluded.fingerprint,
-					response_headers = NULL, response_body = NULL, response_size = 0, response_sha256 = ''
+					response_headers = NULL, response_body = NULL, response_size = 0, response_sha256 = '',
+					ambiguous    = e.ambiguous + CASE WHEN e.state = 'processing' THEN 1 ELSE 0 END
 				WHERE ` + store.ClaimableSQL(now, "?5") + `
-				RETURNING attempts`,
+				RETURNING attempts, ambiguous`,
 			// The lease left in microseconds, as the store wants it.
 			store.StmtInspect: `SELECT state, token, attempts, status, COALESCE(MAX(lease_until - ` + now + `, 0), 0) * 1000,
 					fingerprint
 				FROM ` + t + ` WHERE scope = ?1 AND event_id = ?2`,
 			store.StmtHoldExpired: `UPDATE ` + t + ` SET state = 'held', token = '', lease_until = NULL, updated_at = ` + now + `,
-					hold_reason = ?4
+					hold_reason = ?4, ambiguous = ambiguous + 1
 				WHERE scope = ?1 AND event_id = ?2 AND state = 'processing' AND token = ?3 AND lease_until <= ` + now + `
 				RETURNING attempts`,
 			store.StmtRenew: `UPDATE ` + t + ` SET lease_until = ` + now + ` + ?4, updated_at = ` + now + `
@@ -61,7 +62,10 @@ func buildQueries(t string) queries {
 			store.StmtRelease: `UPDATE ` + t + ` SET state = 'released', token = '', lease_until = NULL, updated_at = ` + now + `
 				WHERE scope = ?1 AND event_id = ?2 AND token = ?3 AND state = 'processing'`,
 			store.StmtHold: `UPDATE ` + t + ` SET state = 'held', token = '', lease_until = NULL, updated_at = ` + now + `,
-					hold_reason = ?4
+					hold_reason = ?4, ambiguous = ambiguous + 1
+				WHERE scope = ?1 AND event_id = ?2 AND token = ?3 AND state = 'processing'`,
+			store.StmtReleaseAmbiguous: `UPDATE ` + t + ` SET state = 'released', token = '', lease_until = NULL, updated_at = ` + now + `,
+					ambiguous = ambiguous + 1
 				WHERE scope = ?1 AND event_id = ?2 AND token = ?3 AND state = 'processing'`,
 			store.StmtForget: `DELETE FROM ` + t + ` WHERE scope = ?1 AND event_id = ?2`,
 			// ?3 is 'released' or 'completed'.
@@ -230,7 +234,7 @@ func scanEvent(row scanner) (store.Event, error) {
 	)
 	err := row.Scan(&ev.Scope, &ev.EventID, &state, &ev.Attempts, &firstSeen, &updatedAt,
 		&leaseUntil, &completed, &ev.Status,
-		&ev.Fingerprint, &hasResponse, &stored, &size, &sum, &ev.HoldReason)
+		&ev.Fingerprint, &hasResponse, &stored, &size, &sum, &ev.HoldReason, &ev.Ambiguous)
 	if err != nil {
 		return store.Event{}, err
 	}

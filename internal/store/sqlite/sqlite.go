@@ -236,6 +236,11 @@ func migrations(table string) []*goose.Migration {
 			&goose.GoFunc{RunTx: addColumns(table, `hold_reason TEXT`)},
 			&goose.GoFunc{RunTx: execAll(`ALTER TABLE ` + t + ` DROP COLUMN hold_reason`)},
 		),
+		// Forwards that ended with no known outcome, as in the postgres store.
+		goose.NewGoMigration(5,
+			&goose.GoFunc{RunTx: addColumns(table, `ambiguous INTEGER NOT NULL DEFAULT 0`)},
+			&goose.GoFunc{RunTx: execAll(`ALTER TABLE ` + t + ` DROP COLUMN ambiguous`)},
+		),
 	}
 }
 

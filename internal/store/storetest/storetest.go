@@ -37,6 +37,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	exerciseKeys(t, newStore)
 	exerciseResponse(t, newStore)
 	exerciseConcurrent(t, newStore)
+	exerciseAmbiguous(t, newStore)
 }
 
 // claim claims (scope, id) with the suite's lease.
