@@ -202,6 +202,8 @@ func (a *Admin) serve(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 		return a.listScopes(w)
+	case parts[0] == "secrets":
+		return a.serveSecrets(ctx, w, r, parts) // secretsadmin.go
 	case parts[0] == "event" && len(parts) <= 2:
 		// The event named by query parameters: any ID, also one that
 		// cannot be a path segment ("." or "..", or one with "/" or "//",

@@ -52,6 +52,7 @@ const (
 	ansItemsRefused                          // batch split: items failed their own signature (refuse_status)
 	ansAccepted                              // the provider's literal success answer (Adyen's "[accepted]"; body: the call's)
 	ansAcceptedDuplicate                     // the same, for a delivery whose every item was a duplicate
+	ansTokenReused                           // a single-use signature value came before with another body
 )
 
 // statusRefuse in a row's status means the route's refuse_status.
@@ -144,6 +145,8 @@ var answers = [...]answerRow{
 	ansAccepted:         {outcome: outcomeCompleted, status: http.StatusOK, contentType: textPlain},
 	ansAcceptedDuplicate: {outcome: outcomeDuplicate, status: http.StatusOK, contentType: textPlain,
 		replayed: true},
+	ansTokenReused: {outcome: outcomeInvalidSignature, status: http.StatusBadRequest,
+		reason: "signature token already used", logged: true},
 }
 
 // textPlain is the Content-Type of a provider's literal answer.

@@ -306,8 +306,8 @@ func (m asyncMode) serve(w http.ResponseWriter, _ caddyhttp.Handler, d *delivery
 		ClaimStatus:  queuedStatus,
 		HoldOnExpiry: h.OnAmbiguous == "hold",
 	}
-	if h.dedupeBody {
-		e.Claims = append(e.Claims, queue.Key{Scope: h.bodyScope(), EventID: bodyKey(d.signed)})
+	if h.replayRecord { // replayguard.go
+		e.Claims = append(e.Claims, queue.Key{Scope: h.bodyScope(), EventID: h.replayKey(id, d.signed)})
 	}
 	if h.async.orderKey != nil {
 		k, err := h.async.orderKey.Extract(d.signed, r.Header)
@@ -338,8 +338,7 @@ func (m asyncMode) serve(w http.ResponseWriter, _ caddyhttp.Handler, d *delivery
 	case queue.Duplicate:
 		d.status = queuedStatus
 		if out.Refused == 1 {
-			h.logger.Warn("body already accepted under another event id; answered as a duplicate, not queued (dedupe_body)",
-				zap.String("scope", h.Scope), zap.String("event_id", id))
+			h.logger.Warn(replayedMessage(h.dedupeBody, "queued"), zap.String("scope", h.Scope), zap.String("event_id", id))
 			h.answer(w, d, ansBodyReplay, say{})
 			return nil
 		}

@@ -276,6 +276,14 @@ func (h *Handler) forwardItem(r *http.Request, it signature.BatchItem, i, n int,
 	default:
 		return outcomeStoreError, 0, unavailableRetryAfter
 	}
+	refs := []claim.Ref{{Scope: h.Scope, ID: it.ID, Token: cl.Token}}
+	if h.replayRecord { // replayguard.go
+		rec, outcome, after := h.claimItemRecord(r.Context(), it, refs[0])
+		if outcome != "" {
+			return outcome, 0, after
+		}
+		refs = append(refs, rec)
+	}
 	ir := r.Clone(r.Context())
 	sendonce.SetBody(ir, it.Body)
 	ir.Header.Del("Content-Length")
@@ -284,7 +292,7 @@ func (h *Handler) forwardItem(r *http.Request, it signature.BatchItem, i, n int,
 	ir.Header.Set("Webhook-Batch-Item", strconv.Itoa(i+1)+"/"+strconv.Itoa(n))
 	cw := &itemWriter{header: http.Header{}}
 	id := delivery{h: h, r: ir, start: time.Now(), eventID: it.ID, attempt: cl.Attempts, ambiguousBefore: cl.Ambiguous}
-	_ = h.forward(cw, ir, next, []claim.Ref{{Scope: h.Scope, ID: it.ID, Token: cl.Token}}, &id)
+	_ = h.forward(cw, ir, next, refs, &id)
 	return id.outcome, id.status, 0
 }
 

@@ -37,6 +37,7 @@ func (h *Handler) applyDefaults() {
 	if h.DedupeBody != nil {
 		h.dedupeBody = *h.DedupeBody
 	}
+	h.replayRecord = h.keepsReplayRecord()
 	if h.Scope == "" {
 		h.Scope = h.Provider
 	}
@@ -110,8 +111,8 @@ func (h *Handler) checkConfig() error {
 	if h.Retention < caddy.Duration(minRetention) {
 		return fmt.Errorf("retention: must be at least %s (providers retry for days), got %s", minRetention, time.Duration(h.Retention))
 	}
-	if h.replayWindowSet && !h.dedupeBody {
-		return fmt.Errorf("replay_window: applies only with dedupe_body on (provider %s has it off by default)", h.Provider)
+	if h.replayWindowSet && !h.replayRecord {
+		return fmt.Errorf("replay_window: applies only with dedupe_body on or to a provider without a signed timestamp (provider %s signs one: its tolerance stops replays)", h.Provider)
 	}
 	if _, err := h.expandedSecrets(); err != nil {
 		return err

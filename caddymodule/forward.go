@@ -53,7 +53,7 @@ func (m syncMode) serve(w http.ResponseWriter, next caddyhttp.Handler, d *delive
 	d.ambiguousBefore = cl.Ambiguous
 	h.noteReforward(d.eventID, cl)
 	refs := []claim.Ref{{Scope: h.Scope, ID: d.eventID, Token: cl.Token}}
-	if h.dedupeBody {
+	if h.replayRecord { // replayguard.go
 		bc, ok := h.claimBody(w, d, refs[0])
 		if !ok {
 			return nil
@@ -173,7 +173,7 @@ func bodyKey(body []byte) string {
 // so a replayed body under a fresh, unsigned ID is not forwarded again. When
 // it returns false it has answered the delivery and released idClaim.
 func (h *Handler) claimBody(w http.ResponseWriter, d *delivery, idClaim claim.Ref) (claim.Ref, bool) {
-	ctx, key := d.r.Context(), bodyKey(d.signed)
+	ctx, key := d.r.Context(), h.replayKey(idClaim.ID, d.signed)
 	bc, err := h.claims.Claim(ctx, h.bodyScope(), key, "")
 	if err == nil && bc.Outcome == store.Claimed {
 		return claim.Ref{Scope: h.bodyScope(), ID: key, Token: bc.Token}, true
@@ -185,8 +185,7 @@ func (h *Handler) claimBody(w http.ResponseWriter, d *delivery, idClaim claim.Re
 			zap.String("scope", h.Scope), zap.String("event_id", idClaim.ID), zap.Error(err))
 		h.answer(w, d, ansStoreUnavailable, say{})
 	case bc.Outcome == store.Duplicate:
-		h.logger.Warn("body already delivered under another event id; answered as a duplicate, not forwarded (dedupe_body)",
-			zap.String("scope", h.Scope), zap.String("event_id", idClaim.ID))
+		h.logger.Warn(replayedMessage(h.dedupeBody, "forwarded"), zap.String("scope", h.Scope), zap.String("event_id", idClaim.ID))
 		h.answer(w, d, ansBodyReplay, say{})
 	case bc.Outcome == store.InFlight:
 		h.answer(w, d, ansBodyInFlight, say{retryAfter: bc.RetryAfter})

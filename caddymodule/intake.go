@@ -94,6 +94,9 @@ func (h *Handler) provisionVerifier(repl *caddy.Replacer) error {
 	}
 	h.verifier = v
 	h.trust = h.trustOf(secrets)
+	if err := h.provisionSingleUse(); err != nil {
+		return err
+	}
 	if u, err := url.Parse(opts.URL); err == nil && opts.URL != "" {
 		h.signedURL = u.Redacted()
 	}
@@ -153,6 +156,9 @@ func (in webhookIntake) take(w http.ResponseWriter, next caddyhttp.Handler, d *d
 	}
 	if handshake {
 		return false, h.serveHandshake(w, hs, next, d)
+	}
+	if !h.spendSingleUse(w, d) {
+		return false, nil
 	}
 	if h.batch != nil && h.splitting(d.signed) { // a batching provider (batch.go)
 		items, refused, err := h.batchItemsChecked(d.signed)

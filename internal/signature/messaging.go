@@ -140,6 +140,10 @@ func init() {
 		DefaultTolerance: 5 * time.Minute,
 		EventID:          ids(jsonID("event-data.id")),
 		IDStability:      StabilityStable,
+		// Mailgun's documentation asks receivers to cache the token and
+		// refuse a request whose token was used before: the only stop for
+		// a signature pasted onto other event data within the tolerance.
+		SingleUse: "json signature.token",
 		Scheme: Scheme{
 			Signed:    "body fields signature.timestamp + signature.token (event-data not signed)",
 			Algorithm: "sha256",
