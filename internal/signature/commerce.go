@@ -40,7 +40,18 @@ func init() {
 	})
 	// Lemon Squeezy events carry no event ID; configure one per route.
 	register(Preset{
-		Name:            "lemonsqueezy",
+		Name: "lemonsqueezy",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, Attempts: 4,
+				Note:   "any status but 200 is retried up to three more times with exponential back-off (e.g. 5 s, 25 s, 125 s), then given up",
+				Source: "https://docs.lemonsqueezy.com/help/webhooks/webhook-requests",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Source: Undocumented},
+			Answer:  Answer{Status: 200, Source: "https://docs.lemonsqueezy.com/help/webhooks/webhook-requests"},
+			Refusal: Refusal{Note: "retried like any answer other than 200", Source: "https://docs.lemonsqueezy.com/help/webhooks/webhook-requests"},
+		},
 		Doc:             "https://docs.lemonsqueezy.com/help/webhooks/signing-requests",
 		SignatureHeader: "X-Signature: <hex>",
 		DedupeBody:      true,
