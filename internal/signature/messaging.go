@@ -79,7 +79,22 @@ func init() {
 	// is a POST ?validationToken=… answered 200 text/plain with the token
 	// within 10 s. Notifications have no per-event ID: configure one.
 	register(Preset{
-		Name:            "msgraph",
+		Name: "msgraph",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 4 * time.Hour,
+				Note:   "any answer but a 2xx, given within 10 s, is retried with exponential back-off for up to 4 hours",
+				Source: "https://learn.microsoft.com/en-us/graph/change-notifications-delivery-webhooks",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{
+				Duration: 10 * time.Second,
+				Note:     "more than 10% of answers over 10 s in 10 minutes delay notifications; more than 15% drop them for up to 10 minutes, unrecoverably",
+				Source:   "https://learn.microsoft.com/en-us/graph/change-notifications-delivery-webhooks",
+			},
+			Answer:  Answer{Note: "200 when handled within 3 s; 202 Accepted when queued for longer work", Source: "https://learn.microsoft.com/en-us/graph/change-notifications-delivery-webhooks"},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:             "https://learn.microsoft.com/en-us/graph/change-notifications-delivery-webhooks",
 		SignatureHeader: "none: value[].clientState in the body",
 		DedupeBody:      true,

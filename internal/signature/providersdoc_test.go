@@ -69,7 +69,6 @@ var unresearched = map[string]bool{
 	"linear":      true,
 	"mailgun":     true,
 	"meta":        true,
-	"msgraph":     true,
 	"mux":         true,
 	"notion":      true,
 	"okta":        true,
