@@ -87,7 +87,18 @@ func init() {
 		},
 	})
 	register(Preset{
-		Name:            "checkout",
+		Name: "checkout",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, Attempts: 8,
+				Note:   "best-effort retries after 5 min, 15 min, 30 min, 1 h, 2 h, 4 h and 8 h, then an email; an event type that keeps failing is unsubscribed from the endpoint",
+				Source: "https://checkoutdocs.readme.io/docs/webhooks",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 10 * time.Second, Note: "an unacknowledged webhook times out and fails", Source: "https://www.checkout.com/docs/business-operations/use-the-dashboard/developers/webhooks"},
+			Answer:  Answer{Note: "acknowledge within 10 seconds", Source: "https://www.checkout.com/docs/business-operations/use-the-dashboard/developers/webhooks"},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:             "https://www.checkout.com/docs/developer-resources/webhooks/manage-webhooks/receive-webhooks",
 		SignatureHeader: "Cko-Signature: <hex>",
 		EventID:         ids(jsonID("id")),

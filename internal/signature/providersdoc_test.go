@@ -49,7 +49,6 @@ var unresearched = map[string]bool{
 	"box":         true,
 	"buildkite":   true,
 	"calcom":      true,
-	"checkout":    true,
 	"circleci":    true,
 	"clerk":       true,
 	"customerio":  true,
