@@ -167,7 +167,19 @@ func init() {
 	})
 	// Webflow: HMAC-SHA256 of "<timestamp ms>:<body>", five minutes.
 	register(Preset{
-		Name:             "webflow",
+		Name: "webflow",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, Attempts: 4,
+				Note:   "up to three more attempts, 10 minutes apart; redirects, TLS failures and slow answers count as failures; repeated failures deactivate the webhook",
+				Source: "https://developers.webflow.com/data/v1.0.0/docs/limits-and-retries",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			// "Prolonged delays" fail the delivery; no figure is given.
+			Timeout: Timeout{Source: Undocumented},
+			Answer:  Answer{Status: 200, Note: "anything but a valid 200 is a failure", Source: "https://developers.webflow.com/data/reference/error-handling"},
+			Refusal: Refusal{Note: "retried like any failure; repeated failures deactivate the webhook", Source: "https://developers.webflow.com/data/reference/error-handling"},
+		},
 		Doc:              "https://developers.webflow.com/data/docs/working-with-webhooks#validating-request-signatures",
 		SignatureHeader:  "x-webflow-signature: <hex> (with x-webflow-timestamp, ms)",
 		Oracle:           "webflow-api",

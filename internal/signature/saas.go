@@ -59,7 +59,18 @@ func init() {
 		},
 	})
 	register(Preset{
-		Name:            "typeform",
+		Name: "typeform",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true,
+				Note:    "404 or 410 disables the webhook at once; 429, 408, 503 and 423 are retried every 2-3 minutes for 10 hours; other failures on a back-off schedule",
+				Source:  "https://typeform.com/developers/webhooks",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 30 * time.Second, Note: "a slower answer is a failed delivery and is retried", Source: "https://typeform.com/developers/webhooks"},
+			Answer:  Answer{Note: "any 2xx", Source: "https://typeform.com/developers/webhooks"},
+			Refusal: Refusal{Note: "never 404 or 410: either disables the webhook", Source: "https://typeform.com/developers/webhooks"},
+		},
 		Doc:             "https://www.typeform.com/developers/webhooks/secure-your-webhooks/",
 		SignatureHeader: "Typeform-Signature: sha256=<base64>",
 		EventID:         ids(jsonID("event_id")),
