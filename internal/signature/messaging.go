@@ -170,7 +170,16 @@ func init() {
 	// with the verification key SendGrid displays (base64 DER). The body is
 	// an array of events, each with its own sg_event_id.
 	register(Preset{
-		Name:             "sendgrid",
+		Name: "sendgrid",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 24 * time.Hour,
+				Note:   "any answer but a 2xx is retried at increasing intervals for up to 24 hours after the event",
+				Source: "https://docs.sendgrid.com/for-developers/tracking-events/troubleshooting",
+			},
+			Answer:  Answer{Note: "any 2xx", Source: "https://docs.sendgrid.com/for-developers/tracking-events/troubleshooting"},
+			Refusal: Refusal{Note: "retried like any answer but a 2xx", Source: "https://docs.sendgrid.com/for-developers/tracking-events/troubleshooting"},
+		},
 		SecretFormat:     "the verification key (base64 DER ECDSA P-256)",
 		Doc:              "https://www.twilio.com/docs/sendgrid/for-developers/tracking-events/getting-started-event-webhook-security-features",
 		SignatureHeader:  "X-Twilio-Email-Event-Webhook-Signature: <base64 DER ECDSA> (with X-Twilio-Email-Event-Webhook-Timestamp)",

@@ -76,7 +76,6 @@ var unresearched = map[string]bool{
 	"paystack":    true,
 	"persona":     true,
 	"polar":       true,
-	"replicate":   true,
 	"resend":      true,
 	"sendgrid":    true,
 	"sentry":      true,
