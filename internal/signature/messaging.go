@@ -108,7 +108,11 @@ func init() {
 	// Telnyx: Ed25519 over "<timestamp>|<body>", verified with the account's
 	// public key (base64, from the portal); telnyx-node allows 300 s.
 	register(Preset{
-		Name:             "telnyx",
+		Name: "telnyx",
+		Delivery: Delivery{
+			Retry:  Retry{Retries: true, Note: "an answer other than 200 makes Telnyx deliver to the failover URL", Source: "https://developers.telnyx.com/api-reference/callbacks/number-order-status-update"},
+			Answer: Answer{Status: 200, Source: "https://developers.telnyx.com/api-reference/callbacks/number-order-status-update"},
+		},
 		SecretFormat:     "the public key (base64 Ed25519)",
 		Doc:              "https://developers.telnyx.com/docs/messaging/messages/receiving-webhooks",
 		SignatureHeader:  "telnyx-signature-ed25519: <base64> (with telnyx-timestamp)",

@@ -65,7 +65,6 @@ var unresearched = map[string]bool{
 	"hubspot":     true,
 	"intercom":    true,
 	"intuit":      true,
-	"linear":      true,
 	"mailgun":     true,
 	"meta":        true,
 	"mux":         true,

@@ -12,7 +12,18 @@ func init() {
 	// its SDK (LinearWebhookClient) refuses a timestamp more than 60 s from
 	// the clock, and so does this preset, after the signature matched.
 	register(Preset{
-		Name:             "linear",
+		Name: "linear",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, Attempts: 4,
+				Note:   "at most 3 retries: after 1 minute, 1 hour and 6 hours",
+				Source: "https://developers.linear.app/docs/graphql/webhooks",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 5 * time.Second, Source: "https://developers.linear.app/docs/graphql/webhooks"},
+			Answer:  Answer{Status: 200, Source: "https://developers.linear.app/docs/graphql/webhooks"},
+			Refusal: Refusal{Note: "a non-200 answer is retried like any failure", Source: "https://developers.linear.app/docs/graphql/webhooks"},
+		},
 		Doc:              "https://linear.app/developers/webhooks#securing-webhooks",
 		SignatureHeader:  "Linear-Signature: <hex> (webhookTimestamp, ms, in the signed body)",
 		DefaultTolerance: time.Minute,
