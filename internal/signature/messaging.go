@@ -129,7 +129,18 @@ func init() {
 	})
 	// Customer.io reporting webhooks.
 	register(Preset{
-		Name:             "customerio",
+		Name: "customerio",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 7 * 24 * time.Hour,
+				Note:   "exponential back-off for seven days; later webhooks are held back until the failing one succeeds or expires",
+				Source: "https://docs.customer.io/api/webhooks/",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 4 * time.Second, Source: "https://docs.customer.io/api/webhooks/"},
+			Answer:  Answer{Note: "any 2xx within 4 seconds", Source: "https://docs.customer.io/api/webhooks/"},
+			Refusal: Refusal{Note: "400, 401, 403 and the like wait an hour before the same back-off; later webhooks are held back meanwhile", Source: "https://docs.customer.io/api/webhooks/"},
+		},
 		Doc:              "https://docs.customer.io/journeys/webhooks/#securely-verify-requests",
 		SignatureHeader:  "X-CIO-Signature: <hex> (with X-CIO-Timestamp)",
 		DefaultTolerance: 5 * time.Minute,

@@ -51,7 +51,6 @@ var unresearched = map[string]bool{
 	"calcom":      true,
 	"circleci":    true,
 	"clerk":       true,
-	"customerio":  true,
 	"discord":     true,
 	"docusign":    true,
 	"dropbox":     true,
