@@ -97,7 +97,18 @@ func init() {
 	// non-ASCII characters or "/" is also checked in Box's escaped form
 	// (box.go).
 	register(Preset{
-		Name:             "box",
+		Name: "box",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 2 * time.Hour, Attempts: 13,
+				Note:   "up to 12 retries over 2 hours (the page says these may change); a retried payload keeps the body id, gets a new BOX-DELIVERY-ID",
+				Source: "https://developer.box.com/guides/webhooks/v2/",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 30 * time.Second, Source: "https://developer.box.com/guides/webhooks/v2/"},
+			Answer:  Answer{Note: "a status in 200-299 within 30 seconds", Source: "https://developer.box.com/guides/webhooks/v2/"},
+			Refusal: Refusal{Note: "any status outside 200-299 fails the delivery and is retried", Source: "https://developer.box.com/guides/webhooks/v2/"},
+		},
 		Doc:              "https://developer.box.com/guides/webhooks/v2/signatures-v2/",
 		SignatureHeader:  "BOX-SIGNATURE-PRIMARY: <base64> (with BOX-DELIVERY-TIMESTAMP)",
 		DefaultTolerance: 10 * time.Minute,

@@ -46,7 +46,6 @@ var unresearched = map[string]bool{
 
 	"alchemy":     true,
 	"asana":       true,
-	"box":         true,
 	"buildkite":   true,
 	"calcom":      true,
 	"circleci":    true,
