@@ -13,7 +13,18 @@ func init() {
 	// Heartbeats are signed deliveries with an empty events array. Events
 	// carry no ID: configure one.
 	register(Preset{
-		Name:            "asana",
+		Name: "asana",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 24 * time.Hour,
+				Note:   "resent for up to 24 hours; the system is at-most-once, so an event can still be lost",
+				Source: "https://developers.asana.com/docs/webhooks-guide",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 10 * time.Second, Source: "https://developers.asana.com/docs/webhooks-guide"},
+			Answer:  Answer{Note: "a successful status within 10 seconds", Source: "https://developers.asana.com/docs/webhooks-guide"},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:             "https://developers.asana.com/docs/webhooks-guide",
 		SignatureHeader: "X-Hook-Signature: <hex> (secret learned from X-Hook-Secret)",
 		DedupeBody:      true,

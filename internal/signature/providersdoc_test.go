@@ -45,7 +45,6 @@ var unresearched = map[string]bool{
 	"xendit":      true,
 
 	"alchemy":     true,
-	"asana":       true,
 	"buildkite":   true,
 	"calcom":      true,
 	"circleci":    true,
