@@ -1,9 +1,11 @@
 package caddymodule
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"time"
@@ -108,6 +110,28 @@ func (h *Handler) batched(body []byte) bool {
 	return len(h.preset.EventID) == 0 || h.batch.Present(body)
 }
 
+// itemVerifier returns the route's verifier when its provider signs each
+// item of a batch (signature.ItemVerifier) and the delivery is split: its
+// items are then verified one by one (serveSplit), so one forged item is
+// refused alone. Otherwise nil: the whole delivery is verified.
+func (h *Handler) itemVerifier(body []byte) signature.ItemVerifier {
+	iv, ok := h.verifier.(signature.ItemVerifier)
+	if !ok || h.learned != nil || !h.splitting(body) {
+		return nil
+	}
+	return iv
+}
+
+// verifyDelivery verifies a delivery before it is claimed: whole (verify),
+// or, for a split delivery whose provider signs each item, only what
+// covers the whole delivery (serveSplit checks each item).
+func (h *Handler) verifyDelivery(ctx context.Context, body []byte, hdr http.Header) error {
+	if iv := h.itemVerifier(body); iv != nil {
+		return iv.VerifyDelivery(body, hdr)
+	}
+	return h.verify(ctx, body, hdr)
+}
+
 // splitting reports whether the delivery is split into its items.
 func (h *Handler) splitting(body []byte) bool {
 	return h.batch != nil && h.batch.Policy == signature.BatchSplit && h.batched(body)
@@ -128,7 +152,7 @@ func (h *Handler) splitting(body []byte) bool {
 // Items completed before a failure stay completed, so the provider's retry
 // forwards only the rest. The upstream's own answers are not relayed.
 func (h *Handler) serveSplit(w http.ResponseWriter, r *http.Request, body []byte, next caddyhttp.Handler, d *delivery) error {
-	items, err := h.batchItems(body)
+	items, refused, err := h.batchItemsChecked(body)
 	if err != nil {
 		d.outcome, d.reason = outcomeBadRequest, eventIDReason(err)
 		respondError(w, http.StatusBadRequest, d.reason, 0)
@@ -170,6 +194,16 @@ func (h *Handler) serveSplit(w http.ResponseWriter, r *http.Request, body []byte
 	// The delivery's log line has no event ID: each item's debug line has
 	// its own.
 	switch {
+	case refused > 0:
+		// Items that failed their own signature were neither claimed nor
+		// forwarded; the provider's retry of the delivery finds the
+		// others completed.
+		d.outcome, d.status = outcomeInvalidSignature, h.RefuseStatus
+		d.reason = fmt.Sprintf("%d of %d items failed verification", refused, refused+len(items))
+		if failed > 0 {
+			d.reason += fmt.Sprintf("; %d not completed", failed)
+		}
+		respondError(w, h.RefuseStatus, d.reason+"; the other items are forwarded once", 0)
 	case failed > 0:
 		d.outcome, d.status = outcomeReleased, worst
 		d.reason = fmt.Sprintf("%d of %d items not completed", failed, len(items))
@@ -184,15 +218,57 @@ func (h *Handler) serveSplit(w http.ResponseWriter, r *http.Request, body []byte
 		respondError(w, worst, msg, retry)
 	case forwarded == 0:
 		d.outcome, d.status = outcomeDuplicate, http.StatusOK
+		if h.respondAccepted(w, true) {
+			return nil
+		}
 		respondDuplicate(w)
 	default:
 		d.outcome, d.status = outcomeCompleted, http.StatusOK
+		if h.respondAccepted(w, false) {
+			return nil
+		}
 		b, _ := json.Marshal(map[string]any{"received": true, "items": len(items), "forwarded": forwarded, "duplicates": dups})
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write(append(b, '\n'))
 	}
 	return nil
+}
+
+// batchItemsChecked is batchItems for a split delivery: when the
+// provider signs each item (itemVerifier), an item failing its signature
+// is left out and counted in refused.
+func (h *Handler) batchItemsChecked(body []byte) ([]signature.BatchItem, int, error) {
+	iv := h.itemVerifier(body)
+	if iv == nil {
+		items, err := h.batchItems(body)
+		return items, 0, err
+	}
+	items, refused, err := h.batch.SplitChecked(body, iv.VerifyItem)
+	switch {
+	case errors.Is(err, eventid.ErrAmbiguous):
+		return nil, 0, err
+	case err != nil:
+		return nil, 0, fmt.Errorf("%w: %w", eventid.ErrMissing, err)
+	}
+	return items, refused, nil
+}
+
+// respondAccepted writes the literal answer the provider expects for an
+// accepted delivery (signature.Answer.Body: Adyen's "[accepted]") when it
+// has one, and reports whether it did.
+func (h *Handler) respondAccepted(w http.ResponseWriter, duplicate bool) bool {
+	body := h.preset.Delivery.Answer.Body
+	if body == "" {
+		return false
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if duplicate {
+		w.Header().Set("Idempotent-Replayed", "true")
+	}
+	w.WriteHeader(http.StatusOK)
+	_, _ = io.WriteString(w, body)
+	return true
 }
 
 // forwardItem claims one batch item and, when claimed, forwards it alone

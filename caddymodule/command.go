@@ -306,6 +306,7 @@ func examplePayload(provider string) ([]byte, string) {
 		"razorpay": "razorpay_payment_captured.json",
 		"standard": "standardwebhooks_invoice_paid.json",
 		"svix":     "svix_user_created.json",
+		"adyen":    "adyen_authorisation.json",
 	}[provider]
 	if name == "" {
 		name = "generic_order_paid.json"

@@ -41,7 +41,7 @@ func cliSigningSecret(t *testing.T, provider string) string {
 		return "whsec_" + base64.StdEncoding.EncodeToString(b)
 	}
 	switch provider {
-	case "discord":
+	case "discord", "adyen":
 		return hex.EncodeToString(b)
 	case "telnyx":
 		return "seed:" + base64.StdEncoding.EncodeToString(b)

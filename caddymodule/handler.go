@@ -478,7 +478,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if handshake && hs.Challenge.Auth != signature.AuthSignature {
 		return h.serveHandshake(w, r, hs, forwardable, next, &d)
 	}
-	if err := h.verify(r.Context(), signed, r.Header); err != nil {
+	if err := h.verifyDelivery(r.Context(), signed, r.Header); err != nil {
 		if errors.Is(err, errSecretStore) {
 			d.outcome = outcomeStoreError
 			h.logger.Warn("reading the learned secret failed; answered 503, nothing forwarded", zap.String("scope", h.Scope), zap.Error(err))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/hmac"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"fmt"
 	"io"
@@ -117,6 +118,8 @@ func protoRoutes(t *testing.T) []protoRoute {
 	add("sendgrid", "/p/sendgrid-split", "batch split", "scope sendgrid_split")
 	add("gocardless", "/p/gocardless-split", "batch split")
 	add("hubspot", "")
+	add("adyen", "")
+	add("adyen", "/p/adyen-basic", `secret "basic:ws_adyen:{env.WI_TEST_ADYEN_PASS}"`, "scope adyen_basic")
 	return routes
 }
 
@@ -153,6 +156,7 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 		t.Skip("in-process Caddy: skipped with -short")
 	}
 	t.Setenv("WI_TEST_META_VERIFY", "meta-verify-"+randomHex(4))
+	t.Setenv("WI_TEST_ADYEN_PASS", "adyen-pass-"+randomHex(4))
 	dsn := pgDSN(t)
 	table := "pt_" + randomHex(6)
 	t.Cleanup(func() { dropTable(dsn, table) })
@@ -473,6 +477,77 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 		st, rh, _ := doReq(t, http.MethodPost, r.path, body, h)
 		require.Equal(t, http.StatusOK, st)
 		require.Equal(t, "true", rh.Get("Idempotent-Replayed"))
+	})
+
+	// Adyen signs each notification item; a real Adyen-shaped delivery of
+	// two items, one with a tampered amount: the tampered item is refused
+	// and never forwarded, the other is forwarded once, and "[accepted]"
+	// comes only when every item is accepted. Adyen keeps a delivery that
+	// was not accepted in its retry queue and resends it whole: the item
+	// already completed is then a duplicate, and the other is forwarded.
+	t.Run("adyen items verified one by one", func(t *testing.T) {
+		r := byPath["/p/adyen"]
+		psp1, psp2 := "79140733"+randomHex(4), "88254081"+randomHex(4)
+		unsigned := []byte(`{"live":"false","notificationItems":[` +
+			`{"NotificationRequestItem":{"additionalData":{"authCode":"58747"},"amount":{"currency":"EUR","value":1000},"eventCode":"AUTHORISATION","eventDate":"2025-12-01T00:00:00+01:00","merchantAccountCode":"TestMerchant","merchantReference":"order-1","paymentMethod":"visa","pspReference":"` + psp1 + `","reason":"","success":"true"}},` +
+			`{"NotificationRequestItem":{"additionalData":{},"amount":{"currency":"EUR","value":2500},"eventCode":"AUTHORISATION","eventDate":"2025-12-01T00:00:01+01:00","merchantAccountCode":"TestMerchant","merchantReference":"order-2","paymentMethod":"mc","pspReference":"` + psp2 + `","reason":"","success":"true"}}]}`)
+		h := http.Header{"Content-Type": {"application/json"}}
+		genuine, err := signature.SignDelivery("adyen", signature.Options{Secrets: []string{r.signing}}, unsigned, h, time.Now())
+		require.NoError(t, err)
+		tampered := bytes.Replace(genuine, []byte(`"value":2500`), []byte(`"value":1`), 1)
+		require.NotEqual(t, genuine, tampered)
+
+		st, rh, body := doReq(t, http.MethodPost, r.path, tampered, h)
+		require.Equal(t, http.StatusBadRequest, st, body)
+		require.Contains(t, body, "1 of 2 items failed verification")
+		require.NotEqual(t, "[accepted]", body)
+		require.Empty(t, rh.Get("X-Upstream"))
+		got := up.got(r.path)
+		require.Len(t, got, 1, "only the authentic item is forwarded")
+		require.Contains(t, string(got[0].body), psp1)
+		require.NotContains(t, string(got[0].body), psp2)
+		v, err := signature.New("adyen", signature.Options{Secrets: []string{r.signing}})
+		require.NoError(t, err)
+		require.NoError(t, v.Verify(got[0].body, nil), "the forwarded item keeps its own hmacSignature")
+
+		// Adyen retries the delivery (still tampered by whoever sits in
+		// the middle): refused again, nothing forwarded again.
+		st, _, body = doReq(t, http.MethodPost, r.path, tampered, h)
+		require.Equal(t, http.StatusBadRequest, st, body)
+		require.Len(t, up.got(r.path), 1)
+
+		// The genuine delivery: the second item is forwarded once, the
+		// first is a duplicate, and Adyen gets [accepted].
+		st, rh, body = doReq(t, http.MethodPost, r.path, genuine, h)
+		require.Equal(t, http.StatusOK, st, body)
+		require.Equal(t, "[accepted]", body)
+		require.Empty(t, rh.Get("X-Upstream"))
+		got = up.got(r.path)
+		require.Len(t, got, 2)
+		require.Contains(t, string(got[1].body), psp2)
+		require.Contains(t, string(got[1].body), `"value":2500`)
+
+		// Redelivered: answered at the edge, still [accepted].
+		st, rh, body = doReq(t, http.MethodPost, r.path, genuine, h)
+		require.Equal(t, http.StatusOK, st, body)
+		require.Equal(t, "[accepted]", body)
+		require.Equal(t, "true", rh.Get("Idempotent-Replayed"))
+		require.Len(t, up.got(r.path), 2, "each item forwarded exactly once")
+	})
+
+	t.Run("adyen with Basic credentials", func(t *testing.T) {
+		r := byPath["/p/adyen-basic"]
+		body := []byte(`{"live":"false","notificationItems":[{"NotificationRequestItem":{"additionalData":{},"amount":{"currency":"EUR","value":700},"eventCode":"CAPTURE","merchantAccountCode":"TestMerchant","merchantReference":"order-3","originalReference":"8313842560770001","pspReference":"88254081` + randomHex(4) + `","success":"true"}}]}`)
+		h := http.Header{"Content-Type": {"application/json"}}
+		body, err := signature.SignDelivery("adyen", signature.Options{Secrets: []string{r.signing}}, body, h, time.Now())
+		require.NoError(t, err)
+		st, _, resp := doReq(t, http.MethodPost, r.path, body, h)
+		require.Equal(t, http.StatusBadRequest, st, "no Authorization: %s", resp)
+		h.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte("ws_adyen:"+os.Getenv("WI_TEST_ADYEN_PASS"))))
+		st, _, resp = doReq(t, http.MethodPost, r.path, body, h)
+		require.Equal(t, http.StatusOK, st, resp)
+		require.Equal(t, "[accepted]", resp)
+		require.Len(t, up.got(r.path), 1)
 	})
 
 	t.Run("hubspot batch set", func(t *testing.T) {

@@ -6,6 +6,8 @@ package eventid
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -42,6 +44,10 @@ const (
 	Header Kind = "header" // a request header, by case-insensitive name
 	JSON   Kind = "json"   // a gjson path over a JSON body, e.g. "data.object.id"
 	Form   Kind = "form"   // a field of an application/x-www-form-urlencoded body
+	// FormSHA256 is the hex SHA-256 of a form field, for a provider whose
+	// only per-notification value is too long to be an ID (Braintree's
+	// bt_payload, the whole notification).
+	FormSHA256 Kind = "form_sha256"
 )
 
 // Source is one place an ID part is read from.
@@ -56,9 +62,9 @@ func (s Source) String() string { return string(s.Kind) + " " + s.Name }
 func ParseSource(kind, name string) (Source, error) {
 	s := Source{Kind: Kind(kind), Name: name}
 	switch s.Kind {
-	case Header, JSON, Form:
+	case Header, JSON, Form, FormSHA256:
 	default:
-		return Source{}, fmt.Errorf("unknown event id source %q (want header, json or form)", kind)
+		return Source{}, fmt.Errorf("unknown event id source %q (want header, json, form or form_sha256)", kind)
 	}
 	if name == "" {
 		return Source{}, fmt.Errorf("event id source %s needs a name", kind)
@@ -207,7 +213,7 @@ func extractOne(s Source, path []string, body []byte, h http.Header, form *url.V
 		default:
 			return "", fmt.Errorf("json %s: %w", s.Name, ErrNotScalar)
 		}
-	case Form:
+	case Form, FormSHA256:
 		if *form == nil {
 			f, err := url.ParseQuery(string(bytes.TrimSpace(body)))
 			if err != nil {
@@ -223,6 +229,13 @@ func extractOne(s Source, path []string, body []byte, h http.Header, form *url.V
 			// Also a name spelled twice ("a" and "%61"): url.ParseQuery
 			// unescapes names. Frameworks read the first or the last.
 			return "", fmt.Errorf("form %s given %d times: %w", s.Name, len(vs), ErrAmbiguous)
+		}
+		if s.Kind == FormSHA256 {
+			if vs[0] == "" {
+				return "", fmt.Errorf("form %s: %w", s.Name, ErrEmpty)
+			}
+			sum := sha256.Sum256([]byte(vs[0]))
+			return hex.EncodeToString(sum[:]), nil
 		}
 		return checkValue(s, vs[0])
 	}

@@ -40,6 +40,11 @@ type Batch struct {
 	// ItemID is the plain json path of an event's ID inside one item: an
 	// event_id json source, read with its rules.
 	ItemID string
+	// ItemIDParts are further plain json paths whose values join ItemID's
+	// in a composite ID (eventid's JSON-array encoding), for providers
+	// whose item is named by several fields (Adyen: pspReference,
+	// eventCode, success). Empty: ItemID alone.
+	ItemIDParts []string
 	// Policy is the preset's default policy.
 	Policy BatchPolicy
 
@@ -64,6 +69,8 @@ var (
 type BatchItem struct {
 	ID   string
 	Body []byte
+	// Raw is the item itself, the element of the items array.
+	Raw []byte
 }
 
 func (b *Batch) validate() error {
@@ -94,7 +101,11 @@ func (b Batch) paths() (*eventid.Path, *eventid.Extractor, error) {
 		}
 		items = &p
 	}
-	id, err := eventid.New([][]eventid.Source{{{Kind: eventid.JSON, Name: b.ItemID}}})
+	parts := [][]eventid.Source{{{Kind: eventid.JSON, Name: b.ItemID}}}
+	for _, p := range b.ItemIDParts {
+		parts = append(parts, []eventid.Source{{Kind: eventid.JSON, Name: p}})
+	}
+	id, err := eventid.New(parts)
 	if err != nil {
 		return nil, nil, fmt.Errorf("batch ItemID: %w", err)
 	}
@@ -138,30 +149,41 @@ func (b Batch) Present(body []byte) bool {
 // ErrBadBatch (also wrapping the eventid error of a bad item ID), wrapped
 // with the item's position, never its content.
 func (b Batch) Split(body []byte) ([]BatchItem, error) {
+	items, _, err := b.SplitChecked(body, nil)
+	return items, err
+}
+
+// SplitChecked is Split for a provider that signs each item (ItemVerifier):
+// check is called with each item's Raw before its ID is read, and an item
+// it refuses is left out (before duplicates within the body are removed,
+// so a forged copy cannot displace an authentic item with its ID). It
+// returns the accepted items and how many were refused; a nil check
+// accepts every item.
+func (b Batch) SplitChecked(body []byte, check func(raw []byte) error) ([]BatchItem, int, error) {
 	body = eventid.JSONText(body)
 	if !gjson.ValidBytes(body) {
-		return nil, fmt.Errorf("body is not JSON: %w", ErrBadBatch)
+		return nil, 0, fmt.Errorf("body is not JSON: %w", ErrBadBatch)
 	}
 	itemsPath, itemID, err := b.paths()
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	arr, err := b.array(body, itemsPath)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if !arr.IsArray() {
-		return nil, fmt.Errorf("%s is not an array: %w", b.Items, ErrBadBatch)
+		return nil, 0, fmt.Errorf("%s is not an array: %w", b.Items, ErrBadBatch)
 	}
 	elems := arr.Array()
 	if len(elems) == 0 {
-		return nil, ErrEmptyBatch
+		return nil, 0, ErrEmptyBatch
 	}
 	// The array's position in the body, to rebuild one-item bodies.
 	var start, end int
 	if b.Items != "@this" {
 		if arr.Index <= 0 {
-			return nil, fmt.Errorf("%s cannot be located in the body: %w", b.Items, ErrBadBatch)
+			return nil, 0, fmt.Errorf("%s cannot be located in the body: %w", b.Items, ErrBadBatch)
 		}
 		start, end = arr.Index, arr.Index+len(arr.Raw)
 	} else {
@@ -170,13 +192,18 @@ func (b Batch) Split(body []byte) ([]BatchItem, error) {
 	}
 	items := make([]BatchItem, 0, len(elems))
 	seen := make(map[string]bool, len(elems))
+	refused := 0
 	for i, e := range elems {
+		if check != nil && check([]byte(e.Raw)) != nil {
+			refused++
+			continue
+		}
 		v, err := itemID.Extract([]byte(e.Raw), nil)
 		switch {
 		case errors.Is(err, eventid.ErrAmbiguous):
-			return nil, fmt.Errorf("item %d: %w", i+1, err)
+			return nil, 0, fmt.Errorf("item %d: %w", i+1, err)
 		case err != nil:
-			return nil, fmt.Errorf("item %d: %w: %w", i+1, err, ErrBadBatch)
+			return nil, 0, fmt.Errorf("item %d: %w: %w", i+1, err, ErrBadBatch)
 		}
 		if seen[v] {
 			continue
@@ -188,9 +215,9 @@ func (b Batch) Split(body []byte) ([]BatchItem, error) {
 		one = append(one, e.Raw...)
 		one = append(one, ']')
 		one = append(one, body[end:]...)
-		items = append(items, BatchItem{ID: v, Body: one})
+		items = append(items, BatchItem{ID: v, Body: one, Raw: []byte(e.Raw)})
 	}
-	return items, nil
+	return items, refused, nil
 }
 
 // SetKey returns the event ID of a whole batch under BatchSet: "set:" and the

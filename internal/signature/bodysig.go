@@ -29,6 +29,12 @@ type bodySigner interface {
 	signBody(body []byte, ts time.Time) ([]byte, error)
 }
 
+// headerAlsoSigner is a bodySigner that also sets headers (Adyen's Basic
+// credentials).
+type headerAlsoSigner interface {
+	signHeaders(h http.Header) error
+}
+
 // SignDelivery is Sign for every scheme: it returns the body to send, which
 // differs from body where the provider writes into it (Mailgun's signature,
 // Graph's clientState, Linear's webhookTimestamp), and sets h as Sign does.
@@ -40,7 +46,11 @@ func SignDelivery(provider string, o Options, body []byte, h http.Header, ts tim
 	}
 	switch v := s.(type) {
 	case bodySigner:
-		return v.signBody(body, ts)
+		out, err := v.signBody(body, ts)
+		if hs, ok := s.(headerAlsoSigner); ok && err == nil {
+			err = hs.signHeaders(h)
+		}
+		return out, err
 	case *bodyTimestamp:
 		if body, err = v.stamp(body, ts); err != nil {
 			return nil, err

@@ -2,6 +2,7 @@ package signature_test
 
 import (
 	"crypto/hmac"
+	"encoding/base64"
 	"crypto/sha256"
 	"encoding/hex"
 	"net/http"
@@ -24,10 +25,16 @@ func TestBodySigned(t *testing.T) {
 	secrets := map[string][2]string{
 		"mailgun": {"key-mailgun-current", "key-mailgun-previous"},
 		"msgraph": {"client-state-current", "client-state-previous"},
+		"adyen":     {adyenKey, adyenKeyOld},
+		"midtrans":  {"SB-Mid-server-current", "SB-Mid-server-previous"},
+		"braintree": {"bt_public:bt_private_current", "bt_public:bt_private_previous"},
 	}
 	bodies := map[string]string{
 		"mailgun": `{"event-data":{"id":"CPgfbmQMTCKtHW6uIWtuVe","event":"delivered"}}`,
 		"msgraph": `{"value":[{"subscriptionId":"s1","changeType":"created","resource":"Users/1"},{"subscriptionId":"s1","changeType":"updated","resource":"Users/2"}]}`,
+		"adyen":     adyenBody,
+		"midtrans":  midtransBody,
+		"braintree": "bt_payload=" + url.QueryEscape(base64.StdEncoding.EncodeToString([]byte(braintreeXML))),
 	}
 	require.Len(t, secrets, len(bodySigned))
 	for _, name := range bodySigned {
@@ -285,6 +292,10 @@ func TestSignDeliveryEveryPreset(t *testing.T) {
 	for _, name := range bodySigned {
 		secretFor[name] = [2]string{"body-secret", "body-secret"}
 	}
+	secretFor["adyen"] = [2]string{adyenKey, adyenKey}
+	secretFor["midtrans"] = [2]string{"SB-Mid-server-rt", "SB-Mid-server-rt"}
+	secretFor["braintree"] = [2]string{"bt_public:bt_private", "bt_public:bt_private"}
+	bodyFor := map[string]string{"adyen": adyenBody, "midtrans": midtransBody, "braintree": braintreeXML}
 	for _, name := range signature.Providers() {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -299,6 +310,9 @@ func TestSignDeliveryEveryPreset(t *testing.T) {
 				h.Set(k, v)
 			}
 			body := `{"id":"evt_1","event-data":{"id":"e1"},"data":{"amount":1000}}`
+			if b, ok := bodyFor[name]; ok {
+				body = b
+			}
 			s := secretFor[name]
 			o := signature.Options{Secrets: []string{s[0]}, URL: f.url, HMAC: f.hmac, Now: clock(now)}
 			out, err := signature.SignDelivery(name, o, []byte(body), h, now)

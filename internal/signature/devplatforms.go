@@ -19,7 +19,10 @@ func init() {
 	// Heroku app webhooks tell the event (webhook_metadata.event.id) from
 	// the delivery and the attempt; the event's ID is the key.
 	register(Preset{
-		Name:            "heroku",
+		Name: "heroku",
+		Delivery: Delivery{
+			Retry: Retry{Retries: true, For: 72 * time.Hour, Source: "https://devcenter.heroku.com/changelog-items/1966"},
+		},
 		Doc:             "https://devcenter.heroku.com/articles/app-webhooks#securing-webhook-requests",
 		SignatureHeader: "Heroku-Webhook-Hmac-SHA256: <base64>",
 		EventID:         ids(jsonID("webhook_metadata.event.id"), jsonID("id")),

@@ -24,7 +24,12 @@ import (
 // configured with.
 func init() {
 	register(Preset{
-		Name:             "discord",
+		Name: "discord",
+		Delivery: Delivery{
+			Timeout: Timeout{Duration: 3 * time.Second, Note: "the interaction fails for the user after it", Source: "https://discord.com/developers/docs/interactions/receiving-and-responding#responding-to-an-interaction"},
+			Answer:  Answer{Note: "an interaction response (a PING gets {\"type\":1})", Source: "https://discord.com/developers/docs/interactions/receiving-and-responding#responding-to-an-interaction"},
+			Refusal: Refusal{Status: 401, Note: "Discord sends deliberately bad signatures and removes the endpoint unless it answers 401", Source: "https://discord.com/developers/docs/interactions/overview#setting-up-an-endpoint-validating-security-request-headers"},
+		},
 		Doc:              "https://discord.com/developers/docs/interactions/overview#setting-up-an-endpoint-validating-security-request-headers",
 		SignatureHeader:  "X-Signature-Ed25519: <hex> (with X-Signature-Timestamp)",
 		DefaultTolerance: 5 * time.Minute,

@@ -208,6 +208,19 @@ func (v *variant) parse(name, raw string, c codec) (ts string, sigs [][]byte, er
 		}
 		return "", [][]byte{sig}, nil
 	}
+	if f.TimestampFirst {
+		entries := strings.Split(raw, f.List)
+		ts = strings.TrimSpace(entries[0])
+		for _, e := range entries[1:] {
+			if sig, ok := c.decodeDigest(strings.TrimSpace(e), v.size); ok {
+				sigs = append(sigs, sig)
+			}
+		}
+		if len(sigs) == 0 {
+			return "", nil, fmt.Errorf("header %s has no usable signature after its timestamp: %w", name, ErrMalformedHeader)
+		}
+		return ts, sigs, nil
+	}
 	seenTS := false
 	for entry := range strings.SplitSeq(raw, f.List) {
 		entry = strings.TrimSpace(entry)
@@ -334,7 +347,10 @@ func (e *engine) sign(body []byte, h http.Header, ts time.Time) error {
 	sig := e.codec.encode(e.mac(&e.primary, e.keys[0], body, tsText, id))
 	f := e.primary.format
 	value := f.Prefix + sig
-	if f.List != "" {
+	switch {
+	case f.TimestampFirst:
+		value = tsText + f.List + sig
+	case f.List != "":
 		value = f.SigKey + f.Pair + sig
 		if f.TimestampKey != "" {
 			value = f.TimestampKey + f.Pair + tsText + f.List + value

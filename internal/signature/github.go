@@ -1,5 +1,7 @@
 package signature
 
+import "time"
+
 // GitHub: X-Hub-Signature-256: sha256=<hex>, HMAC-SHA256 of the body. The
 // legacy X-Hub-Signature: sha1=<hex> is read only with allow_sha1 and only
 // when X-Hub-Signature-256 is absent, so a bad SHA-256 signature is never
@@ -9,7 +11,13 @@ package signature
 // DedupeBody.
 func init() {
 	register(Preset{
-		Name:            "github",
+		Name: "github",
+		Delivery: Delivery{
+			Retry:   Retry{Note: "failed deliveries are redelivered only by hand or by a script using the REST API", Source: "https://docs.github.com/en/webhooks/using-webhooks/handling-failed-webhook-deliveries"},
+			MaxBody: MaxBody{Bytes: 25_000_000, Note: "a larger event is not delivered", Source: "https://docs.github.com/en/webhooks/webhook-events-and-payloads#payload-cap"},
+			Timeout: Timeout{Duration: 10 * time.Second, Source: "https://docs.github.com/en/webhooks/using-webhooks/best-practices-for-using-webhooks#respond-within-10-seconds"},
+			Answer:  Answer{Note: "within 10 seconds", Source: "https://docs.github.com/en/webhooks/using-webhooks/best-practices-for-using-webhooks#respond-within-10-seconds"},
+		},
 		Doc:             "https://docs.github.com/en/webhooks/using-webhooks/validating-webhook-deliveries",
 		SignatureHeader: "X-Hub-Signature-256: sha256=<hex> (X-Hub-Signature: sha1=<hex> with allow_sha1)",
 		EventID:         ids(headerID("X-GitHub-Delivery")),

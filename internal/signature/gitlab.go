@@ -18,7 +18,13 @@ import (
 // timestamp, hence DedupeBody.
 func init() {
 	register(Preset{
-		Name:            "gitlab",
+		Name: "gitlab",
+		Delivery: Delivery{
+			Retry:   Retry{Retries: true, Note: "the document only says a slow hook may be retried; a hook failing 4 times in a row is disabled (4xx until re-enabled by hand, 5xx for 1 minute up to 24 hours)", Source: "https://docs.gitlab.com/user/project/integrations/webhooks/"},
+			Timeout: Timeout{Duration: 10 * time.Second, Note: "GitLab.com; configurable on self-managed", Source: "https://docs.gitlab.com/user/gitlab_com/"},
+			Answer:  Answer{Note: "as fast as possible", Source: "https://docs.gitlab.com/user/project/integrations/webhooks/"},
+			Refusal: Refusal{Note: "a 4xx disables the hook until it is re-enabled by hand", Source: "https://docs.gitlab.com/user/project/integrations/webhooks/"},
+		},
 		Doc:             "https://docs.gitlab.com/user/project/integrations/webhooks/#create-a-webhook",
 		SignatureHeader: "X-Gitlab-Token: <secret token>",
 		EventID:         ids(headerID("Idempotency-Key"), headerID("X-Gitlab-Event-UUID")),

@@ -69,6 +69,12 @@ const (
 	// AnswerZoom: 200 application/json {"plainToken": v, "encryptedToken":
 	// hex HMAC-SHA256(secret, v)}, Zoom's endpoint.url_validation answer.
 	AnswerZoom AnswerKind = "zoom"
+	// AnswerBraintree: 200 text/plain "<public key>|<hex HMAC-SHA1 keyed
+	// with SHA-1(private key) of the value>", Braintree's bt_challenge
+	// answer (the route's secret is "<public key>:<private key>"); a value
+	// that is not 20 to 32 lowercase hex digits is Incomplete, as the
+	// braintree library refuses it.
+	AnswerBraintree AnswerKind = "braintree"
 	// AnswerForward: no answer at the edge; forward upstream without a
 	// claim (the handshake is the legacy handler's to answer).
 	AnswerForward AnswerKind = "forward"
@@ -336,6 +342,13 @@ func (c *Challenge) answer(r *http.Request, body []byte, secret string) Handshak
 		m.Write([]byte(v))
 		a.Header.Set("Content-Type", "application/json")
 		a.Body, _ = json.Marshal(map[string]string{"plainToken": v, "encryptedToken": hex.EncodeToString(m.Sum(nil))})
+	case AnswerBraintree:
+		pub, priv, ok := strings.Cut(secret, ":")
+		if !ok || !braintreeChallenge.MatchString(v) {
+			return HandshakeAnswer{Challenge: *c, Incomplete: c.Echo}
+		}
+		a.Header.Set("Content-Type", "text/plain; charset=utf-8")
+		a.Body = []byte(pub + "|" + braintreeDigest(priv, []byte(v)))
 	case AnswerForward:
 		a.Forward, a.Status, a.Header = true, 0, nil
 	}
@@ -364,7 +377,7 @@ func (c *Challenge) validate() error {
 		return ok && name != "" && (kind == "query" || kind == "header" || kind == "json")
 	}
 	switch c.Answer {
-	case AnswerText, AnswerJSON, AnswerHeader, AnswerZoom:
+	case AnswerText, AnswerJSON, AnswerHeader, AnswerZoom, AnswerBraintree:
 		if !refOK(c.Echo) {
 			return fmt.Errorf("answer %s needs Echo as query|header|json <name>", c.Answer)
 		}
@@ -436,6 +449,8 @@ func (c Challenge) Describe() string {
 		ans = c.Body
 	case AnswerEmpty:
 		ans = "empty 200"
+	case AnswerBraintree:
+		ans = "public key|HMAC-SHA1 of " + c.Echo
 	}
 	s := c.Name + ": " + strings.Join(when, " ") + " → " + ans + " (auth " + string(c.Auth) + ")"
 	if c.LearnSecret != "" {

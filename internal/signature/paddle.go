@@ -8,7 +8,12 @@ import "time"
 // secret rotates) are all tried; field order does not matter.
 func init() {
 	register(Preset{
-		Name:             "paddle",
+		Name: "paddle",
+		Delivery: Delivery{
+			Retry:   Retry{Retries: true, For: 3 * 24 * time.Hour, Note: "live: up to 60 retries with exponential backoff; sandbox: 3 retries within 15 minutes", Source: "https://developer.paddle.com/webhooks/respond-to-webhooks"},
+			Timeout: Timeout{Duration: 5 * time.Second, Source: "https://developer.paddle.com/webhooks/respond-to-webhooks"},
+			Answer:  Answer{Status: 200, Note: "within 5 seconds, before processing", Source: "https://developer.paddle.com/webhooks/respond-to-webhooks"},
+		},
 		Doc:              "https://developer.paddle.com/webhooks/signature-verification",
 		SignatureHeader:  "Paddle-Signature: ts=<ts>;h1=<hex>",
 		DefaultTolerance: 5 * time.Minute,

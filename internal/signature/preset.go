@@ -2,7 +2,6 @@ package signature
 
 import (
 	"fmt"
-	"net/http"
 	"slices"
 	"time"
 )
@@ -39,7 +38,8 @@ type Preset struct {
 	// RefuseStatus is the HTTP status the provider's documentation requires
 	// for a delivery that fails verification (a bad, missing or stale
 	// signature). 0 when registering means 400, the status every provider
-	// accepts as "not retried, not processed"; Lookup always returns the
+	// accepts as "not processed"; a documented Delivery.Refusal.Status
+	// sets it. Lookup always returns the
 	// resolved status. Only a documented requirement sets another: Discord
 	// sends deliberately bad signatures to an interactions endpoint and
 	// removes the endpoint unless it answers 401 (see Doc).
@@ -60,6 +60,9 @@ type Preset struct {
 	// testdata/oracles.json prove this preset; "" means the preset rests on
 	// the provider's documentation only. TestOracles keeps the two in step.
 	Oracle string
+	// Delivery is how the provider delivers (retries, maximum body,
+	// timeout, expected answer, refusal), each fact with its source.
+	Delivery Delivery
 
 	// Scheme is how the provider signs. For presets with bespoke code it
 	// only describes the scheme (Signed is then prose, not a template).
@@ -138,6 +141,10 @@ type Format struct {
 	// Lenient skips list entries without a Pair separator instead of
 	// refusing the header, as the Standard Webhooks libraries do.
 	Lenient bool
+	// TimestampFirst: the list's entries have no keys; the first is the
+	// timestamp and the others are signatures (Recurly's
+	// "<ts>,<hex>[,<hex>]"). Pair, SigKey and TimestampKey are unused.
+	TimestampFirst bool
 }
 
 // LegacyHeader is a fallback signature header with its own prefix and hash.
@@ -175,9 +182,14 @@ func register(p Preset) {
 	if p.Doc == "" || p.SignatureHeader == "" {
 		panic("signature: preset " + p.Name + " lacks Doc or SignatureHeader")
 	}
-	if p.RefuseStatus == 0 {
-		p.RefuseStatus = http.StatusBadRequest
+	if err := p.Delivery.validate(); err != nil {
+		panic(fmt.Sprintf("signature: preset %s: delivery: %v", p.Name, err))
 	}
+	status, err := deliveryRefuseStatus(p)
+	if err != nil {
+		panic(fmt.Sprintf("signature: preset %s: %v", p.Name, err))
+	}
+	p.RefuseStatus = status
 	if p.RefuseStatus < 400 || p.RefuseStatus > 499 {
 		panic(fmt.Sprintf("signature: preset %s: refusal status %d is not 4xx", p.Name, p.RefuseStatus))
 	}
@@ -226,12 +238,12 @@ func (s Scheme) validate(p Preset) error {
 	if err != nil {
 		return err
 	}
-	hasTS := s.Format.TimestampKey != ""
+	hasTS := s.Format.TimestampKey != "" || s.Format.TimestampFirst
 	for _, hs := range s.Headers {
 		if hs.Signature == "" {
 			return fmt.Errorf("header set without a signature header")
 		}
-		if hs.Timestamp != "" && s.Format.TimestampKey != "" {
+		if hs.Timestamp != "" && (s.Format.TimestampKey != "" || s.Format.TimestampFirst) {
 			return fmt.Errorf("timestamp both in a header and in the signature header")
 		}
 		hasTS = hasTS || hs.Timestamp != ""
@@ -257,7 +269,10 @@ func (s Scheme) validate(p Preset) error {
 			}
 		}
 	}
-	if s.Format.List != "" && (s.Format.Pair == "" || s.Format.SigKey == "") {
+	if s.Format.TimestampFirst && (s.Format.List == "" || s.Format.TimestampKey != "") {
+		return fmt.Errorf("TimestampFirst needs List and no TimestampKey")
+	}
+	if s.Format.List != "" && !s.Format.TimestampFirst && (s.Format.Pair == "" || s.Format.SigKey == "") {
 		return fmt.Errorf("a list format needs Pair and SigKey")
 	}
 	if s.Secret != "raw" && s.Secret != "whsec" {

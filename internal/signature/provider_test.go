@@ -365,7 +365,7 @@ func TestNewErrors(t *testing.T) {
 		o        signature.Options
 		want     string
 	}{
-		{"unknown provider", "nope", signature.Options{Secrets: []string{"s"}}, `unknown provider "nope" (known: alchemy, asana, bitbucket,`},
+		{"unknown provider", "nope", signature.Options{Secrets: []string{"s"}}, `unknown provider "nope" (known: adyen, airwallex, alchemy,`},
 		{"no secret", "stripe", signature.Options{}, "at least one secret is required"},
 		{"empty secret", "stripe", signature.Options{Secrets: []string{"a", ""}}, "secret 2 is empty"},
 		{"negative tolerance", "stripe", signature.Options{Secrets: []string{"s"}, Tolerance: -time.Second}, "tolerance must not be negative"},
@@ -501,7 +501,10 @@ func TestPresetData(t *testing.T) {
 			signedID := false
 			for _, src := range p.EventID {
 				kind, rest, ok := strings.Cut(src, " ")
-				require.True(t, ok && rest != "" && (kind == "json" || kind == "header"), src)
+				require.True(t, ok && rest != "" && (kind == "json" || kind == "header" || kind == "form_sha256"), src)
+				if kind == "form_sha256" && p.Algorithm != "" {
+					signedID = true // the hash of a signed form field (braintree's bt_payload)
+				}
 				if kind == "json" && p.Algorithm != "" && p.Name != "mailgun" {
 					signedID = true // the body is signed (not by a token or Mailgun's timestamp+token)
 				}
@@ -510,6 +513,9 @@ func TestPresetData(t *testing.T) {
 						signedID = true
 					}
 				}
+			}
+			if p.Batch != nil && signedItemIDs[name] {
+				signedID = true // each item's ID is among its signed fields
 			}
 			hasTS := p.DefaultTolerance > 0
 			require.Equal(t, !hasTS && !signedID, p.DedupeBody, "DedupeBody rule (README \"Providers\")")
@@ -597,3 +603,7 @@ func TestPresetOverride(t *testing.T) {
 	_, err = signature.New("stripe", signature.Options{Secrets: []string{"s"}, HMAC: signature.HMACOptions{Algorithm: "md5"}})
 	require.Error(t, err)
 }
+
+// signedItemIDs are the batching presets whose item IDs are among each
+// item's signed fields (Adyen signs pspReference, eventCode and success).
+var signedItemIDs = map[string]bool{"adyen": true}

@@ -13,7 +13,12 @@ import (
 // time without a claim.
 func init() {
 	register(Preset{
-		Name:             "slack",
+		Name: "slack",
+		Delivery: Delivery{
+			Retry:   Retry{Retries: true, Attempts: 4, Note: "3 retries: at once, after 1 minute, after 5 minutes; X-Slack-No-Retry: 1 on an error answer stops them", Source: "https://docs.slack.dev/apis/events-api/#retries"},
+			Timeout: Timeout{Duration: 3 * time.Second, Source: "https://docs.slack.dev/apis/events-api/#retries"},
+			Answer:  Answer{Note: "within 3 seconds", Source: "https://docs.slack.dev/apis/events-api/#retries"},
+		},
 		Doc:              "https://docs.slack.dev/authentication/verifying-requests-from-slack",
 		SignatureHeader:  "X-Slack-Signature: v0=<hex> (with X-Slack-Request-Timestamp)",
 		DefaultTolerance: 5 * time.Minute,

@@ -10,7 +10,11 @@ import "time"
 // that is not a JSON event, and so does this preset (JSONBody).
 func init() {
 	register(Preset{
-		Name:             "stripe",
+		Name: "stripe",
+		Delivery: Delivery{
+			Retry:  Retry{Retries: true, For: 3 * 24 * time.Hour, Note: "exponential backoff in live mode; a sandbox retries 3 times over a few hours", Source: "https://docs.stripe.com/webhooks#automatic-retries"},
+			Answer: Answer{Note: "return it before any complex logic", Source: "https://docs.stripe.com/webhooks#acknowledge-events-immediately"},
+		},
 		Doc:              "https://docs.stripe.com/webhooks#verify-manually",
 		SignatureHeader:  "Stripe-Signature: t=<ts>,v1=<hex>",
 		DefaultTolerance: 5 * time.Minute,

@@ -33,7 +33,12 @@ import (
 // DedupeBody.
 func init() {
 	register(Preset{
-		Name:            "twilio",
+		Name: "twilio",
+		Delivery: Delivery{
+			Retry:   Retry{Note: "a failed request goes to the fallback URL if one is set; connection retries only with a #rc= connection override", Source: "https://www.twilio.com/docs/errors/11205"},
+			Timeout: Timeout{Duration: 15 * time.Second, Note: "10 s to connect (two 5 s attempts) within it", Source: "https://www.twilio.com/docs/errors/11205"},
+			Answer:  Answer{Note: "TwiML for voice and messaging webhooks (the answer is read)", Source: "https://www.twilio.com/docs/usage/webhooks/getting-started-twilio-webhooks"},
+		},
 		Doc:             "https://www.twilio.com/docs/usage/webhooks/webhooks-security",
 		SignatureHeader: "X-Twilio-Signature: <base64>",
 		EventID:         ids(headerID("I-Twilio-Idempotency-Token")),

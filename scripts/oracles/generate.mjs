@@ -33,6 +33,11 @@ const DOCUMENTATION_ONLY = [
   'docusign', 'dropbox', 'forgejo', 'gitea', 'gitlab', 'heroku', 'hmac', 'intercom', 'intuit', 'lemonsqueezy',
   'mailgun', 'meta', 'msgraph', 'notion', 'okta', 'pagerduty', 'paystack', 'persona', 'sentry',
   'trello', 'twitch', 'typeform', 'vercel', 'woocommerce', 'xero', 'zoom',
+  // No official npm library verifies these schemes: recurly 4.81,
+  // authorizenet 1.0.10, flutterwave-node-v3 1.4.1, xendit-node 7.0,
+  // midtrans-client 1.4.3 and @airwallex/node-sdk 2.1.0-beta.5 have no
+  // webhook verification; none was found for Revolut, FastSpring or Rapyd.
+  'airwallex', 'authorizenet', 'fastspring', 'flutterwave', 'midtrans', 'rapyd', 'recurly', 'revolut', 'xendit',
 ];
 
 const NOW = 1764547200000; // 2025-12-01T00:00:00Z, the vectors' clock
@@ -581,6 +586,130 @@ async function standardFamily(preset, libName, Webhook, prefix, libSecret, confi
   ]) {
     await add({ preset: 'webflow', case: name, library: lib, version: ver, how, secrets: [secret], headers: h, body: b },
       () => client.webhooks.verifySignature({ headers: h, body: b, secret }), ok);
+  }
+}
+
+// ---- Adyen: @adyen/api-library HmacValidator signs each notification item
+// (calculateHmac) and verifies it (validateHMAC); a delivery is valid when
+// every item is.
+{
+  const { hmacValidator: HmacValidator } = require('@adyen/api-library');
+  const hv = new HmacValidator();
+  const lib = '@adyen/api-library', ver = version(lib);
+  const key = '44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056';
+  const other = '0A1B2C3D4E5F60718293A4B5C6D7E8F90A1B2C3D4E5F60718293A4B5C6D7E8F9';
+  const items = [
+    { additionalData: { authCode: '58747' }, amount: { currency: 'EUR', value: 1000 }, eventCode: 'AUTHORISATION', eventDate: '2025-12-01T00:00:00+01:00', merchantAccountCode: 'TestMerchant', merchantReference: 'order-1', pspReference: '7914073381342284', reason: '', success: 'true' },
+    { additionalData: {}, amount: { currency: 'EUR', value: 2500 }, eventCode: 'CAPTURE', eventDate: '2025-12-01T00:00:01+01:00', merchantAccountCode: 'TestMerchant', merchantReference: 'order-2', originalReference: '8313842560770001', pspReference: '8825408195409505', reason: '', success: 'true' },
+  ];
+  const signedBody = (k) => JSON.stringify({
+    live: 'false',
+    notificationItems: items.map((it) => {
+      const c = structuredClone(it);
+      c.additionalData.hmacSignature = hv.calculateHmac(c, k);
+      return { NotificationRequestItem: c };
+    }),
+  });
+  const check = (b) => () => JSON.parse(b).notificationItems.every((n) => hv.validateHMAC(n.NotificationRequestItem, key));
+  const how = 'each item signed with HmacValidator.calculateHmac, verified with validateHMAC (valid when every item is)';
+  const good = signedBody(key);
+  for (const [name, b, ok] of [
+    ['valid', good, true],
+    ['tampered amount in one item', good.replace('"value":2500', '"value":2501'), false],
+    ['wrong key', signedBody(other), false],
+    ['unsigned item', good.replace(/"hmacSignature":"[^"]*"/, '"x":"y"'), false],
+    ['amount written as 1000.0', good.replace('"value":1000', '"value":1000.0'), true],
+    ['unsigned field changed', good.replace('"eventDate":"2025-12-01T00:00:00+01:00"', '"eventDate":"2030-01-01T00:00:00+01:00"'), true],
+  ]) {
+    await add({ preset: 'adyen', case: name, library: lib, version: ver, how, secrets: [key], headers: {}, body: b }, check(b), ok);
+  }
+}
+
+// ---- Mollie (next-gen webhooks): mollie-api-typescript SignatureValidator.
+{
+  const { SignatureValidator } = require('mollie-api-typescript');
+  const lib = 'mollie-api-typescript', ver = version(lib);
+  const secret = 'mollie_oracle_signing_secret';
+  const mbody = '{"resource":"event","id":"event_GvJ8WHrp5isUdRub9CJyH","type":"payment-link.paid","entityId":"pl_qng5gbbv8NAZ5gpM5ZYgx","createdAt":"2025-12-01T00:00:00+00:00","amount":1000}';
+  const sig = (b, s = secret) => 'sha256=' + HMAC('sha256', s, b, 'hex');
+  const how = 'signed with the documented formula (HMAC-SHA256 hex, sha256= prefix), verified with SignatureValidator.validate()';
+  for (const [name, b, h, ok] of [
+    ['valid', mbody, sig(mbody), true],
+    ['tampered body', tamper(mbody), sig(mbody), false],
+    ['wrong secret', mbody, sig(mbody, 'mollie_other_secret'), false],
+  ]) {
+    await add({ preset: 'mollie', case: name, library: lib, version: ver, how, secrets: [secret], headers: { 'X-Mollie-Signature': h }, body: b },
+      () => SignatureValidator.validate(b, [secret], [h]), ok);
+  }
+}
+
+// ---- Chargebee: chargebee basicAuthValidator (webhooks carry Basic credentials only).
+{
+  const { basicAuthValidator } = require('chargebee');
+  const lib = 'chargebee', ver = version(lib);
+  const validate = basicAuthValidator((u, p) => u === 'cb_oracle' && p === 'cb-oracle-pass');
+  const cbody = '{"id":"ev_oracle_1","occurred_at":1764547200,"event_type":"subscription_created","content":{"subscription":{"id":"sub_1","amount":1000}}}';
+  const basic = (cred) => 'Basic ' + Buffer.from(cred).toString('base64');
+  const how = 'verified with basicAuthValidator((user, password) => ...)';
+  for (const [name, h, ok] of [
+    ['valid', basic('cb_oracle:cb-oracle-pass'), true],
+    ['wrong password', basic('cb_oracle:guess'), false],
+    ['wrong user', basic('someone:cb-oracle-pass'), false],
+    ['not Basic', 'Bearer cb-oracle-pass', false],
+  ]) {
+    await add({ preset: 'chargebee', case: name, library: lib, version: ver, how, secrets: ['cb_oracle:cb-oracle-pass'], headers: { Authorization: h }, body: cbody },
+      () => validate({ authorization: h }), ok);
+  }
+}
+
+// ---- Mercado Pago: mercadopago WebhookSignatureValidator.validate (manifest
+// id:<data.id>;request-id:<x-request-id>;ts:<ts>;, tolerance 300 s).
+{
+  const { WebhookSignatureValidator } = require('mercadopago/dist/utils/webhook');
+  const lib = 'mercadopago', ver = version(lib);
+  const secret = 'mp_oracle_secret_signature';
+  const rid = 'bb56a2f1-6aae-46ac-982e-9dcd3581d08e';
+  const mpBody = (dataId) => `{"id":12345,"live_mode":false,"type":"payment","date_created":"2025-12-01T00:00:00.000-04:00","user_id":44444,"api_version":"v1","action":"payment.updated","data":{"id":"${dataId}"}}`;
+  const xsig = (dataId, t, s = secret, r = rid) => `ts=${t},v1=` + HMAC('sha256', s, `id:${dataId};request-id:${r};ts:${t};`, 'hex');
+  const how = 'signed with the documented manifest formula, verified with WebhookSignatureValidator.validate() (data.id from the body, tolerance 300 s)';
+  for (const [name, dataId, b, h, ok] of [
+    ['valid', '123456789', mpBody('123456789'), { 'x-signature': xsig('123456789', NOW_S), 'x-request-id': rid }, true],
+    ['tampered data.id', '123456780', mpBody('123456780'), { 'x-signature': xsig('123456789', NOW_S), 'x-request-id': rid }, false],
+    ['tampered request id', '123456789', mpBody('123456789'), { 'x-signature': xsig('123456789', NOW_S), 'x-request-id': rid.replace('b', 'c') }, false],
+    ['wrong secret', '123456789', mpBody('123456789'), { 'x-signature': xsig('123456789', NOW_S, 'mp_other'), 'x-request-id': rid }, false],
+    ['stale timestamp', '123456789', mpBody('123456789'), { 'x-signature': xsig('123456789', NOW_S - 301), 'x-request-id': rid }, false],
+    ['unsigned body field changed', '123456789', mpBody('123456789').replace('payment.updated', 'payment.created'), { 'x-signature': xsig('123456789', NOW_S), 'x-request-id': rid }, true],
+  ]) {
+    await add({ preset: 'mercadopago', case: name, library: lib, version: ver, how, secrets: [secret], headers: h, body: b },
+      () => WebhookSignatureValidator.validate({ xSignature: h['x-signature'], xRequestId: h['x-request-id'], dataId, secret, toleranceSeconds: 300, now: () => NOW }), ok);
+  }
+}
+
+// ---- Braintree: braintree signs (webhookTesting.sampleNotification) and
+// verifies (webhookNotification.parse) the bt_signature/bt_payload form.
+{
+  const braintree = require('braintree');
+  const lib = 'braintree', ver = version(lib);
+  const gw = (priv, pub = 'bt_oracle_public') => new braintree.BraintreeGateway({ environment: braintree.Environment.Sandbox, merchantId: 'bt_oracle_merchant', publicKey: pub, privateKey: priv });
+  const good = gw('bt_oracle_private');
+  const sample = await good.webhookTesting.sampleNotification(braintree.WebhookNotification.Kind.SubscriptionChargedSuccessfully, 'sub_oracle_1');
+  const other = await gw('bt_other_private').webhookTesting.sampleNotification(braintree.WebhookNotification.Kind.SubscriptionChargedSuccessfully, 'sub_oracle_1');
+  const form = (sig, payload) => new URLSearchParams({ bt_signature: sig, bt_payload: payload }).toString();
+  const flip = (p) => (p[10] === 'A' ? p.slice(0, 10) + 'B' + p.slice(11) : p.slice(0, 10) + 'A' + p.slice(11));
+  const nl = sample.bt_payload + '\n';
+  const nlSig = 'bt_oracle_public|' + crypto.createHmac('sha1', crypto.createHash('sha1').update('bt_oracle_private').digest()).update(nl).digest('hex');
+  const how = 'signed with webhookTesting.sampleNotification(), verified with webhookNotification.parse()';
+  for (const [name, sig, payload, ok] of [
+    ['valid', sample.bt_signature, sample.bt_payload, true],
+    ['tampered payload', sample.bt_signature, flip(sample.bt_payload), false],
+    ['wrong private key', other.bt_signature, other.bt_payload, false],
+    ['unknown public key', sample.bt_signature.replace('bt_oracle_public', 'bt_other_public'), sample.bt_payload, false],
+    ['second pair for another key', 'bt_other_public|00&' + sample.bt_signature, sample.bt_payload, true],
+    ['signed with a trailing newline', nlSig, sample.bt_payload, true],
+  ]) {
+    const b = form(sig, payload);
+    await add({ preset: 'braintree', case: name, library: lib, version: ver, how, secrets: ['bt_oracle_public:bt_oracle_private'], headers: { 'Content-Type': 'application/x-www-form-urlencoded' }, body: b },
+      () => good.webhookNotification.parse(sig, payload), ok);
   }
 }
 
