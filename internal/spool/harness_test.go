@@ -154,7 +154,7 @@ func (u *upstream) count() int {
 func record(id string) *spool.Record {
 	return &spool.Record{
 		Scope: "github", EventID: id, Method: http.MethodPost, Host: "hooks.example.com",
-		URI: "/github?x=1", Proto: "HTTP/1.1", RemoteAddr: "192.0.2.7:41000",
+		URI: "/github?x=1", Proto: "HTTP/1.1", Scheme: "https", RemoteAddr: "192.0.2.7:41000",
 		Header: http.Header{
 			"X-Github-Delivery":   {id},
 			"X-Hub-Signature-256": {"sha256=" + id},

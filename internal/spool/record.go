@@ -23,8 +23,9 @@ type Record struct {
 	// BodyKey is the key of the body's own claim (dedupe_body), "" for none.
 	BodyKey string
 	// Method, Host, URI (the request target as sent: path and query),
-	// Proto and RemoteAddr describe the request line and its peer.
-	Method, Host, URI, Proto, RemoteAddr string
+	// Proto and RemoteAddr describe the request line and its peer; Scheme
+	// is "https" when it arrived over TLS, else "http".
+	Method, Host, URI, Proto, RemoteAddr, Scheme string
 	// Header holds every header as received, signatures included: the
 	// spool's files are readable by the gateway's user only.
 	Header http.Header
@@ -66,11 +67,11 @@ func encodePayload(r *Record) []byte {
 			n += len(v) + 4
 		}
 	}
-	b := make([]byte, 0, n+len(r.Scope)+len(r.EventID)+len(r.BodyKey)+len(r.Method)+len(r.Host)+len(r.URI)+len(r.Proto)+len(r.RemoteAddr))
+	b := make([]byte, 0, n+len(r.Scope)+len(r.EventID)+len(r.BodyKey)+len(r.Method)+len(r.Host)+len(r.URI)+len(r.Proto)+len(r.RemoteAddr)+len(r.Scheme))
 	b = append(b, payloadVersion)
 	b = binary.BigEndian.AppendUint64(b, 0)
 	b = binary.BigEndian.AppendUint64(b, uint64(r.Arrived.UnixNano()))
-	for _, s := range []string{r.Scope, r.EventID, r.BodyKey, r.Method, r.Host, r.URI, r.Proto, r.RemoteAddr} {
+	for _, s := range []string{r.Scope, r.EventID, r.BodyKey, r.Method, r.Host, r.URI, r.Proto, r.RemoteAddr, r.Scheme} {
 		b = appendString(b, s)
 	}
 	b = binary.AppendUvarint(b, uint64(len(r.Header)))
@@ -149,6 +150,7 @@ func decodePayload(p []byte, withBody bool) (*Record, error) {
 	d := &decoder{b: p[17:]}
 	r.Scope, r.EventID, r.BodyKey = d.string(), d.string(), d.string()
 	r.Method, r.Host, r.URI, r.Proto, r.RemoteAddr = d.string(), d.string(), d.string(), d.string(), d.string()
+	r.Scheme = d.string()
 	if !withBody || d.err != nil {
 		return r, d.err
 	}

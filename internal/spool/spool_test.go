@@ -112,6 +112,7 @@ func TestRecordsSurviveRestartExactly(t *testing.T) {
 	require.Equal(t, in.URI, out.URI)
 	require.Equal(t, in.Proto, out.Proto)
 	require.Equal(t, in.RemoteAddr, out.RemoteAddr)
+	require.Equal(t, in.Scheme, out.Scheme)
 	require.Equal(t, in.Header, out.Header)
 	require.Equal(t, in.Body, out.Body)
 	require.Equal(t, in.BodyKey, out.BodyKey)
