@@ -81,6 +81,7 @@ func (h *Handler) applyDefaults() {
 	}
 	h.protocolDefaults()
 	h.replayDefaults()
+	h.spoolDefaults()
 	if h.Mode != "async" {
 		return
 	}
@@ -177,6 +178,9 @@ func (h *Handler) checkCommon() error {
 	}
 	if h.Cache != nil && *h.Cache < 0 {
 		return errors.New("cache: must be 0 or more")
+	}
+	if err := h.checkSpool(); err != nil {
+		return err
 	}
 	return h.checkAsync()
 }

@@ -188,6 +188,9 @@ type Handler struct {
 	// ReplayConfig holds replay, replay_max, replay_headers and the
 	// Idempotency-Key mode's fields (replay.go, idemkey.go).
 	ReplayConfig
+	// SpoolConfig holds spool and spool_max: where deliveries go while
+	// the store is unreachable (spool.go).
+	SpoolConfig
 
 	// replayWindowSet: replay_window was configured, not defaulted
 	// (checkConfig: it applies only with dedupe_body on).
@@ -317,6 +320,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.provisionAsync(ctx); err != nil {
 		return err
 	}
+	if err := h.provisionSpool(ctx); err != nil {
+		return err
+	}
 
 	sweepCtx, stopSweep := context.WithCancel(ctx)
 	h.stopSweep = stopSweep
@@ -407,6 +413,7 @@ func (h *Handler) Cleanup() error {
 		h.scopeUsed = false
 	}
 	h.cleanupAsync() // before the store: the dispatcher uses its pool
+	h.cleanupSpool()
 	if h.wg != nil {
 		h.stopSweep()
 		h.wg.Wait()
@@ -452,6 +459,9 @@ func (t *tracker) wait()        { t.wg.Wait() }
 // ServeHTTP verifies, claims, forwards once and settles: the steps of the
 // README's "How it works" table.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	if rp := replayOf(r); rp != nil {
+		return h.serveReplay(w, r, rp, next)
+	}
 	if h.idem != nil {
 		return h.serveIdempotencyKey(w, r, next)
 	}
@@ -540,12 +550,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	claim, err := h.claim(r.Context(), h.Scope, id)
 	if err != nil {
-		d.outcome = outcomeStoreError
-		h.logger.Warn("claiming event failed; answered 503, nothing forwarded",
-			zap.String("scope", h.Scope), zap.String("event_id", id), zap.Error(err))
-		respondError(w, http.StatusServiceUnavailable, "event store unavailable", unavailableRetryAfter)
+		h.claimFailed(w, r, raw, id, h.bodyKeyOf(signed), err, &d)
 		return nil
 	}
+	h.storeAnswered()
 	d.attempt = claim.Attempts
 	switch claim.Outcome {
 	case store.Duplicate:
@@ -575,7 +583,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	claims := []claimRef{{scope: h.Scope, id: id, token: claim.Token}}
 	if h.dedupeBody {
-		bc, ok := h.claimBody(w, r, signed, claims[0], &d)
+		bc, ok := h.claimBody(w, r, raw, signed, claims[0], &d)
 		if !ok {
 			return nil
 		}
@@ -865,7 +873,7 @@ func bodyKey(body []byte) string {
 // claimBody claims the SHA-256 of the body next to the event ID (dedupe_body),
 // so a replayed body under a fresh, unsigned ID is not forwarded again. When
 // it returns false it has answered the delivery and released idClaim.
-func (h *Handler) claimBody(w http.ResponseWriter, r *http.Request, body []byte, idClaim claimRef, d *delivery) (claimRef, bool) {
+func (h *Handler) claimBody(w http.ResponseWriter, r *http.Request, raw, body []byte, idClaim claimRef, d *delivery) (claimRef, bool) {
 	key := bodyKey(body)
 	bc, err := h.claim(r.Context(), h.bodyScope(), key)
 	if err == nil && bc.Outcome == store.Claimed {
@@ -874,10 +882,7 @@ func (h *Handler) claimBody(w http.ResponseWriter, r *http.Request, body []byte,
 	h.settle(r.Context(), []claimRef{idClaim}, 0, "release")
 	switch {
 	case err != nil:
-		d.outcome = outcomeStoreError
-		h.logger.Warn("claiming body hash failed; answered 503, nothing forwarded",
-			zap.String("scope", h.Scope), zap.String("event_id", idClaim.id), zap.Error(err))
-		respondError(w, http.StatusServiceUnavailable, "event store unavailable", unavailableRetryAfter)
+		h.claimFailed(w, r, raw, idClaim.id, key, err, d)
 	case bc.Outcome == store.Duplicate:
 		d.outcome = outcomeBodyReplay
 		h.logger.Warn("body already delivered under another event id; answered as a duplicate, not forwarded (dedupe_body)",
