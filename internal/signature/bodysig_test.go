@@ -2,8 +2,8 @@ package signature_test
 
 import (
 	"crypto/hmac"
-	"encoding/base64"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"net/http"
 	"net/url"
@@ -23,15 +23,15 @@ import (
 func TestBodySigned(t *testing.T) {
 	t.Parallel()
 	secrets := map[string][2]string{
-		"mailgun": {"key-mailgun-current", "key-mailgun-previous"},
-		"msgraph": {"client-state-current", "client-state-previous"},
+		"mailgun":   {"key-mailgun-current", "key-mailgun-previous"},
+		"msgraph":   {"client-state-current", "client-state-previous"},
 		"adyen":     {adyenKey, adyenKeyOld},
 		"midtrans":  {"SB-Mid-server-current", "SB-Mid-server-previous"},
 		"braintree": {"bt_public:bt_private_current", "bt_public:bt_private_previous"},
 	}
 	bodies := map[string]string{
-		"mailgun": `{"event-data":{"id":"CPgfbmQMTCKtHW6uIWtuVe","event":"delivered"}}`,
-		"msgraph": `{"value":[{"subscriptionId":"s1","changeType":"created","resource":"Users/1"},{"subscriptionId":"s1","changeType":"updated","resource":"Users/2"}]}`,
+		"mailgun":   `{"event-data":{"id":"CPgfbmQMTCKtHW6uIWtuVe","event":"delivered"}}`,
+		"msgraph":   `{"value":[{"subscriptionId":"s1","changeType":"created","resource":"Users/1"},{"subscriptionId":"s1","changeType":"updated","resource":"Users/2"}]}`,
 		"adyen":     adyenBody,
 		"midtrans":  midtransBody,
 		"braintree": "bt_payload=" + url.QueryEscape(base64.StdEncoding.EncodeToString([]byte(braintreeXML))),
