@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"net/url"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -343,6 +345,11 @@ func (h *Handler) deliverSpooled(ctx context.Context, rec *spool.Record) spool.R
 	if st == nil {
 		return spool.Result{Outcome: spool.Wait, RetryAfter: unroutedRetry}
 	}
+	if !configRunning(h.app) {
+		// Provisioned, not yet started (or already replaced): its server
+		// and routes are still being set up.
+		return spool.Result{Outcome: spool.Wait, RetryAfter: time.Second}
+	}
 	srv := st.srv.Load()
 	if srv == nil {
 		if srv = serverOf(h.app, h); srv == nil {
@@ -366,6 +373,14 @@ func (h *Handler) deliverSpooled(ctx context.Context, rec *spool.Record) spool.R
 		return spool.Result{Outcome: spool.Wait, RetryAfter: unroutedRetry}
 	}
 	return rp.result
+}
+
+// configRunning reports whether app is the http app of the config Caddy
+// runs now: set once every app of the config has started, so its servers'
+// routes are provisioned and no longer change.
+func configRunning(app any) bool {
+	a, err := caddy.ActiveContext().AppIfConfigured("http")
+	return err == nil && app != nil && a == app
 }
 
 // replayRequest builds the request of a spooled delivery, as received.
@@ -467,7 +482,11 @@ func (h *Handler) serveReplay(w http.ResponseWriter, r *http.Request, rp *spoolR
 	d := delivery{h: h, start: time.Now(), eventID: rp.rec.EventID}
 	rp.result = h.replaySpooled(w, r, rp.rec, next, &d)
 	spoolMetrics.tries.WithLabelValues(h.Scope, rp.result.Outcome.String()).Inc()
-	if c := h.logger.Check(zapcore.InfoLevel, "spooled delivery"); c != nil {
+	level := zapcore.InfoLevel
+	if rp.result.Outcome == spool.Unavailable {
+		level = zapcore.DebugLevel // every few seconds while the store is down
+	}
+	if c := h.logger.Check(level, "spooled delivery"); c != nil {
 		c.Write(zap.String("scope", h.Scope), zap.String("event_id", rp.rec.EventID),
 			zap.Uint64("seq", rp.rec.Seq), zap.String("result", rp.result.Outcome.String()),
 			zap.String("outcome", d.outcome), zap.Int("status", d.status),
@@ -517,4 +536,59 @@ func (h *Handler) replaySpooled(w http.ResponseWriter, r *http.Request, rec *spo
 		return spool.Result{Outcome: spool.Wait, RetryAfter: time.Minute}
 	}
 	return spool.Result{Outcome: spool.Refused}
+}
+
+// SpoolJSON is one spool as GET /webhook_idempotency/spool shows it: its
+// counts and its oldest waiting deliveries (never a header or body).
+type SpoolJSON struct {
+	Dir              string           `json:"dir"`
+	Records          int              `json:"records"`
+	Bytes            int64            `json:"bytes"`
+	MaxBytes         int64            `json:"max_bytes"`
+	DiskBytes        int64            `json:"disk_bytes"`
+	Oldest           *time.Time       `json:"oldest,omitempty"`
+	OldestAgeSeconds float64          `json:"oldest_age_seconds"`
+	Waiting          int              `json:"waiting"`
+	StoreDown        bool             `json:"store_down"`
+	Counts           spool.Counts     `json:"counts"`
+	Deliveries       []SpoolEntryJSON `json:"deliveries"`
+}
+
+// SpoolEntryJSON is a waiting delivery of a spool.
+type SpoolEntryJSON struct {
+	Seq       uint64     `json:"seq"`
+	Scope     string     `json:"scope"`
+	EventID   string     `json:"event_id"`
+	Arrived   time.Time  `json:"arrived"`
+	Attempts  int        `json:"attempts"`
+	Last      string     `json:"last,omitempty"` // the last try's outcome: wait, refused, unavailable
+	NotBefore *time.Time `json:"not_before,omitempty"`
+}
+
+// spoolListLimit is how many waiting deliveries of a spool the admin API
+// lists, oldest first.
+const spoolListLimit = 100
+
+// listSpools answers GET /webhook_idempotency/spool.
+func listSpools(w http.ResponseWriter) error {
+	out := []SpoolJSON{}
+	openSpools.Range(func(_, v any) bool {
+		p := v.(*pooledSpool)
+		st := p.Stats()
+		j := SpoolJSON{Dir: st.Dir, Records: st.Records, Bytes: st.Bytes, MaxBytes: st.MaxBytes,
+			DiskBytes: st.DiskBytes, Oldest: timePtr(st.Oldest), OldestAgeSeconds: oldestAge(st).Seconds(),
+			Waiting: st.Waiting, StoreDown: st.StoreDown, Counts: st.Counts, Deliveries: []SpoolEntryJSON{}}
+		for _, e := range p.List(spoolListLimit) {
+			ej := SpoolEntryJSON{Seq: e.Seq, Scope: e.Scope, EventID: e.EventID, Arrived: e.Arrived.UTC(),
+				Attempts: e.Attempts, NotBefore: timePtr(e.NotBefore)}
+			if e.Last != 0 {
+				ej.Last = e.Last.String()
+			}
+			j.Deliveries = append(j.Deliveries, ej)
+		}
+		out = append(out, j)
+		return true
+	})
+	slices.SortFunc(out, func(a, b SpoolJSON) int { return strings.Compare(a.Dir, b.Dir) })
+	return writeJSON(w, out)
 }

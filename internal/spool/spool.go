@@ -178,14 +178,14 @@ const (
 
 // Counts are the spool's events since it was opened.
 type Counts struct {
-	Spooled    uint64 // records appended
-	Forwarded  uint64 // records forwarded and taken by the upstream
-	Duplicates uint64 // records whose event was completed meanwhile
-	Refused    uint64 // tries the upstream did not take (tried again)
-	Waits      uint64 // tries that found the claim held elsewhere (tried again)
-	Full       uint64 // Appends refused with ErrFull
-	Torn       uint64 // torn records dropped by recovery
-	Unreadable uint64 // records dropped because their frame no longer reads
+	Spooled    uint64 `json:"spooled"`    // records appended
+	Forwarded  uint64 `json:"forwarded"`  // records forwarded and taken by the upstream
+	Duplicates uint64 `json:"duplicates"` // records whose event was completed meanwhile
+	Refused    uint64 `json:"refused"`    // tries the upstream did not take (tried again)
+	Waits      uint64 `json:"waits"`      // tries that found the claim held elsewhere (tried again)
+	Full       uint64 `json:"full"`       // Appends refused with ErrFull
+	Torn       uint64 `json:"torn"`       // torn records dropped by recovery
+	Unreadable uint64 `json:"unreadable"` // records dropped because their frame no longer reads
 }
 
 // Stats describe a spool at one moment, for metrics and the admin API.
