@@ -348,7 +348,7 @@ func (h *Handler) deliverSpooled(ctx context.Context, rec *spool.Record) spool.R
 	if !configRunning(h.app) {
 		// Provisioned, not yet started (or already replaced): its server
 		// and routes are still being set up.
-		return spool.Result{Outcome: spool.Wait, RetryAfter: time.Second}
+		return spool.Result{Outcome: spool.NotReady, RetryAfter: 200 * time.Millisecond}
 	}
 	srv := st.srv.Load()
 	if srv == nil {

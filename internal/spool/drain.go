@@ -33,6 +33,9 @@ const (
 	// No record is tried until the store's retry wait has passed or Poke
 	// says the store is back.
 	Unavailable
+	// NotReady: the Deliverer cannot deliver yet (its server is still
+	// starting). No record is tried for Result.RetryAfter (at least 100ms).
+	NotReady
 )
 
 func (o Outcome) String() string {
@@ -47,6 +50,8 @@ func (o Outcome) String() string {
 		return "refused"
 	case Unavailable:
 		return "unavailable"
+	case NotReady:
+		return "not_ready"
 	}
 	return "none"
 }
@@ -179,6 +184,9 @@ func (s *Spool) next() (*entry, Deliverer, time.Duration) {
 	if now.Before(s.storeAfter) {
 		return nil, nil, s.storeAfter.Sub(now)
 	}
+	if now.Before(s.pausedUntil) {
+		return nil, nil, s.pausedUntil.Sub(now)
+	}
 	var soonest time.Time
 	for _, e := range s.pending[s.head:] {
 		if e.done {
@@ -206,6 +214,11 @@ func (s *Spool) try(e *entry, d Deliverer) {
 	res := safeDeliver(s.ctx, d, rec, log)
 	now := s.o.Now()
 	s.mu.Lock()
+	if res.Outcome == NotReady {
+		s.pausedUntil = now.Add(max(res.RetryAfter, 100*time.Millisecond))
+		s.mu.Unlock()
+		return
+	}
 	e.last = res.Outcome
 	if res.Outcome != Unavailable {
 		s.storeAfter, s.storeWait = time.Time{}, 0
@@ -263,7 +276,7 @@ func safeDeliver(ctx context.Context, d Deliverer, r *Record, log *zap.Logger) (
 		}
 	}()
 	res = d(ctx, r)
-	if res.Outcome < Forwarded || res.Outcome > Unavailable {
+	if res.Outcome < Forwarded || res.Outcome > NotReady {
 		res.Outcome = Unavailable
 	}
 	return res

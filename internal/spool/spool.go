@@ -124,13 +124,14 @@ type Spool struct {
 	counts   Counts
 
 	// drain state (drain.go)
-	deliverer  *attachment
-	storeAfter time.Time     // no delivery before this (the store was down)
-	storeWait  time.Duration // the last wait after the store was down
-	wake       chan struct{}
-	ctx        context.Context
-	cancel     context.CancelFunc
-	done       chan struct{}
+	deliverer   *attachment
+	storeAfter  time.Time     // no delivery before this (the store was down)
+	storeWait   time.Duration // the last wait after the store was down
+	pausedUntil time.Time     // no delivery before this (the Deliverer was not ready)
+	wake        chan struct{}
+	ctx         context.Context
+	cancel      context.CancelFunc
+	done        chan struct{}
 }
 
 // segment is one segment file and its ack file.

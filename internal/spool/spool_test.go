@@ -312,3 +312,35 @@ func TestStatsOldest(t *testing.T) {
 	require.Equal(t, 2, st.Records)
 	require.Equal(t, st.Bytes, st.DiskBytes)
 }
+
+// A Deliverer that is not ready yet (its server still starting) pauses the
+// whole spool briefly without marking any record as tried; deliveries then
+// go in arrival order.
+func TestNotReadyPausesWithoutTrying(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	appendAll(t, b.sp, "a", "b", "c")
+	var mu sync.Mutex
+	ready := false
+	var calls []string
+	b.sp.Attach(func(ctx context.Context, r *spool.Record) spool.Result {
+		mu.Lock()
+		calls = append(calls, r.EventID)
+		ok := ready
+		mu.Unlock()
+		if !ok {
+			return spool.Result{Outcome: spool.NotReady, RetryAfter: 10 * time.Millisecond}
+		}
+		return b.deliver(ctx, r)
+	})
+	waitFor(t, 5*time.Second, "a few tries", func() bool { mu.Lock(); defer mu.Unlock(); return len(calls) >= 3 })
+	mu.Lock()
+	for _, id := range calls {
+		require.Equal(t, "a", id, "paused: the records behind the first are not tried")
+	}
+	ready = true
+	mu.Unlock()
+	require.Zero(t, b.sp.Stats().Waiting)
+	waitFor(t, 5*time.Second, "the spool to drain", func() bool { return b.sp.Stats().Records == 0 })
+	require.Equal(t, []string{"a", "b", "c"}, b.up.ids())
+}
