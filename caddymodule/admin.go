@@ -183,46 +183,67 @@ const bodyScopeSuffix = "#body"
 func (a *Admin) serve(w http.ResponseWriter, r *http.Request) error {
 	rest := strings.TrimPrefix(r.URL.EscapedPath(), adminPrefix)
 	parts := strings.Split(rest, "/")
-	if parts[0] == "scopes" && len(parts) == 1 {
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	switch {
+	case parts[0] == "scopes" && len(parts) == 1:
 		if err := allow(w, r, http.MethodGet); err != nil {
 			return err
 		}
 		return a.listScopes(w)
-	}
-	if parts[0] == "spool" && len(parts) == 1 {
+	case parts[0] == "event" && len(parts) <= 2:
+		// The event named by query parameters: any ID, also one that
+		// cannot be a path segment ("." or "..", or one with "/" or "//",
+		// which the admin server's path cleaning would turn into another
+		// resource). The CLI always uses this form.
+		action := ""
+		if len(parts) == 2 {
+			action = parts[1]
+		}
+		q := r.URL.Query()
+		return a.one(ctx, w, r, q.Get("scope"), q.Get("id"), action)
+	case parts[0] == "spool" && len(parts) == 1:
 		if err := allow(w, r, http.MethodGet); err != nil {
 			return err
 		}
 		return listSpools(w)
-	}
-	if parts[0] != "events" {
+	case parts[0] != "events":
 		return apiErr(http.StatusNotFound, "unknown admin path; see /webhook_idempotency/events, /webhook_idempotency/scopes and /webhook_idempotency/spool")
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
-	defer cancel()
-	if len(parts) == 1 || (len(parts) == 2 && parts[1] == "") {
+	case len(parts) == 1 || (len(parts) == 2 && parts[1] == ""):
 		if err := allow(w, r, http.MethodGet); err != nil {
 			return err
 		}
 		return a.list(ctx, w, r)
-	}
-	if len(parts) != 3 && len(parts) != 4 {
+	case len(parts) != 3 && len(parts) != 4:
 		return apiErr(http.StatusNotFound, "want /webhook_idempotency/events/{scope}/{id}[/release|/complete]")
 	}
 	scope, err1 := url.PathUnescape(parts[1])
 	id, err2 := url.PathUnescape(parts[2])
-	if err1 != nil || err2 != nil || scope == "" || id == "" {
+	if err1 != nil || err2 != nil {
 		return apiErr(http.StatusBadRequest, "bad scope or event id in path")
 	}
-	var to store.State
+	action := ""
 	if len(parts) == 4 {
-		switch parts[3] {
+		action = parts[3]
+	}
+	return a.one(ctx, w, r, scope, id, action)
+}
+
+// one serves one event: GET shows it, DELETE forgets it, POST with action
+// release or complete resolves it.
+func (a *Admin) one(ctx context.Context, w http.ResponseWriter, r *http.Request, scope, id, action string) error {
+	if scope == "" || id == "" {
+		return apiErr(http.StatusBadRequest, "bad scope or event id: both are required")
+	}
+	var to store.State
+	if action != "" {
+		switch action {
 		case "release":
 			to = store.StateReleased
 		case "complete":
 			to = store.StateCompleted
 		default:
-			return apiErr(http.StatusNotFound, "unknown action %q: want release or complete", parts[3])
+			return apiErr(http.StatusNotFound, "unknown action %q: want release or complete", action)
 		}
 		if err := allow(w, r, http.MethodPost); err != nil {
 			return err

@@ -82,6 +82,9 @@ func confirmationFor(r *http.Request) (want, what string) {
 		}
 		return "", ""
 	}
+	if path == adminPrefix+"event" {
+		return r.URL.Query().Get("id"), "event id"
+	}
 	if rest, ok := strings.CutPrefix(path, adminPrefix+"events/"); ok {
 		parts := strings.Split(rest, "/")
 		if len(parts) == 2 {

@@ -77,6 +77,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			fingerprint method path query body | none  # default all four
 //			optional                     # forward requests without a key (default: 400)
 //			store_4xx   on | off         # store and replay 4xx answers; default on
+//			store_5xx   on | off         # store and replay 5xx answers (not 503), as Stripe does; default off
 //		}
 //		hmac {                           # provider hmac (same as a provider hmac { } block)
 //			header    <name>

@@ -186,10 +186,13 @@ The scope of a route is its scope setting, by default the provider name.
 				if scope == "" || id == "" {
 					return errors.New("--scope and --id are required")
 				}
-				uri := adminPrefix + "events/" + url.PathEscape(scope) + "/" + url.PathEscape(id) + action
+				// Query parameters, not path segments: an ID such as ".."
+				// or "a//b" would be cleaned into another resource.
+				q := url.Values{"scope": {scope}, "id": {id}}
 				if method == http.MethodDelete {
-					uri += "?confirm=" + url.QueryEscape(id) // the admin API's guard (adminguard.go)
+					q.Set("confirm", id) // the admin API's guard (adminguard.go)
 				}
+				uri := adminPrefix + "event" + action + "?" + q.Encode()
 				cmd.SilenceUsage = true
 				return adminCall(cmd.OutOrStdout(), admin, method, uri)
 			},

@@ -257,10 +257,13 @@ func TestCommandEndToEnd(t *testing.T) {
 	require.Contains(t, out, `"duplicate":true`)
 	require.Equal(t, 1, g.up.count(id))
 
-	out, err = event("get")
-	require.NoError(t, err)
 	var ev EventJSON
-	require.NoError(t, json.Unmarshal([]byte(out), &ev), out)
+	// The completion is written just after the answer.
+	for deadline := time.Now().Add(5 * time.Second); ev.State != "completed" && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		out, err = event("get")
+		require.NoError(t, err)
+		require.NoError(t, json.Unmarshal([]byte(out), &ev), out)
+	}
 	require.Equal(t, "completed", ev.State)
 	require.Equal(t, 1, ev.Attempts)
 	require.Equal(t, 200, ev.Status)
@@ -308,4 +311,56 @@ func TestSendSignedReportsStatusOfCutAnswer(t *testing.T) {
 	require.False(t, ok)
 	require.ErrorContains(t, err, "status 200 received, body cut after 100 bytes")
 	require.NotContains(t, err.Error(), "whsec_cut")
+}
+
+// TestCommandEventOddIDs: every event subcommand addresses exactly the
+// event named, whatever its ID: "." and ".." (which the admin server's path
+// cleaning turned into the list of every event, exit 0), IDs with "/",
+// "//", "%" or an escaped dot. A sentinel event survives every forget.
+func TestCommandEventOddIDs(t *testing.T) {
+	secret := "whsec_" + randomHex(16)
+	g := startOpsGateway(t, opsConfig{secrets: []string{secret}})
+	deliver := func(id string) {
+		t.Helper()
+		out, err := runCLI(t, "sign", "--provider", "stripe", "--secret", secret, "--to", g.url, "--event-id", id)
+		require.NoError(t, err, out)
+		require.Contains(t, out, "status: 200\n")
+	}
+	event := func(action, id string) (string, error) {
+		return runCLI(t, "event", action, "--admin", "localhost:2999", "--scope", g.scope, "--id", id)
+	}
+	sentinel := "evt_sentinel_" + randomHex(4)
+	deliver(sentinel)
+	for _, id := range []string{".", "..", "a/b", "a/../b", "a//b", "100%", "%2e%2e", "./x"} {
+		t.Run(id, func(t *testing.T) {
+			deliver(id)
+			var ev EventJSON
+			// The completion is written just after the answer.
+			for deadline := time.Now().Add(5 * time.Second); ev.State != "completed" && time.Now().Before(deadline); {
+				out, err := event("get", id)
+				require.NoError(t, err, out)
+				require.NoError(t, json.Unmarshal([]byte(out), &ev), out)
+				require.Equal(t, id, ev.EventID)
+				if ev.State != "completed" {
+					time.Sleep(20 * time.Millisecond)
+				}
+			}
+			require.Equal(t, "completed", ev.State)
+
+			_, err := event("release", id)
+			require.ErrorContains(t, err, "HTTP 409", "the completed event itself, not another resource")
+			out, err := event("complete", id)
+			require.NoError(t, err, out)
+			require.Contains(t, out, `"event_id": "`+id+`"`)
+
+			out, err = event("forget", id)
+			require.NoError(t, err, out)
+			require.Contains(t, out, `"forgotten": true`)
+			_, err = event("get", id)
+			require.ErrorContains(t, err, "HTTP 404")
+			out, err = event("get", sentinel)
+			require.NoError(t, err, out)
+			require.Contains(t, out, `"event_id": "`+sentinel+`"`)
+		})
+	}
 }

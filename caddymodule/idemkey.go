@@ -97,6 +97,14 @@ type IdempotencyKeyConfig struct {
 	// (the key is released, so the client's retry runs again). Default
 	// true.
 	Store4xx *bool `json:"store_4xx,omitempty"`
+
+	// Store5xx stores 5xx answers (except 503, which asks for a retry) and
+	// replays them, as Stripe's API does: for an API whose 5xx can follow
+	// work it has committed, where running a retry again would do it
+	// twice. Default false: a 5xx releases the key and the client's retry
+	// runs again, since a legacy handler's 5xx usually means it failed
+	// before committing anything.
+	Store5xx bool `json:"store_5xx,omitempty"`
 }
 
 // idemKey is the provisioned Idempotency-Key mode.
@@ -107,6 +115,7 @@ type idemKey struct {
 	parts        []string // of fingerprintParts; empty: no fingerprint
 	optional     bool
 	store4xx     bool
+	store5xx     bool
 }
 
 // provisionIdempotencyKey applies the mode's defaults. It has no
@@ -122,6 +131,7 @@ func (h *Handler) provisionIdempotencyKey(*caddy.Replacer) error {
 		client:       cfg.Client,
 		optional:     cfg.Optional,
 		store4xx:     cfg.Store4xx == nil || *cfg.Store4xx,
+		store5xx:     cfg.Store5xx,
 	}
 	if k.header == "" {
 		k.header = "Idempotency-Key"
@@ -195,6 +205,8 @@ func (k *idemKey) stores(status int) bool {
 			return false
 		}
 		return k.store4xx
+	case status >= 500 && status < 600:
+		return k.store5xx && status != http.StatusServiceUnavailable
 	}
 	return false
 }

@@ -491,6 +491,15 @@ func (h *Handler) unmarshalReplay(d *caddyfile.Dispenser, name string) error {
 				}
 				on := v == "on"
 				cfg.Store4xx = &on
+			case "store_5xx":
+				var v string
+				if !d.AllArgs(&v) {
+					return d.ArgErr()
+				}
+				if v != "on" && v != "off" {
+					return d.Errf("idempotency_key store_5xx: want on or off, got %q", v)
+				}
+				cfg.Store5xx = v == "on"
 			default:
 				return d.Errf("idempotency_key: unknown subdirective %q", sub)
 			}

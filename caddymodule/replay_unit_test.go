@@ -321,6 +321,25 @@ func TestIdempotencyKeyRequests(t *testing.T) {
 		require.Len(t, p.logged("idempotency key reused"), 1)
 	})
 
+	t.Run("store_5xx", func(t *testing.T) {
+		t.Parallel()
+		for _, tc := range []struct {
+			cfg          string
+			status, runs int
+		}{
+			{"", http.StatusInternalServerError, 2},             // default: a 5xx releases the key
+			{"store_5xx on", http.StatusInternalServerError, 1}, // stored and replayed, as Stripe does
+			{"store_5xx on", http.StatusServiceUnavailable, 2},  // 503 asks for a retry: never stored
+		} {
+			g := newGateway(t, "webhook_idempotency {\n\tprovider idempotency_key\n\tidempotency_key {\n\t\t"+tc.cfg+"\n\t}\n}")
+			g.up.respond = answerWith(tc.status, "application/json", `{"error":"boom"}`)
+			for range 2 {
+				require.Equal(t, tc.status, g.serve(apiCall("k5", `{}`)).status)
+			}
+			require.Equal(t, tc.runs, g.up.count(), "%q, %d", tc.cfg, tc.status)
+		}
+	})
+
 	t.Run("store_4xx off", func(t *testing.T) {
 		t.Parallel()
 		g := newGateway(t, "webhook_idempotency {\n\tprovider idempotency_key\n\tidempotency_key {\n\t\tstore_4xx off\n\t}\n}")

@@ -2,6 +2,7 @@ package signature
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"time"
@@ -25,7 +26,47 @@ func buildBox(p Preset, o Options) (signer, error) {
 	return boxVerifier{e}, nil
 }
 
+// Box's headers besides the primary signature: box-node-sdk's
+// WebhooksManager.validateMessage computes a signature only when the
+// version is "1" and the algorithm "HmacSHA256", and accepts the
+// secondary signature (Box signs with both of the app's keys, so one can
+// be rotated while the other still verifies).
+const (
+	boxSecondary = "BOX-SIGNATURE-SECONDARY"
+	boxVersion   = "BOX-SIGNATURE-VERSION"
+	boxAlgorithm = "BOX-SIGNATURE-ALGORITHM"
+	boxPrimary   = "BOX-SIGNATURE-PRIMARY"
+)
+
+// Verify checks the version and algorithm headers, then the primary
+// signature and, when it does not match or is absent, the secondary one,
+// each over the raw body and then its escaped form, with every configured
+// secret (an app's primary and secondary keys are both configured as
+// secrets; the SDK pairs each key with its header, a pairing Box itself
+// always keeps).
 func (b boxVerifier) Verify(body []byte, h http.Header) error {
+	if h.Get(boxPrimary) != "" || h.Get(boxSecondary) != "" {
+		if v := h.Get(boxVersion); v != "1" {
+			return fmt.Errorf("header %s is %q, want 1: %w", boxVersion, v, ErrMalformedHeader)
+		}
+		if a := h.Get(boxAlgorithm); a != "HmacSHA256" {
+			return fmt.Errorf("header %s is %q, want HmacSHA256: %w", boxAlgorithm, a, ErrMalformedHeader)
+		}
+	}
+	err := b.verifyOne(body, h)
+	if err == nil || h.Get(boxSecondary) == "" || (!errors.Is(err, ErrNoMatchingSignature) && !errors.Is(err, ErrMissingHeader)) {
+		return err
+	}
+	second := h.Clone()
+	second.Set(boxPrimary, h.Get(boxSecondary))
+	if b.verifyOne(body, second) == nil {
+		return nil
+	}
+	return err
+}
+
+// verifyOne checks the primary header of h over body and its escaped form.
+func (b boxVerifier) verifyOne(body []byte, h http.Header) error {
 	err := b.e.Verify(body, h)
 	if !errors.Is(err, ErrNoMatchingSignature) {
 		return err
@@ -39,6 +80,8 @@ func (b boxVerifier) Verify(body []byte, h http.Header) error {
 }
 
 func (b boxVerifier) sign(body []byte, h http.Header, ts time.Time) error {
+	h.Set(boxVersion, "1")
+	h.Set(boxAlgorithm, "HmacSHA256")
 	return b.e.sign(body, h, ts)
 }
 

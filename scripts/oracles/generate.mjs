@@ -315,9 +315,29 @@ async function standardFamily(preset, libName, Webhook, prefix, libSecret, confi
     ['non-ASCII and "/" signed raw', boxBody, hdr(boxBody, iso(NOW - 5000)), true],
     ['non-ASCII and "/" signed in Box\'s escaped form', boxBody, hdrEscaped(boxBody, iso(NOW - 5000)), true],
     ['escaped form, tampered', boxBody.replace('Café', 'Cafe'), hdrEscaped(boxBody, iso(NOW - 5000)), false],
+    ['signature version 2', body, { ...hdr(body, iso(NOW - 5000)), 'box-signature-version': '2' }, false],
+    ['algorithm HmacSHA1', body, { ...hdr(body, iso(NOW - 5000)), 'box-signature-algorithm': 'HmacSHA1' }, false],
   ]) {
     await add({ preset: 'box', case: name, library: lib, version: ver, how, secrets: [key], headers: h, body: b },
       () => WebhooksManager.validateMessage(b, h, key, { maxAge: 600 }), ok);
+  }
+  // Both of the app's keys configured (primary, secondary): Box signs with
+  // each, so a rotated primary key still verifies through the secondary.
+  const key2 = 'box_oracle_secondary_key';
+  const both = (b, t, k1, k2) => ({
+    ...hdr(b, t, k1),
+    'box-signature-secondary': crypto.createHmac('sha256', k2).update(b).update(t).digest('base64'),
+  });
+  const how2 = 'signed with the documented formula (node:crypto), verified with WebhooksManager.validateMessage(secondaryKey, maxAge 600)';
+  for (const [name, b, h, ok] of [
+    ['primary and secondary valid', body, both(body, iso(NOW - 5000), key, key2), true],
+    ['primary key rotated, secondary valid', body, both(body, iso(NOW - 5000), 'box_rotated_out', key2), true],
+    ['secondary only, primary header absent', body, (({ 'box-signature-primary': _, ...r }) => r)(both(body, iso(NOW - 5000), key, key2)), true],
+    ['neither key matches', body, both(body, iso(NOW - 5000), 'box_x', 'box_y'), false],
+    ['secondary valid, tampered body', tamper(body), both(body, iso(NOW - 5000), 'box_x', key2), false],
+  ]) {
+    await add({ preset: 'box', case: name, library: lib, version: ver, how: how2, secrets: [key, key2], headers: h, body: b },
+      () => WebhooksManager.validateMessage(b, h, key, { secondaryKey: key2, maxAge: 600 }), ok);
   }
 }
 
