@@ -2,6 +2,7 @@ package spool
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -121,9 +122,13 @@ func (s *Spool) Attach(d Deliverer) (detach func()) {
 // Poke tells the spool that the store answered (a live claim succeeded):
 // a wait after Unavailable ends now.
 func (s *Spool) Poke() {
+	if !s.paused.Load() {
+		return // the common case, on every live claim: no lock taken
+	}
 	s.mu.Lock()
 	wasDown := !s.storeAfter.IsZero()
 	s.storeAfter, s.storeWait = time.Time{}, 0
+	s.paused.Store(false)
 	s.mu.Unlock()
 	if wasDown {
 		s.poke()
@@ -207,6 +212,9 @@ func (s *Spool) try(e *entry, d Deliverer) {
 	log := s.o.Logger.With(zap.String("scope", e.scope), zap.String("event_id", e.eventID), zap.Uint64("seq", e.seq))
 	rec, err := s.read(e)
 	if err != nil {
+		if s.ctx.Err() != nil {
+			return // closing: its file is closed; the next Open has it
+		}
 		log.Error("spool: a record no longer reads; it is dropped", zap.Error(err))
 		s.drop(e)
 		return
@@ -222,6 +230,7 @@ func (s *Spool) try(e *entry, d Deliverer) {
 	e.last = res.Outcome
 	if res.Outcome != Unavailable {
 		s.storeAfter, s.storeWait = time.Time{}, 0
+		s.paused.Store(false)
 	}
 	switch res.Outcome {
 	case Forwarded, Duplicate:
@@ -232,8 +241,11 @@ func (s *Spool) try(e *entry, d Deliverer) {
 		}
 		s.mu.Unlock()
 		if err := s.ack(e); err != nil {
-			// Tried again later: its claim then says Duplicate.
-			log.Warn("spool: acknowledging a settled record failed", zap.Error(err))
+			// Tried again later (or after the next Open): its claim
+			// then says Duplicate.
+			if !errors.Is(err, ErrClosed) {
+				log.Warn("spool: acknowledging a settled record failed", zap.Error(err))
+			}
 			s.mu.Lock()
 			e.notBefore = now.Add(s.o.RetryMin)
 			s.mu.Unlock()
@@ -252,6 +264,7 @@ func (s *Spool) try(e *entry, d Deliverer) {
 	default: // Unavailable
 		s.storeWait = min(max(2*s.storeWait, s.o.StoreRetry), s.o.MaxStoreRetry)
 		s.storeAfter = now.Add(s.storeWait)
+		s.paused.Store(true)
 	}
 	s.mu.Unlock()
 }

@@ -128,10 +128,13 @@ type Spool struct {
 	storeAfter  time.Time     // no delivery before this (the store was down)
 	storeWait   time.Duration // the last wait after the store was down
 	pausedUntil time.Time     // no delivery before this (the Deliverer was not ready)
-	wake        chan struct{}
-	ctx         context.Context
-	cancel      context.CancelFunc
-	done        chan struct{}
+	// paused mirrors a set storeAfter, so Poke costs no lock while the
+	// store is up.
+	paused atomic.Bool
+	wake   chan struct{}
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
 }
 
 // segment is one segment file and its ack file.
