@@ -6,7 +6,7 @@
 //	xcaddy build --with github.com/webhook-idempotency/caddy-webhook-idempotency
 //
 // builds Caddy with them, as with every Caddy plugin. The modules themselves
-// live in the caddymodule package; see the README's "Building" section.
+// live in the caddymodule package; see the README's "Install with xcaddy" section.
 package webhookidempotency
 
 import (

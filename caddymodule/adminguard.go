@@ -77,6 +77,8 @@ func confirmationFor(r *http.Request) (want, what string) {
 		case len(parts) == 3 && parts[1] == "events":
 			id, _ := url.PathUnescape(parts[2])
 			return id, "event id"
+		case len(parts) == 2 && parts[1] == "event":
+			return r.URL.Query().Get("id"), "event id"
 		case len(parts) == 2 && parts[1] == "events":
 			return r.URL.Query().Get("state"), "state"
 		}

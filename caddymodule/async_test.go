@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -867,5 +868,39 @@ func TestAsyncAdapt(t *testing.T) {
 		`"rate":{"events":20,"window":1000000000}`, `"order_key":{"from":"json","name":"data.object.customer"}`,
 		`"retry_schedule":[5000000000,60000000000]`} {
 		require.Contains(t, string(out), want)
+	}
+}
+
+// TestQueueAdminOddIDs: the queue admin's query form (which the CLI uses)
+// names exactly the event, whatever its ID: "." and ".." (path cleaning
+// would make them another resource), "a//b", "%".
+func TestQueueAdminOddIDs(t *testing.T) {
+	u := newLegacyUpstream(t)
+	u.status.Store(http.StatusInternalServerError)
+	table := asyncTable(t)
+	scope := uniqueScope("odd")
+	g := newAsyncGateway(t, table, "a", asyncSnippet(scope, u, "max_attempts 1\nretry_schedule 10ms"))
+	ids := []string{".", "..", "a//b", "100%", "./x"}
+	for _, id := range ids {
+		requireQueued(t, g.send(asyncEvent{ID: id}))
+	}
+	for _, id := range ids {
+		waitFor(t, 30*time.Second, "dead", func() bool {
+			ev, err := g.queued(id)
+			return err == nil && ev.State == queue.StateDead
+		})
+	}
+	base := "/webhook_idempotency/queue/" + scope
+	for _, id := range ids {
+		q := url.Values{"id": {id}}.Encode()
+		status, out := queueAdminCall(t, http.MethodGet, base+"/event?"+q)
+		require.Equal(t, http.StatusOK, status, "%s: %v", id, out)
+		require.Equal(t, id, out["event_id"])
+		status, _ = queueAdminCall(t, http.MethodDelete, base+"/event?"+q)
+		require.Equal(t, http.StatusPreconditionRequired, status, "unconfirmed")
+		status, out = queueAdminCall(t, http.MethodDelete, base+"/event?"+url.Values{"id": {id}, "confirm": {id}}.Encode())
+		require.Equal(t, http.StatusOK, status, "%s: %v", id, out)
+		status, _ = queueAdminCall(t, http.MethodGet, base+"/event?"+q)
+		require.Equal(t, http.StatusNotFound, status)
 	}
 }

@@ -172,7 +172,9 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, seen map[string]
 			return d.Errf("event_id: want header <name>, json <path>... or form <field>")
 		}
 		if args[0] != "json" && len(args) != 2 {
-			return d.Errf("event_id %s takes one name", args[0])
+			// A composite key mixing kinds is one line per part: a JSON path
+			// may itself be named json or header, so one line cannot mix them.
+			return d.Errf("event_id %s takes one name; for a key of several parts write one event_id line per part, e.g. event_id %s %s, then event_id json <path>...", args[0], args[0], args[1])
 		}
 		for _, n := range args[1:] {
 			s, err := eventid.ParseSource(args[0], n)

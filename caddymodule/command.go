@@ -92,7 +92,8 @@ defaults to --to.
 The secret comes from --secret or the environment variable ` + secretEnv + `.
 It is never printed. For discord (Ed25519) it is not the route's secret: it
 is the application's private seed (64 hex digits), and the route is
-configured with the matching public key, as the README says.
+configured with the matching public key. For telnyx it is seed:<base64
+32-byte seed>; for sendgrid a base64 DER PKCS#8 ECDSA private key.
 `,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -400,6 +401,13 @@ func buildDelivery(p signParams) (testDelivery, error) {
 		d.EventID = id
 	}
 
+	if p.Provider == "discord" || p.Provider == "telnyx" {
+		// Their verifiers read a secret as a public key and say so; sign
+		// needs the private seed, and its error must name that.
+		if _, err := signature.PublicSecret(p.Provider, p.Secret); err != nil {
+			return testDelivery{}, fmt.Errorf("--secret: %w", err)
+		}
+	}
 	opts := signature.Options{Secrets: []string{p.Secret}, HMAC: p.HMAC}
 	if preset.NeedsURL {
 		opts.URL = p.URL

@@ -82,7 +82,7 @@ the confirmation the admin API requires (?confirm=<event id> or <state>).
 			if err != nil || id == "" {
 				return errors.New("--scope and --id are required")
 			}
-			return call(cmd, http.MethodGet, base+"/events/"+url.PathEscape(id))
+			return call(cmd, http.MethodGet, base+"/event?"+url.Values{"id": {id}}.Encode())
 		},
 	}
 	retry := &cobra.Command{
@@ -97,7 +97,7 @@ the confirmation the admin API requires (?confirm=<event id> or <state>).
 			if id == "" {
 				return call(cmd, http.MethodPost, base+"/retry")
 			}
-			return call(cmd, http.MethodPost, base+"/events/"+url.PathEscape(id)+"/retry")
+			return call(cmd, http.MethodPost, base+"/event/retry?"+url.Values{"id": {id}}.Encode())
 		},
 	}
 	purge := &cobra.Command{
@@ -111,7 +111,9 @@ the confirmation the admin API requires (?confirm=<event id> or <state>).
 			}
 			switch {
 			case id != "" && state == "":
-				return call(cmd, http.MethodDelete, base+"/events/"+url.PathEscape(id)+"?confirm="+url.QueryEscape(id))
+				// Query parameters, not a path segment: an ID such as ".."
+				// would be cleaned into another resource.
+				return call(cmd, http.MethodDelete, base+"/event?"+url.Values{"id": {id}, "confirm": {id}}.Encode())
 			case id == "" && state != "":
 				q := url.Values{"state": {state}, "confirm": {state}}
 				return call(cmd, http.MethodDelete, base+"/events?"+q.Encode())

@@ -257,10 +257,11 @@ func (h *Handler) expandedSecrets() ([]string, error) {
 	repl := caddy.NewReplacer()
 	secrets := make([]string, 0, len(h.Secrets))
 	for _, s := range h.Secrets {
+		raw := s
 		s = repl.ReplaceAll(s, "")
 		if s == "" {
 			// An {env.X} that is unset would otherwise verify with an empty key.
-			return nil, errors.New("secret: a secret is empty (is its environment variable set?)")
+			return nil, fmt.Errorf("secret: a secret is empty%s", emptyHint(raw))
 		}
 		secrets = append(secrets, s)
 	}
@@ -268,6 +269,39 @@ func (h *Handler) expandedSecrets() ([]string, error) {
 		return nil, errors.New("secret: at least one secret is required")
 	}
 	return secrets, nil
+}
+
+// emptyHint says why a configured value expanded to nothing, naming its
+// placeholders ({env.NAME}, {file.path}: names, never values): an unset
+// variable and a missing file need different fixes.
+func emptyHint(raw string) string {
+	var env, file []string
+	for rest := raw; ; {
+		i := strings.Index(rest, "{")
+		j := strings.Index(rest[i+1:], "}")
+		if i < 0 || j < 0 {
+			break
+		}
+		ph := rest[i : i+j+2]
+		switch {
+		case strings.HasPrefix(ph, "{env."):
+			env = append(env, ph)
+		case strings.HasPrefix(ph, "{file."):
+			file = append(file, ph)
+		}
+		rest = rest[i+j+2:]
+	}
+	var hints []string
+	if len(file) > 0 {
+		hints = append(hints, strings.Join(file, ", ")+" read nothing: does the file exist, is it readable by Caddy's user and not empty?")
+	}
+	if len(env) > 0 {
+		hints = append(hints, strings.Join(env, ", ")+" is empty: is the variable set in the environment of the running Caddy process?")
+	}
+	if len(hints) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(hints, "; ") + ")"
 }
 
 // storage returns where the handler's events are kept, placeholders

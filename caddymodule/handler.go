@@ -116,7 +116,7 @@ type Handler struct {
 	// valid forever: while its body hash is kept, a replay is answered as
 	// a duplicate even after retention deleted the event's row. A body-hash
 	// row is a SHA-256 and its times: about 470 bytes in PostgreSQL with its
-	// indexes, 330 in SQLite (measured; see the README), so about 470 MB
+	// indexes, 330 in SQLite (measured; see docs/operations.md, Retention), so about 470 MB
 	// per million deliveries kept. Must be at least retention; only with
 	// dedupe_body. Default: 400 days, or retention when that is longer.
 	ReplayWindow caddy.Duration `json:"replay_window,omitempty"`
@@ -140,7 +140,7 @@ type Handler struct {
 	// off with 408 and nothing is recorded. It is set on the connection
 	// (http.ResponseController.SetReadDeadline) and cleared once the body is
 	// read. Default: 10s. Caddy's server read_body/read_timeout bound the
-	// whole request too; see the README's security section.
+	// whole request too; see docs/security.md, Server timeouts.
 	ReadTimeout caddy.Duration `json:"read_timeout,omitempty"`
 
 	// OnAmbiguous is what happens to an event whose forward had no known

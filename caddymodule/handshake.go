@@ -154,9 +154,10 @@ func tokenAuth(p signature.Preset) bool {
 func (h *Handler) expandedVerifyTokens() ([]string, error) {
 	repl := caddy.NewReplacer()
 	var tokens []string
-	for _, t := range h.VerifyTokens {
-		if t = repl.ReplaceAll(t, ""); t == "" {
-			return nil, errors.New("verify_token: a verify token is empty (is its environment variable set?)")
+	for _, raw := range h.VerifyTokens {
+		t := repl.ReplaceAll(raw, "")
+		if t == "" {
+			return nil, fmt.Errorf("verify_token: a verify token is empty%s", emptyHint(raw))
 		}
 		tokens = append(tokens, t)
 	}

@@ -241,8 +241,13 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 	// ?validationtoken=; Graph with validationToken.
 	t.Run("msgraph lower-case validationtoken", func(t *testing.T) {
 		r := byPath["/p/msgraph"]
+		before := len(up.got(r.path))
 		st, h, body := doReq(t, http.MethodPost, r.path+"?validationtoken=sp-token-1", nil, nil)
-		requireAnswered(t, r.path, st, h, body, "text/plain; charset=utf-8", "sp-token-1")
+		require.Equal(t, http.StatusOK, st, body)
+		require.Empty(t, h.Get("X-Upstream"), "answered at the edge")
+		require.Equal(t, "text/plain; charset=utf-8", h.Get("Content-Type"))
+		require.Equal(t, "sp-token-1", body)
+		require.Len(t, up.got(r.path), before, "a handshake never reaches the upstream")
 	})
 
 	// SharePoint puts a UTF-8 byte order mark before the JSON: the ID and

@@ -133,6 +133,16 @@ func (a *QueueAdmin) serve(w http.ResponseWriter, r *http.Request) error {
 	if len(qbs) == 0 {
 		return apiErr(http.StatusNotFound, "no async handler has scope %q", scope)
 	}
+	// {scope}/event?id=I is {scope}/events/I for any ID, also one that
+	// cannot be a path segment ("." or "..", "a//b": the admin server's
+	// path cleaning would turn it into another resource); the CLI uses it.
+	if len(parts) >= 2 && len(parts) <= 3 && parts[1] == "event" {
+		id := r.URL.Query().Get("id")
+		if id == "" {
+			return apiErr(http.StatusBadRequest, "want ?id=<event id>")
+		}
+		parts = append([]string{scope, "events", id}, parts[2:]...)
+	}
 	switch {
 	case len(parts) == 2 && parts[1] == "retry" && r.Method == http.MethodPost:
 		total := 0

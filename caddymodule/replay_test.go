@@ -22,6 +22,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddytest"
 	"github.com/stretchr/testify/require"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
 
 // These tests drive a real in-process Caddy (caddytest) with replay
@@ -180,16 +181,23 @@ func twilioDelivery(t *testing.T, url, secret, token string) *http.Request {
 }
 
 // adminEvent reads an event through the admin API.
+// adminEvent reads an event through the admin API once it has settled:
+// a completion is written just after its answer, so a read right after a
+// delivery may still find the claim processing (at most 5 s).
 func adminEvent(t *testing.T, scope, id string) (EventJSON, string) {
 	t.Helper()
-	resp, err := http.Get("http://localhost:2999/webhook_idempotency/events/" + scope + "/" + id)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	require.Equal(t, http.StatusOK, resp.StatusCode, string(b))
-	var ev EventJSON
-	require.NoError(t, json.Unmarshal(b, &ev))
-	return ev, string(b)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		resp, err := http.Get("http://localhost:2999/webhook_idempotency/events/" + scope + "/" + id)
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, string(b))
+		var ev EventJSON
+		require.NoError(t, json.Unmarshal(b, &ev))
+		if ev.State != string(store.StateProcessing) || time.Now().After(deadline) {
+			return ev, string(b)
+		}
+	}
 }
 
 func sizePtr(n int) *int64 {

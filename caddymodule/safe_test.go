@@ -194,12 +194,12 @@ func TestQueueAndForgetCommandsSendConfirmation(t *testing.T) {
 	}{
 		{[]string{"queue", "list"}, "GET /webhook_idempotency/queue/"},
 		{[]string{"queue", "list", "--scope", "stripe", "--state", "dead", "--limit", "5"}, "GET /webhook_idempotency/queue/stripe/events?limit=5&state=dead"},
-		{[]string{"queue", "get", "--scope", "stripe", "--id", "evt/1"}, "GET /webhook_idempotency/queue/stripe/events/evt%2F1"},
+		{[]string{"queue", "get", "--scope", "stripe", "--id", "evt/1"}, "GET /webhook_idempotency/queue/stripe/event?id=evt%2F1"},
 		{[]string{"queue", "retry", "--scope", "stripe"}, "POST /webhook_idempotency/queue/stripe/retry"},
-		{[]string{"queue", "retry", "--scope", "stripe", "--id", "evt_1"}, "POST /webhook_idempotency/queue/stripe/events/evt_1/retry"},
-		{[]string{"queue", "purge", "--scope", "stripe", "--id", "evt/1"}, "DELETE /webhook_idempotency/queue/stripe/events/evt%2F1?confirm=evt%2F1"},
+		{[]string{"queue", "retry", "--scope", "stripe", "--id", "evt_1"}, "POST /webhook_idempotency/queue/stripe/event/retry?id=evt_1"},
+		{[]string{"queue", "purge", "--scope", "stripe", "--id", "evt/1"}, "DELETE /webhook_idempotency/queue/stripe/event?confirm=evt%2F1&id=evt%2F1"},
 		{[]string{"queue", "purge", "--scope", "stripe", "--state", "dead"}, "DELETE /webhook_idempotency/queue/stripe/events?confirm=dead&state=dead"},
-		{[]string{"event", "forget", "--scope", "stripe", "--id", "evt 1"}, "DELETE /webhook_idempotency/events/stripe/evt%201?confirm=evt+1"},
+		{[]string{"event", "forget", "--scope", "stripe", "--id", "evt 1"}, "DELETE /webhook_idempotency/event?confirm=evt+1&id=evt+1&scope=stripe"},
 	} {
 		got = nil
 		_, err := runCLI(t, append(tc.args, "--admin", admin)...)

@@ -26,7 +26,7 @@ echo "== golangci-lint (.golangci.yml; pinned, installed into bin/tools by scrip
 echo "== go build ./xcaddy"
 go build -o bin/caddy ./xcaddy
 
-echo "== xcaddy build --with <this checkout> (the README's Building section; scripts/xcaddy-check.sh)"
+echo "== xcaddy build --with <this checkout> (the README's Install with xcaddy; scripts/xcaddy-check.sh)"
 bash scripts/xcaddy-check.sh
 
 echo "== go test -race ./... (PostgreSQL: ${TEST_DATABASE_URL%%\?*})"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's "Building" section, checked: xcaddy (installed from the Go
+# The README's "Install with xcaddy" section, checked: xcaddy (installed from the Go
 # module proxy by scripts/tools.sh) builds Caddy with this checkout, through
 # the module path's root package, not yet published:
 #

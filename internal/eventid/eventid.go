@@ -52,7 +52,14 @@ const (
 
 // Source is one place an ID part is read from.
 type Source struct {
-	Kind Kind   `json:"from"`
+	// Kind is where the part is read from: "header" (a request header, by
+	// case-insensitive name), "json" (a plain gjson path over the raw JSON
+	// body: member names and array indexes, no wildcards, queries or
+	// modifiers) or "form" (a field of an
+	// application/x-www-form-urlencoded body, percent-decoded).
+	Kind Kind `json:"from"`
+	// Name is the header's name, the JSON path (e.g. data.object.id) or the
+	// form field's name.
 	Name string `json:"name"`
 }
 
