@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"embed"
 	"encoding/hex"
 	"encoding/json"
@@ -298,19 +299,21 @@ var payloads embed.FS
 // examplePayload is the example body of a provider and its Content-Type.
 func examplePayload(provider string) ([]byte, string) {
 	name := map[string]string{
-		"stripe":   "stripe_payment_intent_succeeded.json",
-		"github":   "github_push.json",
-		"gitea":    "github_push.json",
-		"forgejo":  "github_push.json",
-		"shopify":  "shopify_orders_create.json",
-		"paddle":   "paddle_transaction_completed.json",
-		"square":   "square_payment_created.json",
-		"slack":    "slack_event_callback.json",
-		"twilio":   "twilio_sms_incoming.txt",
-		"razorpay": "razorpay_payment_captured.json",
-		"standard": "standardwebhooks_invoice_paid.json",
-		"svix":     "svix_user_created.json",
-		"adyen":    "adyen_authorisation.json",
+		"stripe":     "stripe_payment_intent_succeeded.json",
+		"github":     "github_push.json",
+		"gitea":      "github_push.json",
+		"forgejo":    "github_push.json",
+		"shopify":    "shopify_orders_create.json",
+		"paddle":     "paddle_transaction_completed.json",
+		"square":     "square_payment_created.json",
+		"slack":      "slack_event_callback.json",
+		"twilio":     "twilio_sms_incoming.txt",
+		"razorpay":   "razorpay_payment_captured.json",
+		"standard":   "standardwebhooks_invoice_paid.json",
+		"svix":       "svix_user_created.json",
+		"adyen":      "adyen_authorisation.json",
+		"midtrans":   "midtrans_settlement.json",
+		"fastspring": "fastspring_order_completed.json",
 	}[provider]
 	if name == "" {
 		name = "generic_order_paid.json"
@@ -359,6 +362,7 @@ func buildDelivery(p signParams) (testDelivery, error) {
 		from = preset.EventID[0]
 	}
 	d := testDelivery{}
+	hashField := ""
 	if from == "" {
 		if p.EventID != "" {
 			return testDelivery{}, fmt.Errorf("--event-id: provider %s has no event ID of its own; say where it goes with --event-id-from", p.Provider)
@@ -384,6 +388,18 @@ func buildDelivery(p signParams) (testDelivery, error) {
 			}
 		case kind == "json":
 			id = gjson.GetBytes(body, name).String()
+		case kind == "form_sha256":
+			// The ID is the hash of a field the signing writes (Braintree's
+			// bt_payload): read after signing; an example gets a fresh body.
+			if p.EventID != "" {
+				return testDelivery{}, fmt.Errorf("--event-id: provider %s's event ID is the SHA-256 of form field %s; it cannot be set", p.Provider, name)
+			}
+			if example {
+				if body, err = setJSON(body, "id", "evt_test_"+randomID()); err != nil {
+					return testDelivery{}, err
+				}
+			}
+			hashField = name
 		case kind == "form":
 			vals, err := url.ParseQuery(string(body))
 			if err != nil {
@@ -419,6 +435,14 @@ func buildDelivery(p signParams) (testDelivery, error) {
 	body, err := signature.SignDelivery(p.Provider, opts, body, h, now)
 	if err != nil {
 		return testDelivery{}, fmt.Errorf("signing: %w", err)
+	}
+	if hashField != "" {
+		vals, err := url.ParseQuery(string(body))
+		if err != nil {
+			return testDelivery{}, fmt.Errorf("signed body is not form-encoded: %w", err)
+		}
+		sum := sha256.Sum256([]byte(vals.Get(hashField)))
+		d.EventID = hex.EncodeToString(sum[:])
 	}
 	d.Body, d.Header = body, h
 	return d, nil

@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"bytes"
 	"crypto/hmac"
+	"crypto/sha1" //nolint:gosec // Braintree's documented scheme
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
@@ -119,6 +120,10 @@ func protoRoutes(t *testing.T) []protoRoute {
 	add("gocardless", "/p/gocardless-split", "batch split")
 	add("hubspot", "")
 	add("adyen", "")
+	for _, p := range []string{"mollie", "recurly", "revolut", "airwallex", "fastspring", "authorizenet", "flutterwave",
+		"xendit", "chargebee", "midtrans", "mercadopago", "rapyd", "braintree"} {
+		add(p, "")
+	}
 	add("adyen", "/p/adyen-basic", `secret "basic:ws_adyen:{env.WI_TEST_ADYEN_PASS}"`, "scope adyen_basic")
 	return routes
 }
@@ -348,7 +353,8 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 		requireDelivers(t, r, r.signing)
 	})
 
-	for _, p := range []string{"mailgun", "linear", "woocommerce", "gitea"} {
+	for _, p := range []string{"mailgun", "linear", "woocommerce", "gitea", "mollie", "recurly", "revolut", "airwallex",
+		"authorizenet", "flutterwave", "xendit", "chargebee", "midtrans", "mercadopago", "rapyd"} {
 		t.Run(p+" delivers", func(t *testing.T) {
 			r := byPath["/p/"+p]
 			requireDelivers(t, r, r.signing)
@@ -552,6 +558,52 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 		st, _, resp = doReq(t, http.MethodPost, r.path, body, h)
 		require.Equal(t, http.StatusOK, st, resp)
 		require.Equal(t, "[accepted]", resp)
+		require.Len(t, up.got(r.path), 1)
+	})
+
+	t.Run("fastspring batch set", func(t *testing.T) {
+		r := byPath["/p/fastspring"]
+		body := []byte(`{"events":[{"id":"fs1` + randomHex(4) + `","type":"order.completed","data":{"total":10.0}},{"id":"fs2` + randomHex(4) + `","type":"subscription.activated","data":{}}]}`)
+		h := http.Header{"Content-Type": {"application/json"}}
+		body, err := signature.SignDelivery("fastspring", signature.Options{Secrets: []string{r.signing}}, body, h, time.Now())
+		require.NoError(t, err)
+		st, rh, resp := doReq(t, http.MethodPost, r.path, body, h)
+		require.Equal(t, http.StatusOK, st, resp)
+		require.Equal(t, "yes", rh.Get("X-Upstream"), "batch set forwards the delivery whole")
+		require.Len(t, up.got(r.path), 1)
+		require.Equal(t, body, up.got(r.path)[0].body)
+		st, rh, _ = doReq(t, http.MethodPost, r.path, body, h)
+		require.Equal(t, http.StatusOK, st)
+		require.Equal(t, "true", rh.Get("Idempotent-Replayed"))
+		require.Len(t, up.got(r.path), 1)
+	})
+
+	t.Run("braintree bt_challenge and signed form", func(t *testing.T) {
+		r := byPath["/p/braintree"]
+		pub, priv, ok := strings.Cut(r.signing, ":")
+		require.True(t, ok)
+		challenge := randomHex(10)
+		st, h, body := doReq(t, http.MethodGet, r.path+"?bt_challenge="+challenge, nil, nil)
+		k := sha1.Sum([]byte(priv))
+		m := hmac.New(sha1.New, k[:])
+		m.Write([]byte(challenge))
+		requireAnswered(t, r.path, st, h, body, "text/plain; charset=utf-8", pub+"|"+hex.EncodeToString(m.Sum(nil)))
+
+		d, err := buildDelivery(signParams{Provider: "braintree", Secret: r.signing})
+		require.NoError(t, err)
+		require.Len(t, d.EventID, 64)
+		st, h, body = doReq(t, http.MethodPost, r.path, d.Body, d.Header)
+		require.Equal(t, http.StatusOK, st, body)
+		require.Equal(t, "yes", h.Get("X-Upstream"))
+		st, h, _ = doReq(t, http.MethodPost, r.path, d.Body, d.Header)
+		require.Equal(t, http.StatusOK, st)
+		require.Equal(t, "true", h.Get("Idempotent-Replayed"), "Braintree's retry is answered at the edge")
+		require.Len(t, up.got(r.path), 1)
+		forged := bytes.Replace(d.Body, []byte("bt_payload=e"), []byte("bt_payload=f"), 1)
+		if !bytes.Equal(forged, d.Body) {
+			st, _, body = doReq(t, http.MethodPost, r.path, forged, d.Header)
+			require.Equal(t, http.StatusBadRequest, st, body)
+		}
 		require.Len(t, up.got(r.path), 1)
 	})
 

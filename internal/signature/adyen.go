@@ -54,6 +54,7 @@ import (
 func init() {
 	register(Preset{
 		Name:            "adyen",
+		SecretFormat:    "HMAC keys in hex, plus optional `basic:<user>:<password>` Basic credentials (then required on every delivery)",
 		Doc:             "https://docs.adyen.com/development-resources/webhooks/secure-webhooks/verify-hmac-signatures",
 		SignatureHeader: "additionalData.hmacSignature in each notification item (optional Authorization: Basic)",
 		Oracle:          "@adyen/api-library",
@@ -148,6 +149,7 @@ func buildAdyen(_ Preset, o Options) (signer, error) {
 }
 
 func (a *adyen) Verify(body []byte, h http.Header) error {
+	body = eventid.JSONText(body)
 	if err := a.VerifyDelivery(body, h); err != nil {
 		return err
 	}
@@ -160,6 +162,7 @@ func (a *adyen) Verify(body []byte, h http.Header) error {
 }
 
 func (a *adyen) VerifyDelivery(body []byte, h http.Header) error {
+	body = eventid.JSONText(body)
 	if len(a.basic) > 0 {
 		v, err := oneValue(h, "Authorization")
 		if err != nil {
@@ -171,7 +174,7 @@ func (a *adyen) VerifyDelivery(body []byte, h http.Header) error {
 			ok |= subtle.ConstantTimeCompare(d[:], want)
 		}
 		if ok == 0 {
-			return fmt.Errorf("Authorization matches none of %d Basic credential(s): %w", len(a.basic), ErrNoMatchingSignature)
+			return fmt.Errorf("header Authorization matches none of %d Basic credential(s): %w", len(a.basic), ErrNoMatchingSignature)
 		}
 	}
 	if !isJSONObject(body) {

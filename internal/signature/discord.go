@@ -24,7 +24,8 @@ import (
 // configured with.
 func init() {
 	register(Preset{
-		Name: "discord",
+		Name:         "discord",
+		SecretFormat: "the application's public key (hex Ed25519)",
 		Delivery: Delivery{
 			Timeout: Timeout{Duration: 3 * time.Second, Note: "the interaction fails for the user after it", Source: "https://discord.com/developers/docs/interactions/receiving-and-responding#responding-to-an-interaction"},
 			Answer:  Answer{Note: "an interaction response (a PING gets {\"type\":1})", Source: "https://discord.com/developers/docs/interactions/receiving-and-responding#responding-to-an-interaction"},

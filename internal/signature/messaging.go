@@ -82,6 +82,7 @@ func init() {
 	// public key (base64, from the portal); telnyx-node allows 300 s.
 	register(Preset{
 		Name:             "telnyx",
+		SecretFormat:     "the public key (base64 Ed25519)",
 		Doc:              "https://developers.telnyx.com/docs/messaging/messages/receiving-webhooks",
 		SignatureHeader:  "telnyx-signature-ed25519: <base64> (with telnyx-timestamp)",
 		DefaultTolerance: 5 * time.Minute,
@@ -130,6 +131,7 @@ func init() {
 	// an array of events, each with its own sg_event_id.
 	register(Preset{
 		Name:             "sendgrid",
+		SecretFormat:     "the verification key (base64 DER ECDSA P-256)",
 		Doc:              "https://www.twilio.com/docs/sendgrid/for-developers/tracking-events/getting-started-event-webhook-security-features",
 		SignatureHeader:  "X-Twilio-Email-Event-Webhook-Signature: <base64 DER ECDSA> (with X-Twilio-Email-Event-Webhook-Timestamp)",
 		DefaultTolerance: 5 * time.Minute,

@@ -19,6 +19,8 @@ import (
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/eventid"
 )
 
 // Payment providers of issue 25 beyond adyen.go: the HMAC schemes the
@@ -124,7 +126,14 @@ func init() {
 	// FastSpring batches events in events[]; automatic retries keep each
 	// event's id (manual resends get new ones).
 	register(Preset{
-		Name:            "fastspring",
+		Name: "fastspring",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true,
+				Note:    "automatic retries keep each event's id; manual resends get new ones",
+				Source:  "https://developer.fastspring.com/docs/webhooks-overview",
+			},
+		},
 		Doc:             "https://developer.fastspring.com/docs/message-security",
 		SignatureHeader: "X-FS-Signature: <base64>",
 		DedupeBody:      true,
@@ -157,6 +166,7 @@ func init() {
 	// event_id (data.id with event, say).
 	register(Preset{
 		Name:            "flutterwave",
+		SecretFormat:    "the secret hash set on the dashboard",
 		Doc:             "https://developer.flutterwave.com/docs/webhooks#verifying-webhook-signatures",
 		SignatureHeader: "verif-hash: <secret hash>",
 		DedupeBody:      true,
@@ -170,6 +180,7 @@ func init() {
 	// and a webhook-id that names the event for deduplication.
 	register(Preset{
 		Name:            "xendit",
+		SecretFormat:    "the webhook verification token",
 		Doc:             "https://docs.xendit.co/docs/handling-webhooks",
 		SignatureHeader: "x-callback-token: <verification token>",
 		EventID:         ids(headerID("webhook-id")),
@@ -184,7 +195,16 @@ func init() {
 	// the endpoint (the chargebee library's basicAuthValidator); nothing
 	// signs the body. Secrets are "<user>:<password>".
 	register(Preset{
-		Name:            "chargebee",
+		Name: "chargebee",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, Attempts: 8,
+				Note:   "a timeout or error is retried up to 7 times on a growing schedule; the site's admins are mailed when all fail",
+				Source: "https://chargebee.com/docs/2.0/site-configuration/articles-and-faq/at-which-rate-can-we-expect-the-webhook-calls-in-chargebee-will-there-be-any-performance-disruption.html",
+			},
+			Answer: Answer{Status: 200, Source: "https://chargebee.com/docs/1.0/site-configuration/articles-and-faq/how-would-i-know-if-the-configured-webhook-url-in-my-chargebee-site-is-failing.html"},
+		},
+		SecretFormat:    "`<user>:<password>`, the Basic credentials set on the webhook",
 		Doc:             "https://www.chargebee.com/docs/2.0/webhook_settings.html",
 		SignatureHeader: "Authorization: Basic <user:password>",
 		EventID:         ids(jsonID("id")),
@@ -203,6 +223,7 @@ func init() {
 	// transaction_status, say).
 	register(Preset{
 		Name:            "midtrans",
+		SecretFormat:    "the server key",
 		Doc:             "https://docs.midtrans.com/docs/https-notification-webhooks#verifying-notification-authenticity",
 		SignatureHeader: "none: body signature_key = <hex SHA-512>",
 		DedupeBody:      true,
@@ -239,6 +260,7 @@ func init() {
 	// Secrets are "<access key>:<secret key>".
 	register(Preset{
 		Name:             "rapyd",
+		SecretFormat:     "`<access key>:<secret key>`",
 		Doc:              "https://docs.rapyd.net/en/webhook-authentication.html",
 		SignatureHeader:  "signature: <base64 of hex> (with salt, timestamp)",
 		DefaultTolerance: 5 * time.Minute,
@@ -260,6 +282,7 @@ func init() {
 	// bt_payload. The bt_challenge GET verifies the destination.
 	register(Preset{
 		Name:            "braintree",
+		SecretFormat:    "`<public key>:<private key>`, one per API key pair",
 		Doc:             "https://developer.paypal.com/braintree/docs/guides/webhooks/parse/node",
 		SignatureHeader: "none: form fields bt_signature (public key|hex) and bt_payload",
 		EventID:         ids("form_sha256 bt_payload"),
@@ -334,11 +357,11 @@ func (b *basicAuth) Verify(_ []byte, h http.Header) error {
 	}
 	scheme, cred, ok := strings.Cut(v, " ")
 	if !ok || scheme != "Basic" || strings.Contains(cred, " ") {
-		return fmt.Errorf("Authorization is not Basic credentials: %w", ErrMalformedHeader)
+		return fmt.Errorf("header Authorization is not Basic credentials: %w", ErrMalformedHeader)
 	}
 	raw, err := base64.StdEncoding.DecodeString(cred)
 	if err != nil || !strings.Contains(string(raw), ":") {
-		return fmt.Errorf("Authorization does not hold base64 user:password: %w", ErrMalformedHeader)
+		return fmt.Errorf("header Authorization does not hold base64 user:password: %w", ErrMalformedHeader)
 	}
 	d := sha256.Sum256(raw)
 	ok2 := 0
@@ -346,7 +369,7 @@ func (b *basicAuth) Verify(_ []byte, h http.Header) error {
 		ok2 |= subtle.ConstantTimeCompare(d[:], want)
 	}
 	if ok2 == 0 {
-		return fmt.Errorf("Authorization matches none of %d credential(s): %w", len(b.digests), ErrNoMatchingSignature)
+		return fmt.Errorf("header Authorization matches none of %d credential(s): %w", len(b.digests), ErrNoMatchingSignature)
 	}
 	return nil
 }
@@ -362,6 +385,7 @@ type midtrans struct{ keys []string }
 var midtransFields = []string{"order_id", "status_code", "gross_amount"}
 
 func (m *midtrans) Verify(body []byte, _ http.Header) error {
+	body = eventid.JSONText(body)
 	if !isJSONObject(body) {
 		return fmt.Errorf("body is not a JSON object carrying signature_key: %w", ErrMissingHeader)
 	}
@@ -489,6 +513,7 @@ func (m *mercadoPago) Verify(body []byte, h http.Header) error {
 
 // manifest builds "id:<data.id>;request-id:<x-request-id>;ts:<ts>;".
 func (m *mercadoPago) manifest(body []byte, h http.Header, ts string) ([]byte, error) {
+	body = eventid.JSONText(body)
 	var b strings.Builder
 	if isJSONObject(body) {
 		id, err := lookupOnce(body, "data.id")

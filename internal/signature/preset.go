@@ -60,6 +60,10 @@ type Preset struct {
 	// testdata/oracles.json prove this preset; "" means the preset rests on
 	// the provider's documentation only. TestOracles keeps the two in step.
 	Oracle string
+	// SecretFormat says what a configured secret is when it is not the
+	// provider's signing secret as displayed, e.g. "<access key>:<secret
+	// key>"; "" for the usual case.
+	SecretFormat string
 	// Delivery is how the provider delivers (retries, maximum body,
 	// timeout, expected answer, refusal), each fact with its source.
 	Delivery Delivery

@@ -8,14 +8,14 @@ import (
 	"time"
 )
 
-// MarkdownTable renders the provider presets as the README's provider table:
+// MarkdownTable renders the provider presets as the scheme table of docs/providers.md:
 // name, signature header, signed bytes, algorithm and encoding, default event
 // ID, default tolerance, dedupe_body default, the status a delivery that fails verification is refused
 // with (refuse_status), whether the event ID stays the
 // same across the provider's retries, handshakes, batch policy, the official
 // library whose vectors prove the preset (testdata/oracles.json, versions
-// there) and the documentation link. The README's table is generated from it
-// (see readme_test.go), so the two cannot drift.
+// there) and the documentation link. ProvidersDoc embeds it, so the
+// document cannot drift from the presets.
 func MarkdownTable() string {
 	var b strings.Builder
 	b.WriteString("| provider | signature header | signed bytes | algorithm | default event ID | tolerance | dedupe_body | refuse_status | replay | ID across retries | handshake | batch | oracle | docs |\n")
@@ -137,6 +137,12 @@ func ProvidersDoc() string {
 			fact(refusalText(p), d.Refusal.Source),
 			fact(escapePipes(p.ReplayGuard()), Source(p.Doc)),
 			proof)
+	}
+	b.WriteString("\n## Secrets\n\nEach `secret` is the provider's signing secret as it displays it, except:\n\n")
+	for _, name := range Providers() {
+		if f := registry[name].SecretFormat; f != "" {
+			fmt.Fprintf(&b, "- `%s`: %s\n", name, f)
+		}
 	}
 	b.WriteString("\n## Signature schemes\n\n")
 	b.WriteString(MarkdownTable())

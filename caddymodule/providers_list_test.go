@@ -1,0 +1,23 @@
+package caddymodule
+
+import (
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/stretchr/testify/require"
+)
+
+// caddy validate refuses an unknown provider and lists every preset,
+// including those of issue 25.
+func TestUnknownProviderListsPresets(t *testing.T) {
+	t.Parallel()
+	h := &Handler{Provider: "nope", Secrets: []string{"s"}}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: t.Context()})
+	t.Cleanup(cancel)
+	err := h.Provision(ctx)
+	require.ErrorContains(t, err, `unknown provider "nope"`)
+	for _, name := range []string{"adyen", "braintree", "mollie", "recurly", "chargebee", "authorizenet", "mercadopago",
+		"revolut", "airwallex", "flutterwave", "xendit", "midtrans", "fastspring", "rapyd"} {
+		require.Contains(t, err.Error(), " "+name+",", name)
+	}
+}
