@@ -33,31 +33,64 @@ func TestSpoolKeepsGitHubDeliveriesThroughStoreOutage(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			spoolOutage(t, kill)
+			pg := tempCluster(t, e2e.NoStandby)
+			server := pg.Primary
+			b := setupOn(t, pg.DSN("postgres"), func(string, int) e2e.Answer { return e2e.Answer{} })
+			t.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+				defer cancel()
+				if !server.Running() {
+					if err := server.Start(ctx); err != nil {
+						t.Errorf("restarting postgres: %v", err)
+					}
+				}
+			})
+			spoolOutage(t, b, b.db.DSN, storeOutage{
+				down: func(ctx context.Context) error { return server.Stop(ctx, "fast") },
+				up:   server.Start,
+				for_: 30 * time.Second, events: 100,
+			}, kill)
 		})
 	}
 }
 
-func spoolOutage(t *testing.T, kill bool) {
-	const (
-		downtime = 30 * time.Second
-		events   = 100
-	)
-	pg := tempCluster(t, e2e.NoStandby)
-	server := pg.Primary
-	b := setupOn(t, pg.DSN("postgres"), func(string, int) e2e.Answer { return e2e.Answer{} })
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-		defer cancel()
-		if !server.Running() {
-			if err := server.Start(ctx); err != nil {
-				t.Errorf("restarting postgres: %v", err)
-			}
-		}
-	})
+// The same through a cut TCP link to the test database (the gateways'
+// connections closed, new ones refused), shorter and smaller, so it runs
+// with the ordinary end-to-end tests: 33 deliveries of 30 events during
+// 6 s, with and without a gateway killed.
+func TestSpoolKeepsGitHubDeliveriesThroughCutStoreLink(t *testing.T) {
+	t.Parallel()
+	for _, kill := range []bool{false, true} {
+		t.Run(fmt.Sprintf("kill %v", kill), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, func(string, int) e2e.Answer { return e2e.Answer{} })
+			link := b.storeLink()
+			spoolOutage(t, b, b.db.DSNVia(link.Addr()), storeOutage{
+				down: func(context.Context) error { link.Cut(); return nil },
+				up:   func(context.Context) error { link.Restore(); return nil },
+				for_: 6 * time.Second, events: 30,
+			}, kill)
+		})
+	}
+}
+
+// storeOutage takes the store away and brings it back.
+type storeOutage struct {
+	down, up func(context.Context) error
+	for_     time.Duration
+	events   int // every tenth is delivered twice
+}
+
+// spoolOutage delivers o.events GitHub events (every tenth twice) to
+// gateways on dsn while the store is down for o.for_, and checks that each
+// is answered 2xx and, once the store is back, forwarded exactly once.
+// kill: two gateways, a killed with SIGKILL half way and started again
+// once the store is back.
+func spoolOutage(t *testing.T, b *bundle, dsn string, o storeOutage, kill bool) {
+	downtime, events := o.for_, o.events
 	cfgOf := func(name string) e2e.GatewayConfig {
 		return e2e.GatewayConfig{Name: name, Upstream: b.up.Addr(), Admin: true,
-			Handler: e2e.GitHubHandler(b.secret, b.db.DSN)} // no spool line: on by default for github
+			Handler: e2e.GitHubHandler(b.secret, dsn)} // no spool line: on by default for github
 	}
 	a := b.start(cfgOf("a"))
 	gws := []*e2e.Gateway{a}
@@ -79,7 +112,7 @@ func spoolOutage(t *testing.T, kill bool) {
 		require.True(t, deliver(g, warm).Forwarded(), "the store is up: forwarded at once")
 	}
 
-	// 100 events; every tenth is delivered a second time three arrivals
+	// The events; every tenth is delivered a second time three arrivals
 	// later.
 	var ids, arrivals []string
 	for i := range events {
@@ -90,13 +123,13 @@ func spoolOutage(t *testing.T, kill bool) {
 			arrivals = append(arrivals, ids[i-3])
 		}
 	}
-	require.Len(t, arrivals, 110)
+	require.Len(t, arrivals, events+events/10)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	require.NoError(t, server.Stop(ctx, "fast"))
+	require.NoError(t, o.down(ctx))
 	downAt := time.Now()
-	interval := (downtime - 2*time.Second) / time.Duration(len(arrivals))
+	interval := (downtime - downtime/15) / time.Duration(len(arrivals))
 	statuses := map[int]int{}
 	for i, id := range arrivals {
 		g := a
@@ -115,7 +148,7 @@ func spoolOutage(t *testing.T, kill bool) {
 	}
 	time.Sleep(time.Until(downAt.Add(downtime)))
 	require.Empty(t, b.up.Snapshot()[ids[0]], "nothing forwarded while the store is down")
-	require.NoError(t, server.Start(ctx))
+	require.NoError(t, o.up(ctx))
 	upAt := time.Now()
 	if kill {
 		a = b.start(cfgOf("a")) // same name, same data directory: its spool
@@ -161,8 +194,8 @@ func spoolOutage(t *testing.T, kill bool) {
 		require.NoError(t, err)
 		dups, err := a.Metric(ctx, spoolSeries(a, "settled_total", `outcome="duplicate"`))
 		require.NoError(t, err)
-		require.InDelta(t, 100, forwarded, 0)
-		require.InDelta(t, 10, dups, 0)
+		require.InDelta(t, events, forwarded, 0)
+		require.InDelta(t, events/10, dups, 0)
 	}
 	t.Logf("%d deliveries of %d events during a %s outage (answers %v); all forwarded %s after the store came back: lost %d, doubled %d",
 		len(arrivals), events, downtime, statuses, drained.Round(100*time.Millisecond), lost, doubled)
