@@ -344,3 +344,33 @@ func TestNotReadyPausesWithoutTrying(t *testing.T) {
 	waitFor(t, 5*time.Second, "the spool to drain", func() bool { return b.sp.Stats().Records == 0 })
 	require.Equal(t, []string{"a", "b", "c"}, b.up.ids())
 }
+
+// Close does not wait for a delivery in progress (a forward may run for
+// minutes); a record whose delivery ends after Close was not acknowledged,
+// so the next Open has it again (its claim then decides: a duplicate).
+func TestCloseDuringDelivery(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	appendAll(t, b.sp, "a")
+	entered, release := make(chan struct{}), make(chan struct{})
+	b.sp.Attach(func(context.Context, *spool.Record) spool.Result {
+		close(entered)
+		<-release
+		return spool.Result{Outcome: spool.Forwarded}
+	})
+	<-entered
+	closed := make(chan error)
+	go func() { closed <- b.sp.Close() }()
+	select {
+	case err := <-closed:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close waited for the delivery in progress")
+	}
+	close(release)
+	require.ErrorIs(t, b.sp.Append(t.Context(), record("b")), spool.ErrClosed)
+
+	b.sp = nil
+	b.reopen(t)
+	require.Equal(t, []string{"a"}, ids(b.sp.List(10)))
+}
