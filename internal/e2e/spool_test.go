@@ -2,7 +2,9 @@ package e2e_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"testing"
 	"time"
 
@@ -146,6 +148,36 @@ func spoolOutage(t *testing.T, b *bundle, dsn string, o storeOutage, kill bool) 
 		require.Contains(t, r.Body, `"spooled":true`)
 		time.Sleep(time.Until(downAt.Add(time.Duration(i+1) * interval)))
 	}
+	// What waits is visible: metrics and the admin API (no header or body
+	// in either).
+	last := gws[len(gws)-1]
+	waiting, err := last.Metric(ctx, spoolSeries(last, "records"))
+	require.NoError(t, err)
+	require.Positive(t, waiting)
+	down, err := last.Metric(ctx, spoolSeries(last, "store_down"))
+	require.NoError(t, err)
+	require.InDelta(t, 1, down, 0, "the spool knows the store is down")
+	status, body, err := last.AdminCall(ctx, http.MethodGet, "/webhook_idempotency/spool")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, status, body)
+	var listed []struct {
+		Dir        string  `json:"dir"`
+		Records    int     `json:"records"`
+		OldestAge  float64 `json:"oldest_age_seconds"`
+		StoreDown  bool    `json:"store_down"`
+		Deliveries []struct {
+			EventID string `json:"event_id"`
+		} `json:"deliveries"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &listed))
+	require.Len(t, listed, 1)
+	require.Equal(t, last.SpoolDir("github"), listed[0].Dir)
+	require.InDelta(t, waiting, listed[0].Records, 0)
+	require.Positive(t, listed[0].OldestAge)
+	require.True(t, listed[0].StoreDown)
+	require.NotEmpty(t, listed[0].Deliveries)
+	require.NotContains(t, body, "sha256=", "no signature in the admin API")
+	require.NotContains(t, body, "octocat", "no body in the admin API")
 	time.Sleep(time.Until(downAt.Add(downtime)))
 	require.Empty(t, b.up.Snapshot()[ids[0]], "nothing forwarded while the store is down")
 	require.NoError(t, o.up(ctx))
