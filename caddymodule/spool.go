@@ -195,7 +195,7 @@ func (h *Handler) provisionSpool(ctx caddy.Context) error {
 	})
 	if err != nil {
 		if errors.Is(err, spool.ErrLocked) {
-			return fmt.Errorf("spool: %w (write spool <dir> with a directory of this process's own, or spool off)", err)
+			return fmt.Errorf("spool: %w: give each gateway process a directory of its own (spool <dir>), or write spool off", err)
 		}
 		return fmt.Errorf("spool: %w", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -241,4 +242,26 @@ func spoolSeries(g *e2e.Gateway, name string, labels ...string) string {
 		l = x + "," + l
 	}
 	return "caddy_webhook_idempotency_spool_" + name + "{" + l + "}"
+}
+
+// Two Caddy processes on one machine given one spool directory: the second
+// refuses to start (its config does not load), naming the directory's
+// holder and what to write instead; once the first is gone (even killed),
+// the directory is free.
+func TestSpoolDirectoryServesOneProcess(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(string, int) e2e.Answer { return e2e.Answer{} })
+	dir := filepath.Join(b.dir, "shared-spool")
+	cfgOf := func(name string) e2e.GatewayConfig {
+		return e2e.GatewayConfig{Name: name, Binary: caddyBin, Dir: b.dir, Upstream: b.up.Addr(),
+			Handler: e2e.GitHubHandler(b.secret, b.db.DSN, "spool "+dir)}
+	}
+	a := b.start(cfgOf("a"))
+	_, err := e2e.StartGateway(cfgOf("b"))
+	require.Error(t, err, "a second process on the same spool directory")
+	require.Contains(t, err.Error(), "in use by another process (pid ")
+	require.Contains(t, err.Error(), "spool off")
+
+	a.Kill() // SIGKILL: the kernel drops the lock
+	b.start(cfgOf("b2"))
 }

@@ -32,7 +32,7 @@ func lockDir(dir string) (*os.File, error) {
 		}
 		_ = f.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%w: %s%s; give each gateway process its own spool directory", ErrLocked, dir, holder)
+			return nil, fmt.Errorf("%s: %w%s", dir, ErrLocked, holder)
 		}
 		return nil, fmt.Errorf("spool: locking %s: %w", dir, err)
 	}
