@@ -706,7 +706,7 @@ func (s *Spool) Stats() Stats {
 		if st.Oldest.IsZero() {
 			st.Oldest = e.arrived
 		}
-		if e.last != 0 {
+		if e.last == Wait || e.last == Refused {
 			st.Waiting++
 		}
 	}
