@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/cli"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
 
@@ -65,7 +66,7 @@ func (a *Admin) Routes() []caddy.AdminRoute {
 	return []caddy.AdminRoute{{Pattern: adminPrefix, Handler: guardAdmin(a.log0, a.serve)}}
 }
 
-const adminPrefix = "/webhook_idempotency/"
+const adminPrefix = cli.AdminPrefix
 
 // scopes maps each scope of a provisioned handler to its backends, so the
 // admin API finds the store of an event.
@@ -113,11 +114,17 @@ func backendsFor(scope string) []*backend {
 	return out
 }
 
+// EventHead is what the admin API shows first of an event, stored
+// (EventJSON) or queued (QueuedEventJSON).
+type EventHead struct {
+	Scope   string `json:"scope"`
+	EventID string `json:"event_id"`
+	State   string `json:"state"`
+}
+
 // EventJSON is an event as the admin API shows it.
 type EventJSON struct {
-	Scope       string     `json:"scope"`
-	EventID     string     `json:"event_id"`
-	State       string     `json:"state"`
+	EventHead
 	Attempts    int        `json:"attempts"`
 	FirstSeen   time.Time  `json:"first_seen"`
 	UpdatedAt   time.Time  `json:"updated_at"`
@@ -149,7 +156,7 @@ type ResponseJSON struct {
 }
 
 func toJSON(e store.Event) EventJSON {
-	out := EventJSON{Scope: e.Scope, EventID: e.EventID, State: string(e.State), Attempts: e.Attempts,
+	out := EventJSON{EventHead: EventHead{Scope: e.Scope, EventID: e.EventID, State: string(e.State)}, Attempts: e.Attempts,
 		FirstSeen: e.FirstSeen.UTC(), UpdatedAt: e.UpdatedAt.UTC(), Status: e.Status, HoldReason: e.HoldReason,
 		LeaseUntil: timePtr(e.LeaseUntil), CompletedAt: timePtr(e.CompletedAt)}
 	if r := e.Response; r.Stored {
@@ -378,13 +385,11 @@ func (a *Admin) list(ctx context.Context, w http.ResponseWriter, r *http.Request
 	default:
 		return apiErr(http.StatusBadRequest, "state: want processing, completed, released or held")
 	}
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 1000 {
-			return apiErr(http.StatusBadRequest, "limit: want 1..1000")
-		}
-		lq.Limit = n
+	n, err := queryLimit(q)
+	if err != nil {
+		return err
 	}
+	lq.Limit = n
 	if v := q.Get("older_than"); v != "" {
 		d, err := caddy.ParseDuration(v)
 		if err != nil || d < 0 {
@@ -444,3 +449,17 @@ var (
 	_ caddy.AdminRouter = (*Admin)(nil)
 	_ caddy.Provisioner = (*Admin)(nil)
 )
+
+// queryLimit reads the limit query parameter of a list: 1 to 1000,
+// default 100.
+func queryLimit(q url.Values) (int, error) {
+	v := q.Get("limit")
+	if v == "" {
+		return 100, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > 1000 {
+		return 0, apiErr(http.StatusBadRequest, "limit: want 1..1000")
+	}
+	return n, nil
+}

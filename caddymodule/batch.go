@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/claim"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/eventid"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/sendonce"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
@@ -68,13 +69,10 @@ func (h *Handler) provisionBatch() {
 	h.batch = &bb
 }
 
-// eventID returns the delivery's event ID: the configured or default
-// source's, or under batch set the key of the set of its item IDs. A body
-// without a usable items array wraps eventid.ErrMissing.
-func (h *Handler) eventID(body []byte, hdr http.Header) (string, error) {
-	if !h.batched(body) {
-		return h.extractor.Extract(body, hdr)
-	}
+// batchKey is the event ID of a batch under batch set: the key of the set
+// of its item IDs. A body without a usable items array wraps
+// eventid.ErrMissing.
+func (h *Handler) batchKey(body []byte) (string, error) {
 	items, err := h.batchItems(body)
 	if err != nil {
 		return "", err
@@ -137,11 +135,13 @@ func (h *Handler) splitting(body []byte) bool {
 	return h.batch != nil && h.batch.Policy == signature.BatchSplit && h.batched(body)
 }
 
-// serveSplit forwards each item of a verified batch that is not yet
-// completed as its own request (the delivery with its items array reduced
-// to that item; Content-Encoding dropped, as the item is built from the
-// decoded body), one after the other, each under its own claim with the
-// ordinary lease, heartbeat and settle (forward). The provider's answer:
+// splitMode is sync mode for a route under batch split: a delivery the
+// intake split (delivery.split) has each item not yet completed forwarded
+// as its own request (the delivery with its items array reduced to that
+// item; Content-Encoding dropped, as the item is built from the decoded
+// body), one after the other, each under its own claim with the ordinary
+// lease, heartbeat and settle (forward); other deliveries go through sync
+// mode. The provider's answer:
 //
 //   - every item completed now or before: 200 {"received":true,"items":n,
 //     "forwarded":k,"duplicates":m} (or the duplicate answer when k is 0);
@@ -151,21 +151,23 @@ func (h *Handler) splitting(body []byte) bool {
 //
 // Items completed before a failure stay completed, so the provider's retry
 // forwards only the rest. The upstream's own answers are not relayed.
-func (h *Handler) serveSplit(w http.ResponseWriter, r *http.Request, body []byte, next caddyhttp.Handler, d *delivery) error {
-	items, refused, err := h.batchItemsChecked(body)
-	if err != nil {
-		d.outcome, d.reason = outcomeBadRequest, eventIDReason(err)
-		respondError(w, http.StatusBadRequest, d.reason, 0)
-		return nil
+type splitMode struct{ sync syncMode }
+
+func (m splitMode) serve(w http.ResponseWriter, next caddyhttp.Handler, d *delivery) error {
+	if !d.split {
+		return m.sync.serve(w, next, d)
 	}
+	h, items, refused := m.sync.h, d.items, d.refused
 	var (
 		forwarded, dups, failed int
-		worst                   int // the answer's status when an item failed
+		worst                   answerID // the answer when an item failed
 		retry                   time.Duration
 	)
-	rank := map[int]int{http.StatusBadGateway: 1, http.StatusConflict: 2, http.StatusServiceUnavailable: 3}
+	// 503 outranks 409 outranks 502: the answer names the reason the
+	// provider must wait for.
+	rank := map[answerID]int{ansItemsFailed: 1, ansItemsInFlight: 2, ansItemsUnavailable: 3}
 	for i, it := range items {
-		outcome, status, after := h.forwardItem(r, it, i, len(items), next)
+		outcome, status, after := h.forwardItem(d.r, it, i, len(items), next)
 		if c := h.logger.Check(zapcore.DebugLevel, "batch item"); c != nil {
 			c.Write(zap.String("scope", h.Scope), zap.String("event_id", it.ID), zap.String("outcome", outcome), zap.Int("status", status))
 		}
@@ -176,17 +178,15 @@ func (h *Handler) serveSplit(w http.ResponseWriter, r *http.Request, body []byte
 			dups++
 		default:
 			failed++
-			code := http.StatusBadGateway
+			a := ansItemsFailed
 			switch outcome {
 			case outcomeStoreError, outcomeHeld:
-				code = http.StatusServiceUnavailable
+				a = ansItemsUnavailable
 			case outcomeInFlight:
-				code = http.StatusConflict
+				a = ansItemsInFlight
 			}
-			// 503 outranks 409 outranks 502: the answer names the reason
-			// the provider must wait for.
-			if rank[code] > rank[worst] {
-				worst = code
+			if rank[a] > rank[worst] {
+				worst = a
 			}
 			retry = max(retry, after)
 		}
@@ -194,43 +194,34 @@ func (h *Handler) serveSplit(w http.ResponseWriter, r *http.Request, body []byte
 	// The delivery's log line has no event ID: each item's debug line has
 	// its own.
 	switch {
+	case failed > 0 && h.providerGone(d, false):
 	case refused > 0:
 		// Items that failed their own signature were neither claimed nor
 		// forwarded; the provider's retry of the delivery finds the
 		// others completed.
-		d.outcome, d.status = outcomeInvalidSignature, h.RefuseStatus
 		d.reason = fmt.Sprintf("%d of %d items failed verification", refused, refused+len(items))
 		if failed > 0 {
 			d.reason += fmt.Sprintf("; %d not completed", failed)
 		}
-		respondError(w, h.RefuseStatus, d.reason+"; the other items are forwarded once", 0)
+		h.answer(w, d, ansRefused, say{reason: d.reason + "; the other items are forwarded once"})
+		d.status = h.RefuseStatus
 	case failed > 0:
-		d.outcome, d.status = outcomeReleased, worst
 		d.reason = fmt.Sprintf("%d of %d items not completed", failed, len(items))
-		msg := d.reason + "; items already completed are skipped on retry"
-		switch worst {
-		case http.StatusServiceUnavailable:
-			d.outcome = outcomeStoreError
-			retry = max(retry, unavailableRetryAfter)
-		case http.StatusConflict:
-			d.outcome = outcomeInFlight
-		}
-		respondError(w, worst, msg, retry)
+		h.answer(w, d, worst, say{reason: d.reason + "; items already completed are skipped on retry", retryAfter: retry})
+		d.status = answers[worst].status
 	case forwarded == 0:
-		d.outcome, d.status = outcomeDuplicate, http.StatusOK
-		if h.respondAccepted(w, true) {
+		d.status = http.StatusOK
+		if h.respondAccepted(w, d, true) {
 			return nil
 		}
-		respondDuplicate(w)
+		h.answer(w, d, ansDuplicate, say{})
 	default:
-		d.outcome, d.status = outcomeCompleted, http.StatusOK
-		if h.respondAccepted(w, false) {
+		d.status = http.StatusOK
+		if h.respondAccepted(w, d, false) {
 			return nil
 		}
 		b, _ := json.Marshal(map[string]any{"received": true, "items": len(items), "forwarded": forwarded, "duplicates": dups})
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusOK)
-		_, _ = w.Write(append(b, '\n'))
+		h.answer(w, d, ansItemsDone, say{body: append(b, '\n')})
 	}
 	return nil
 }
@@ -256,11 +247,16 @@ func (h *Handler) batchItemsChecked(body []byte) ([]signature.BatchItem, int, er
 
 // respondAccepted writes the literal answer the provider expects for an
 // accepted delivery (signature.Answer.Body: Adyen's "[accepted]") when it
-// has one, and reports whether it did.
-func (h *Handler) respondAccepted(w http.ResponseWriter, duplicate bool) bool {
+// has one, sets the delivery's outcome (duplicate or completed), and
+// reports whether it did.
+func (h *Handler) respondAccepted(w http.ResponseWriter, d *delivery, duplicate bool) bool {
 	body := h.preset.Delivery.Answer.Body
 	if body == "" {
 		return false
+	}
+	d.outcome = outcomeCompleted
+	if duplicate {
+		d.outcome = outcomeDuplicate
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	if duplicate {
@@ -282,18 +278,21 @@ func (h *Handler) forwardItem(r *http.Request, it signature.BatchItem, i, n int,
 		}
 		h.cacheMiss.Inc()
 	}
-	claim, err := h.claim(r.Context(), h.Scope, it.ID)
+	cl, err := h.claims.Claim(r.Context(), h.Scope, it.ID, "")
 	if err != nil {
+		if r.Context().Err() != nil {
+			return outcomeProviderGone, 0, 0 // not a store failure (see providerGone)
+		}
 		h.logger.Warn("claiming batch item failed; nothing forwarded",
 			zap.String("scope", h.Scope), zap.String("event_id", it.ID), zap.Error(err))
 		return outcomeStoreError, 0, unavailableRetryAfter
 	}
-	switch claim.Outcome {
+	switch cl.Outcome {
 	case store.Duplicate:
-		h.completed.Add(h.Scope, it.ID, claim.Status)
-		return outcomeDuplicate, claim.Status, 0
+		h.completed.Add(h.Scope, it.ID, cl.Status)
+		return outcomeDuplicate, cl.Status, 0
 	case store.InFlight:
-		return outcomeInFlight, 0, claim.RetryAfter
+		return outcomeInFlight, 0, cl.RetryAfter
 	case store.Held:
 		return outcomeHeld, 0, unavailableRetryAfter
 	case store.Claimed:
@@ -307,8 +306,8 @@ func (h *Handler) forwardItem(r *http.Request, it signature.BatchItem, i, n int,
 	// Which item of which batch, for the upstream's logs.
 	ir.Header.Set("Webhook-Batch-Item", strconv.Itoa(i+1)+"/"+strconv.Itoa(n))
 	cw := &itemWriter{header: http.Header{}}
-	id := delivery{h: h, start: time.Now(), eventID: it.ID}
-	_ = h.forward(cw, ir, next, []claimRef{{scope: h.Scope, id: it.ID, token: claim.Token}}, &id)
+	id := delivery{h: h, r: ir, start: time.Now(), eventID: it.ID}
+	_ = h.forward(cw, ir, next, []claim.Ref{{Scope: h.Scope, ID: it.ID, Token: cl.Token}}, &id)
 	return id.outcome, id.status, 0
 }
 

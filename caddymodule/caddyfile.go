@@ -1,11 +1,8 @@
 package caddymodule
 
 import (
-	"errors"
-	"fmt"
-	"net/url"
+	"maps"
 	"strconv"
-	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -37,7 +34,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		secret    <secret>               # repeatable; every one is tried (rotation)
 //		tolerance <duration>             # timestamped schemes; default 5m
 //		url       <public url>           # schemes that sign the URL (square, twilio)
-//		event_id  header <name> | json <path>... | form <field>  # repeatable parts; default: the provider's own ID
+//		event_id  header <name> | json <path>... | form <field> | form_sha256 <field>  # repeatable parts; default: the provider's own ID
 //		scope     <name>                 # namespace of event IDs; default: provider
 //		storage   postgres <dsn> | sqlite <path>
 //		table     <name>                 # events table; default webhook_events
@@ -100,6 +97,64 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil // the rules on values are checkConfig's (config.go)
 }
 
+// values are the subdirectives that take one string or duration, by name:
+// the core's and async mode's (asyncValues).
+func (h *Handler) values() map[string]any {
+	m := map[string]any{
+		"url": &h.URL, "scope": &h.Scope, "on_ambiguous": &h.OnAmbiguous, "on_missing_id": &h.OnMissingID,
+		"tolerance": &h.Tolerance, "lease": &h.Lease, "retention": &h.Retention, "replay_window": &h.ReplayWindow,
+		"forward_timeout": &h.ForwardTimeout, "read_timeout": &h.ReadTimeout,
+	}
+	maps.Copy(m, h.asyncValues())
+	return m
+}
+
+// oneValue parses a subdirective's one argument into dst, a *string or a
+// *caddy.Duration (positive).
+func oneValue(d *caddyfile.Dispenser, dst any) error {
+	switch p := dst.(type) {
+	case *caddy.Duration:
+		dur, err := durationArg(d)
+		*p = dur
+		return err
+	case *string:
+		if !d.AllArgs(p) {
+			return d.ArgErr()
+		}
+	}
+	return nil
+}
+
+// eachSub parses the block of subdirective name, line by line, refusing a
+// repeated line ("<name> <sub> already specified").
+func eachSub(d *caddyfile.Dispenser, name string, parse func(sub string) error) error {
+	seen := map[string]bool{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		sub := d.Val()
+		if seen[sub] {
+			return d.Errf("%s %s already specified", name, sub)
+		}
+		seen[sub] = true
+		if err := parse(sub); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// onOff parses a subdirective's on or off; name names it in the error.
+func onOff(d *caddyfile.Dispenser, name string) (*bool, error) {
+	var v string
+	if !d.AllArgs(&v) {
+		return nil, d.ArgErr()
+	}
+	if v != "on" && v != "off" {
+		return nil, d.Errf("%s: want on or off, got %q", name, v)
+	}
+	on := v == "on"
+	return &on, nil
+}
+
 func durationArg(d *caddyfile.Dispenser) (caddy.Duration, error) {
 	name := d.Val()
 	var s string
@@ -125,6 +180,9 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, seen map[string]
 		}
 	}
 	seen[name] = true
+	if dst, ok := h.values()[name]; ok {
+		return oneValue(d, dst)
+	}
 
 	switch name {
 	case "provider":
@@ -156,20 +214,10 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, seen map[string]
 			return d.Err("secret: want exactly one value (quote a secret that contains spaces)")
 		}
 		h.Secrets = append(h.Secrets, s)
-	case "tolerance":
-		dur, err := durationArg(d)
-		if err != nil {
-			return err
-		}
-		h.Tolerance = dur
-	case "url":
-		if !d.AllArgs(&h.URL) {
-			return d.ArgErr()
-		}
 	case "event_id":
 		args := d.RemainingArgs()
 		if len(args) < 2 {
-			return d.Errf("event_id: want header <name>, json <path>... or form <field>")
+			return d.Errf("event_id: want header <name>, json <path>..., form <field> or form_sha256 <field>")
 		}
 		if args[0] != "json" && len(args) != 2 {
 			// A composite key mixing kinds is one line per part: a JSON path
@@ -183,24 +231,12 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, seen map[string]
 			}
 			h.EventID = append(h.EventID, s)
 		}
-	case "scope":
-		if !d.AllArgs(&h.Scope) {
-			return d.ArgErr()
-		}
 	case "storage":
 		var kind, arg string
 		if !d.AllArgs(&kind, &arg) {
 			return d.Errf("storage: want postgres <dsn> or sqlite <path>")
 		}
-		if h.Storage == nil {
-			h.Storage = new(Storage)
-		}
-		h.Storage.Backend = kind
-		if kind == "postgres" {
-			h.Storage.DSN = arg
-		} else {
-			h.Storage.Path = arg // checkConfig refuses a backend other than sqlite
-		}
+		h.setStorage(kind, arg)
 	case "table":
 		if h.Storage == nil {
 			h.Storage = new(Storage)
@@ -208,36 +244,6 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, seen map[string]
 		if !d.AllArgs(&h.Storage.Table) {
 			return d.ArgErr()
 		}
-	case "lease":
-		dur, err := durationArg(d)
-		if err != nil {
-			return err
-		}
-		h.Lease = dur
-	case "retention":
-		dur, err := durationArg(d)
-		if err != nil {
-			return err
-		}
-		h.Retention = dur
-	case "replay_window":
-		dur, err := durationArg(d)
-		if err != nil {
-			return err
-		}
-		h.ReplayWindow = dur
-	case "forward_timeout":
-		dur, err := durationArg(d)
-		if err != nil {
-			return err
-		}
-		h.ForwardTimeout = dur
-	case "read_timeout":
-		dur, err := durationArg(d)
-		if err != nil {
-			return err
-		}
-		h.ReadTimeout = dur
 	case "max_body":
 		var s string
 		if !d.AllArgs(&s) {
@@ -258,24 +264,10 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, seen map[string]
 			return d.Errf("cache: want a number of entries (0 = off), got %q", s)
 		}
 		h.Cache = &n
-	case "on_ambiguous":
-		if !d.AllArgs(&h.OnAmbiguous) {
-			return d.ArgErr()
-		}
-	case "on_missing_id":
-		if !d.AllArgs(&h.OnMissingID) {
-			return d.ArgErr()
-		}
 	case "dedupe_body":
-		var v string
-		if !d.AllArgs(&v) {
-			return d.ArgErr()
-		}
-		if v != "on" && v != "off" {
-			return d.Errf("dedupe_body: want on or off, got %q", v)
-		}
-		on := v == "on"
-		h.DedupeBody = &on
+		on, err := onOff(d, "dedupe_body")
+		h.DedupeBody = on
+		return err
 	case "refuse_status":
 		var v string
 		if !d.AllArgs(&v) {
@@ -295,18 +287,8 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, seen map[string]
 		if d.NextArg() {
 			return d.ArgErr()
 		}
-		hseen := map[string]bool{}
-		for nesting := d.Nesting(); d.NextBlock(nesting); {
-			sub := d.Val()
-			if hseen[sub] {
-				return d.Errf("hmac %s already specified", sub)
-			}
-			hseen[sub] = true
-			if err := h.unmarshalScheme(d, sub); err != nil {
-				return err
-			}
-		}
-	case "mode", "deliver_to", "max_attempts", "max_age", "retry_schedule", "max_concurrency", "rate", "order_key", "keep_body":
+		return eachSub(d, "hmac", func(sub string) error { return h.unmarshalScheme(d, sub) })
+	case "max_attempts", "retry_schedule", "max_concurrency", "rate", "order_key":
 		return h.unmarshalAsync(d, name)
 	case "handshake", "verify_token", "learned_secret", "batch":
 		return h.unmarshalProtocol(d, name)
@@ -349,191 +331,4 @@ func (h *Handler) unmarshalScheme(d *caddyfile.Dispenser, sub string) error {
 		return d.Errf("hmac: unknown subdirective %q", sub)
 	}
 	return nil
-}
-
-// ---- Async mode (store-and-forward): its config and subdirectives. ----
-
-// AsyncConfig is the store-and-forward mode of the handler. Its fields sit
-// at the top level of the handler's JSON, spelled like the Caddyfile's
-// subdirectives.
-type AsyncConfig struct {
-	// Mode is "sync" (the default): a verified, claimed delivery is forwarded
-	// to the next handler while the provider waits, and the provider gets the
-	// upstream's own answer; or "async": the delivery is stored in a durable
-	// PostgreSQL queue together with its claim, in one transaction, and the
-	// provider gets 200 {"received":true,"queued":true} at once; dispatchers
-	// on every instance then deliver it to deliver_to, retrying until it is
-	// delivered or dead. Async needs storage postgres.
-	Mode string `json:"mode,omitempty"`
-
-	// DeliverTo is the URL async mode delivers to (http or https). With no
-	// path (or "/") the delivery's own path and query are appended, as
-	// reverse_proxy does; with a path, that URL is used as is. The route's
-	// next handler (reverse_proxy) is not used for queued events: the
-	// provider's request has ended by the time an event is delivered.
-	// Required in async mode. {env.NAME} placeholders are expanded.
-	DeliverTo string `json:"deliver_to,omitempty"`
-
-	// MaxAttempts is how many attempts an event gets before it is dead.
-	// Default: one more than the entries of retry_schedule (8).
-	MaxAttempts int `json:"max_attempts,omitempty"`
-
-	// MaxAge is how long after it was received an event is retried; an
-	// attempt that would fall later makes it dead. At most retention.
-	// Default: 72h.
-	MaxAge caddy.Duration `json:"max_age,omitempty"`
-
-	// RetrySchedule is the delay before each retry: the first entry after
-	// the first failed attempt, and so on; the last entry repeats. Each
-	// delay gets ±20% random jitter. Default: 5s 1m 5m 30m 2h 8h 24h.
-	RetrySchedule []caddy.Duration `json:"retry_schedule,omitempty"`
-
-	// MaxConcurrency caps the deliveries of this scope in flight at once
-	// across every gateway instance sharing the database (enforced in the
-	// database, not per process). Default 0: no cap (each instance runs up
-	// to 16 at once).
-	MaxConcurrency int `json:"max_concurrency,omitempty"`
-
-	// Rate caps the delivery attempts of this scope started in any window,
-	// across every instance. Default: no cap.
-	Rate *RateLimit `json:"rate,omitempty"`
-
-	// OrderKey makes events of the scope that share a key (read from the
-	// body with json <path>, or from a header) be delivered one at a time,
-	// in the order they were received; an event without the key is
-	// delivered unordered. Default: no ordering.
-	OrderKey *eventid.Source `json:"order_key,omitempty"`
-
-	// KeepBody drops the body and headers of delivered events this long
-	// after delivery, before retention deletes their rows. Default 0: kept
-	// until retention.
-	KeepBody caddy.Duration `json:"keep_body,omitempty"`
-
-	async *asyncState
-}
-
-// RateLimit is a number of delivery attempts per window.
-type RateLimit struct {
-	// Events is the most attempts started in any window.
-	Events int `json:"events,omitempty"`
-	// Window is the length of the sliding window.
-	Window caddy.Duration `json:"window,omitempty"`
-}
-
-// unmarshalAsync parses one subdirective of async mode:
-//
-//	mode            sync | async
-//	deliver_to      <url>
-//	max_attempts    <n>
-//	max_age         <duration>
-//	retry_schedule  <duration>...
-//	max_concurrency <n>
-//	rate            <n>/<duration>
-//	order_key       json <path> | header <name>
-//	keep_body       <duration>
-func (h *Handler) unmarshalAsync(d *caddyfile.Dispenser, name string) error {
-	switch name {
-	case "mode":
-		if !d.AllArgs(&h.Mode) {
-			return d.ArgErr()
-		}
-	case "deliver_to":
-		if !d.AllArgs(&h.DeliverTo) {
-			return d.ArgErr()
-		}
-	case "max_attempts", "max_concurrency":
-		var s string
-		if !d.AllArgs(&s) {
-			return d.ArgErr()
-		}
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 {
-			return d.Errf("%s: want a positive number, got %q", name, s)
-		}
-		if name == "max_attempts" {
-			h.MaxAttempts = n
-		} else {
-			h.MaxConcurrency = n
-		}
-	case "max_age", "keep_body":
-		dur, err := durationArg(d)
-		if err != nil {
-			return err
-		}
-		if name == "max_age" {
-			h.MaxAge = dur
-		} else {
-			h.KeepBody = dur
-		}
-	case "retry_schedule":
-		args := d.RemainingArgs()
-		if len(args) == 0 {
-			return d.Errf("retry_schedule: want one or more durations")
-		}
-		for _, a := range args {
-			dur, err := caddy.ParseDuration(a)
-			if err != nil || dur <= 0 {
-				return d.Errf("retry_schedule: invalid duration %q", a)
-			}
-			h.RetrySchedule = append(h.RetrySchedule, caddy.Duration(dur))
-		}
-	case "rate":
-		var s string
-		if !d.AllArgs(&s) {
-			return d.ArgErr()
-		}
-		r, err := parseRate(s)
-		if err != nil {
-			return d.Errf("rate: %v", err)
-		}
-		h.Rate = r
-	case "order_key":
-		var kind, arg string
-		if !d.AllArgs(&kind, &arg) {
-			return d.Errf("order_key: want json <path> or header <name>")
-		}
-		s, err := eventid.ParseSource(kind, arg)
-		if err != nil {
-			return d.Errf("order_key: %v", err)
-		}
-		h.OrderKey = &s
-	default:
-		return d.Errf("unknown subdirective %q", name)
-	}
-	return nil
-}
-
-// parseRate parses "<n>/<duration>", e.g. 10/1s, 600/1m or 10/s.
-func parseRate(s string) (*RateLimit, error) {
-	ns, ws, ok := strings.Cut(s, "/")
-	if !ok {
-		return nil, fmt.Errorf("want <n>/<duration>, e.g. 10/1s, got %q", s)
-	}
-	n, err := strconv.Atoi(ns)
-	if err != nil || n < 1 {
-		return nil, fmt.Errorf("want a positive number of events, got %q", ns)
-	}
-	if ws != "" && (ws[0] < '0' || ws[0] > '9') {
-		ws = "1" + ws // 10/s
-	}
-	w, err := caddy.ParseDuration(ws)
-	if err != nil || w <= 0 {
-		return nil, fmt.Errorf("invalid window %q", ws)
-	}
-	return &RateLimit{Events: n, Window: caddy.Duration(w)}, nil
-}
-
-// parseDeliverTo checks deliver_to: an absolute http(s) URL with a host.
-func parseDeliverTo(s string) (*url.URL, error) {
-	if s == "" {
-		return nil, errors.New("required in async mode: the URL queued events are delivered to")
-	}
-	u, err := url.Parse(s)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("want an absolute http or https URL, got %q", s)
-	}
-	if u.Fragment != "" {
-		return nil, errors.New("a URL without a #fragment")
-	}
-	return u, nil
 }

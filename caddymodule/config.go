@@ -4,13 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
-	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/eventid"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
 )
 
@@ -76,26 +74,10 @@ func (h *Handler) applyDefaults() {
 	if h.RefuseStatus == 0 {
 		h.RefuseStatus = http.StatusBadRequest // idempotency_key: nothing is verified
 	}
-	if h.Mode == "" {
-		h.Mode = "sync"
-	}
+	h.asyncDefaults()
 	h.protocolDefaults()
 	h.replayDefaults()
 	h.spoolDefaults()
-	if h.Mode != "async" {
-		return
-	}
-	if len(h.RetrySchedule) == 0 {
-		for _, d := range defaultRetrySchedule {
-			h.RetrySchedule = append(h.RetrySchedule, caddy.Duration(d))
-		}
-	}
-	if h.MaxAttempts == 0 {
-		h.MaxAttempts = len(h.RetrySchedule) + 1
-	}
-	if h.MaxAge == 0 {
-		h.MaxAge = caddy.Duration(min(defaultMaxAge, time.Duration(h.Retention)))
-	}
 }
 
 // checkConfig reports the first rule the config breaks, naming the field
@@ -146,12 +128,8 @@ func (h *Handler) checkConfig() error {
 
 // checkCommon checks the fields every provider has, idempotency_key's too.
 func (h *Handler) checkCommon() error {
-	if h.Storage != nil {
-		switch h.Storage.Backend {
-		case "", "postgres", "sqlite":
-		default:
-			return fmt.Errorf("storage: unknown backend %q (want postgres or sqlite)", h.Storage.Backend)
-		}
+	if err := h.checkStorage(); err != nil {
+		return err
 	}
 	switch h.OnAmbiguous {
 	case "reforward", "hold":
@@ -183,72 +161,6 @@ func (h *Handler) checkCommon() error {
 		return err
 	}
 	return h.checkAsync()
-}
-
-// checkAsync checks mode and the fields of async mode: in sync mode none
-// may be set.
-func (h *Handler) checkAsync() error {
-	if h.OrderKey != nil {
-		if _, err := h.orderKeyExtractor(); err != nil {
-			return err
-		}
-	}
-	switch h.Mode {
-	case "sync":
-		for _, f := range []struct {
-			name string
-			set  bool
-		}{
-			{"deliver_to", h.DeliverTo != ""}, {"max_attempts", h.MaxAttempts != 0}, {"max_age", h.MaxAge != 0},
-			{"retry_schedule", len(h.RetrySchedule) > 0}, {"max_concurrency", h.MaxConcurrency != 0},
-			{"rate", h.Rate != nil}, {"order_key", h.OrderKey != nil}, {"keep_body", h.KeepBody != 0},
-		} {
-			if f.set {
-				return fmt.Errorf("%s: only with mode async", f.name)
-			}
-		}
-		return nil
-	case "async":
-	default:
-		return fmt.Errorf("mode: want sync or async, got %q", h.Mode)
-	}
-	if h.Storage == nil || h.Storage.Backend != "postgres" {
-		return errors.New("mode: async needs storage postgres (the queue is a PostgreSQL table, shared by every instance)")
-	}
-	if _, err := parseDeliverTo(caddy.NewReplacer().ReplaceAll(h.DeliverTo, "")); err != nil {
-		return fmt.Errorf("deliver_to: %w", err)
-	}
-	for _, d := range h.RetrySchedule {
-		if d <= 0 {
-			return fmt.Errorf("retry_schedule: delays must be positive, got %s", time.Duration(d))
-		}
-	}
-	switch {
-	case h.MaxAttempts < 1:
-		return fmt.Errorf("max_attempts: must be at least 1, got %d", h.MaxAttempts)
-	case h.MaxAge < 0 || h.MaxAge > h.Retention:
-		return fmt.Errorf("max_age: must be positive and at most retention (%s), got %s",
-			time.Duration(h.Retention), time.Duration(h.MaxAge))
-	case h.MaxConcurrency < 0:
-		return fmt.Errorf("max_concurrency: must be positive, got %d", h.MaxConcurrency)
-	case h.KeepBody < 0:
-		return fmt.Errorf("keep_body: must be positive, got %s", time.Duration(h.KeepBody))
-	case h.Rate != nil && (h.Rate.Events < 1 || h.Rate.Window <= 0):
-		return errors.New("rate: want a positive number of events per positive window")
-	}
-	return nil
-}
-
-// orderKeyExtractor builds the extractor of order_key.
-func (h *Handler) orderKeyExtractor() (*eventid.Extractor, error) {
-	if h.OrderKey.Kind != eventid.JSON && h.OrderKey.Kind != eventid.Header {
-		return nil, fmt.Errorf("order_key: want json <path> or header <name>, got %q", h.OrderKey.Kind)
-	}
-	x, err := eventid.New([][]eventid.Source{{*h.OrderKey}})
-	if err != nil {
-		return nil, fmt.Errorf("order_key: %w", err)
-	}
-	return x, nil
 }
 
 // expandedSecrets returns the secrets with their placeholders expanded,
@@ -302,22 +214,4 @@ func emptyHint(raw string) string {
 		return ""
 	}
 	return " (" + strings.Join(hints, "; ") + ")"
-}
-
-// storage returns where the handler's events are kept, placeholders
-// expanded: the configured backend, or the default SQLite file in Caddy's
-// data directory (whose table `table` alone may name).
-func (h *Handler) storage() Storage {
-	repl := caddy.NewReplacer()
-	st := Storage{Backend: "sqlite", Path: filepath.Join(caddy.AppDataDir(), "webhook_idempotency", "events.db")}
-	if h.Storage != nil {
-		table := h.Storage.Table
-		if h.Storage.Backend != "" {
-			st = *h.Storage
-			st.DSN = repl.ReplaceAll(st.DSN, "")
-			st.Path = repl.ReplaceAll(st.Path, "")
-		}
-		st.Table = table
-	}
-	return st
 }

@@ -3,10 +3,8 @@ package caddymodule
 import (
 	"encoding/json"
 	"fmt"
-	"net/url"
 	"regexp"
 	"slices"
-	"strings"
 	"sync"
 
 	"github.com/caddyserver/caddy/v2"
@@ -97,23 +95,6 @@ func releaseScopeStorage(app any, scope string) {
 	if len(uses) == 0 {
 		delete(configScopes.m, app)
 	}
-}
-
-// describe names the storage for an error message: the backend, the SQLite
-// path or the PostgreSQL DSN with its password redacted, and the table.
-func (c Storage) describe() string {
-	table := c.Table
-	if table == "" {
-		table = "webhook_events"
-	}
-	where := c.Path
-	if c.Backend == "postgres" {
-		where = "a key=value DSN"
-		if u, err := url.Parse(c.DSN); err == nil && u.Scheme != "" && !strings.ContainsAny(c.DSN, " ") {
-			where = u.Redacted()
-		}
-	}
-	return fmt.Sprintf("%s %s (table %s)", c.Backend, where, table)
 }
 
 // hostWarned records, per config, the servers already warned about by

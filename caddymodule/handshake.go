@@ -1,13 +1,10 @@
 package caddymodule
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
 	"slices"
-	"sync"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -22,8 +19,8 @@ import (
 // (signature.Challenge) are answered at the edge, or forwarded with
 // `handshake forward`, and never claimed. Secrets a handshake teaches
 // (Asana's X-Hook-Secret, Notion's verification_token) are kept in the
-// route's store (store.Secrets), shared by every instance. Batches are in
-// batch.go.
+// route's store (store.Secrets), shared by every instance (learned.go).
+// Batches are in batch.go.
 
 // ProtocolConfig holds what a route says about its provider's protocol
 // beyond the signature: handshakes, verify tokens, learned secrets and
@@ -70,40 +67,6 @@ type ProtocolConfig struct {
 	answerSecret string           // the first configured secret: Zoom's answer is an HMAC with it
 	batch        *signature.Batch // nil: the route keys one event per delivery
 	learned      *learnedSecret   // nil: the provider teaches no secret
-}
-
-// learnedRefresh is how long a learned secret is used from memory before
-// the store is asked again (another instance may have replaced it);
-// learnedRetry is the least time between two store reads caused by a
-// delivery the cached secret does not verify.
-const (
-	learnedRefresh = 30 * time.Second
-	learnedRetry   = time.Second
-)
-
-// learnedSecret is a route's secret learned in a handshake, cached.
-type learnedSecret struct {
-	provider string
-	opts     signature.Options // the route's options; Secrets = the configured ones
-
-	mu       sync.Mutex
-	secret   string             // "" until one is learned
-	verifier signature.Verifier // configured + learned secrets; nil when there are none
-	read     time.Time          // when the store was last read
-}
-
-// errSecretStore marks a failure to read the learned secret: 503, not a
-// refusal.
-var errSecretStore = errors.New("reading the learned secret failed")
-
-// learnsSecret reports whether a provider's handshake teaches the route its
-// signing secret, so the route may have no secret of its own.
-func learnsSecret(provider string) bool {
-	p, ok := signature.Lookup(provider)
-	if !ok {
-		return false
-	}
-	return slices.ContainsFunc(p.Challenges, func(c signature.Challenge) bool { return c.LearnSecret != "" })
 }
 
 // protocolDefaults applies the protocol fields' defaults (part of
@@ -182,121 +145,9 @@ func (h *Handler) provisionProtocol() error {
 	return nil
 }
 
-// newVerifier builds the route's verifier. A provider that learns its
-// secret may have no configured one: its deliveries are verified with the
-// learned secret (see verify).
-func (h *Handler) newVerifier(opts signature.Options) (signature.Verifier, error) {
-	if len(opts.Secrets) > 0 {
-		h.answerSecret = opts.Secrets[0]
-	}
-	if !learnsSecret(h.Provider) {
-		return signature.New(h.Provider, opts)
-	}
-	l := &learnedSecret{provider: h.Provider, opts: opts}
-	if len(opts.Secrets) > 0 {
-		v, err := signature.New(h.Provider, opts)
-		if err != nil {
-			return nil, err
-		}
-		l.verifier = v
-	}
-	h.learned = l
-	return l, nil
-}
-
-// Verify implements signature.Verifier with the configured and cached
-// learned secrets, without the store; verify refreshes them.
-func (l *learnedSecret) Verify(body []byte, hdr http.Header) error {
-	l.mu.Lock()
-	v := l.verifier
-	l.mu.Unlock()
-	if v == nil {
-		return fmt.Errorf("no secret configured and none learned from the provider's handshake yet: %w", signature.ErrNoMatchingSignature)
-	}
-	return v.Verify(body, hdr)
-}
-
-// verify checks a delivery's signature. A route whose provider teaches its
-// secret reads the learned secret from the store when its cached copy is
-// older than learnedRefresh, or when the cached one fails to verify and the
-// store was not read within learnedRetry (another instance learned a new
-// one). A store failure wraps errSecretStore.
-func (h *Handler) verify(ctx context.Context, body []byte, hdr http.Header) error {
-	l := h.learned
-	if l == nil {
-		return h.verifier.Verify(body, hdr)
-	}
-	if l.stale(learnedRefresh) {
-		if err := h.refreshLearned(ctx); err != nil {
-			return err
-		}
-	}
-	err := l.Verify(body, hdr)
-	if err == nil || errors.Is(err, signature.ErrMissingHeader) || errors.Is(err, signature.ErrMalformedHeader) ||
-		!l.stale(learnedRetry) {
-		return err
-	}
-	if err := h.refreshLearned(ctx); err != nil {
-		return err
-	}
-	return l.Verify(body, hdr)
-}
-
-func (l *learnedSecret) stale(age time.Duration) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return time.Since(l.read) >= age
-}
-
-// refreshLearned reads the route's learned secret from the store.
-func (h *Handler) refreshLearned(parent context.Context) error {
-	ss := h.backend.secrets
-	if ss == nil {
-		return fmt.Errorf("%w: the store keeps no learned secrets", errSecretStore)
-	}
-	ctx, cancel := context.WithTimeout(parent, storeTimeout)
-	defer cancel()
-	ls, err := ss.LearnedSecret(ctx, h.Scope)
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-		ls.Secret = ""
-	case err != nil:
-		return fmt.Errorf("%w: %w", errSecretStore, err)
-	}
-	return h.learned.set(ls.Secret)
-}
-
-// set caches secret (read from the store or just stored) and rebuilds the
-// verifier when it changed.
-func (l *learnedSecret) set(secret string) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.read = time.Now()
-	if secret == l.secret && (l.verifier != nil || secret == "") {
-		return nil
-	}
-	o := l.opts
-	o.Secrets = slices.Clone(l.opts.Secrets)
-	if secret != "" {
-		o.Secrets = append(o.Secrets, secret)
-	}
-	var v signature.Verifier
-	if len(o.Secrets) > 0 {
-		var err error
-		if v, err = signature.New(l.provider, o); err != nil {
-			return err
-		}
-	}
-	l.secret, l.verifier = secret, v
-	return nil
-}
-
 // matchHandshake reports whether the request is one of the preset's
 // handshakes (signature.Preset.MatchHandshake) and builds its answer.
 func (h *Handler) matchHandshake(r *http.Request, body []byte) (signature.HandshakeAnswer, bool) {
-	if len(h.preset.Challenges) == 0 {
-		return signature.HandshakeAnswer{}, false
-	}
 	return h.preset.MatchHandshake(r, body, h.answerSecret)
 }
 
@@ -309,15 +160,14 @@ func (h *Handler) matchHandshake(r *http.Request, body []byte) (signature.Handsh
 // answers, without a claim. A secret the handshake teaches is stored
 // before it is answered (at the edge) or once the upstream answered 2xx
 // (forward).
-func (h *Handler) serveHandshake(w http.ResponseWriter, r *http.Request, a signature.HandshakeAnswer,
-	forwardable func() *http.Request, next caddyhttp.Handler, d *delivery,
-) error {
+func (h *Handler) serveHandshake(w http.ResponseWriter, a signature.HandshakeAnswer, next caddyhttp.Handler, d *delivery) error {
 	d.outcome = outcomeHandshake
 	h.logHandshake(a)
+	ctx := d.r.Context()
 	if a.Forward || h.Handshake == "forward" {
-		err := h.passOn(w, forwardable(), next, d)
+		err := h.passOn(w, d.forwardable(), next, d)
 		if a.Secret != "" && d.status >= 200 && d.status < 300 {
-			if serr := h.learnSecret(r.Context(), a.Secret); serr != nil {
+			if serr := h.learnSecret(ctx, a.Secret); serr != nil {
 				h.logger.Warn("the upstream accepted a handshake whose secret the gateway could not store",
 					zap.String("scope", h.Scope), zap.String("handshake", a.Challenge.Name), zap.Error(serr))
 			}
@@ -325,55 +175,37 @@ func (h *Handler) serveHandshake(w http.ResponseWriter, r *http.Request, a signa
 		return err
 	}
 	if a.Challenge.Auth == signature.AuthVerifyToken && !a.CheckToken(h.verifyTokens) {
-		d.outcome, d.reason = outcomeInvalidSignature, "verify token does not match"
-		respondError(w, h.RefuseStatus, d.reason, 0)
+		h.answer(w, d, ansRefused, say{reason: "verify token does not match"})
 		return nil
 	}
 	if a.Incomplete != "" {
 		// Never claimed nor forwarded: it has the handshake's shape, and the
 		// upstream of a route that answers handshakes at the edge does not
 		// know them.
-		d.outcome, d.reason = outcomeBadRequest, a.Challenge.Name+" handshake without its "+a.Incomplete
-		respondError(w, http.StatusBadRequest, d.reason, 0)
+		h.answer(w, d, ansBadRequest, say{reason: a.Challenge.Name + " handshake without its " + a.Incomplete})
 		return nil
 	}
 	if a.Secret != "" {
-		err := h.learnSecret(r.Context(), a.Secret)
+		err := h.learnSecret(ctx, a.Secret)
 		switch {
 		case errors.Is(err, store.ErrSecretExists):
-			d.outcome, d.reason = outcomeInvalidSignature, "a different secret was learned before (learned_secret keep)"
 			h.logger.Warn("handshake refused: it brings a new secret and the route keeps the one it learned (learned_secret keep)",
 				zap.String("scope", h.Scope), zap.String("handshake", a.Challenge.Name))
-			respondError(w, h.RefuseStatus, d.reason, 0)
+			h.answer(w, d, ansRefused, say{reason: "a different secret was learned before (learned_secret keep)"})
 			return nil
 		case err != nil:
-			d.outcome = outcomeStoreError
+			if h.providerGone(d, false) {
+				return nil
+			}
 			h.logger.Warn("storing the learned secret failed; answered 503",
 				zap.String("scope", h.Scope), zap.String("handshake", a.Challenge.Name), zap.Error(err))
-			respondError(w, http.StatusServiceUnavailable, "event store unavailable", unavailableRetryAfter)
+			h.answer(w, d, ansStoreUnavailable, say{})
 			return nil
 		}
 	}
 	d.status = a.Status
 	a.Respond(w)
 	return nil
-}
-
-// learnSecret stores a secret learned in a handshake (learned_secret keep
-// refuses a different one: store.ErrSecretExists) and uses it at once.
-func (h *Handler) learnSecret(parent context.Context, secret string) error {
-	ss := h.backend.secrets
-	if ss == nil || h.learned == nil {
-		return errors.New("the store keeps no learned secrets")
-	}
-	ctx, cancel := context.WithTimeout(parent, storeTimeout)
-	defer cancel()
-	if err := ss.SetLearnedSecret(ctx, h.Scope, secret, h.LearnedSecret == "replace"); err != nil {
-		return err
-	}
-	h.logger.Info("learned the route's signing secret from the provider's handshake",
-		zap.String("scope", h.Scope), zap.String("provider", h.Provider))
-	return h.learned.set(secret)
 }
 
 // logHandshake writes a debug line naming the handshake, never its values.

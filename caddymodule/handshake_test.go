@@ -1,7 +1,9 @@
 package caddymodule
 
 import (
+	"encoding/json"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/stretchr/testify/require"
 
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/cli"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
@@ -56,7 +59,7 @@ func asanaHandshake(secret string) *http.Request {
 // asanaDelivery is an Asana event signed with secret.
 func asanaDelivery(t *testing.T, secret, id string) *http.Request {
 	t.Helper()
-	d, err := buildDelivery(signParams{Provider: "asana", Secret: secret, EventIDFrom: "json id", EventID: id})
+	d, err := cli.BuildDelivery(cli.SignParams{Provider: "asana", Secret: secret, EventIDFrom: "json id", EventID: id})
 	require.NoError(t, err)
 	req := newDelivery("http://gateway.test/asana", d.Body)
 	req.Header = d.Header
@@ -105,7 +108,7 @@ func TestLearnedSecretKeepRefusesReplacement(t *testing.T) {
 	require.Zero(t, g.up.count())
 	// Deliveries verify with the first token only.
 	sign := func(token, id string) *http.Request {
-		d, err := buildDelivery(signParams{Provider: "notion", Secret: token, EventID: id})
+		d, err := cli.BuildDelivery(cli.SignParams{Provider: "notion", Secret: token, EventID: id})
 		require.NoError(t, err)
 		req := newDelivery("http://gateway.test/notion", d.Body)
 		req.Header = d.Header
@@ -168,7 +171,7 @@ func gocardlessBatch(t *testing.T, secret string, ids ...string) *http.Request {
 	for i, id := range ids {
 		items[i] = `{"id":"` + id + `","action":"confirmed"}`
 	}
-	d, err := buildDelivery(signParams{Provider: "gocardless", Secret: secret, Body: []byte(`{"events":[` + strings.Join(items, ",") + `]}`)})
+	d, err := cli.BuildDelivery(cli.SignParams{Provider: "gocardless", Secret: secret, Body: []byte(`{"events":[` + strings.Join(items, ",") + `]}`)})
 	require.NoError(t, err)
 	req := newDelivery("http://gateway.test/gc", d.Body)
 	req.Header = d.Header
@@ -216,7 +219,7 @@ func TestBatchSetOktaKeysOnItems(t *testing.T) {
 		for i, u := range uuids {
 			items[i] = `{"uuid":"` + u + `","eventType":"user.session.start"}`
 		}
-		d, err := buildDelivery(signParams{Provider: "okta", Secret: "okta_secret",
+		d, err := cli.BuildDelivery(cli.SignParams{Provider: "okta", Secret: "okta_secret",
 			Body: []byte(`{"eventId":"` + eventID + `","data":{"events":[` + strings.Join(items, ",") + `]}}`)})
 		require.NoError(t, err)
 		req := newDelivery("http://gateway.test/okta", d.Body)
@@ -313,5 +316,112 @@ func TestHandshakeAmbiguousOrIncomplete(t *testing.T) {
 		// Unsigned, it is refused as any delivery.
 		g := newGateway(t, "webhook_idempotency {\n provider slack\n secret slack_hs\n scope "+uniqueScope("slack_hs")+"\n}")
 		requireRefused(t, g.serve(newDelivery("http://gateway.test/slack", []byte(body))), http.StatusBadRequest, "missing signature header")
+	})
+}
+
+// TestCase_BR19_HandshakesNotDeduplicated: with handshake forward, Zoom and
+// Slack challenges are verified and forwarded every time, answered by the
+// upstream unchanged, and never recorded (handshake_test.go: at the edge).
+//
+// Origin: field case BR-19 of the project's case list (formerly cases_test.go,
+// where the field cases were grouped by report).
+func TestCase_BR19_HandshakesNotDeduplicated(t *testing.T) {
+	t.Parallel()
+	t.Run("zoom", func(t *testing.T) {
+		t.Parallel()
+		const secret = "zm_BR19"
+		up := newUpstream()
+		up.respond = func(w http.ResponseWriter, r *http.Request, n int) error {
+			var v struct {
+				Payload struct {
+					PlainToken string `json:"plainToken"`
+				} `json:"payload"`
+			}
+			b := up.call(t, n-1).Body
+			if err := json.Unmarshal(b, &v); err != nil {
+				return err
+			}
+			out, _ := json.Marshal(map[string]string{
+				"plainToken":     v.Payload.PlainToken,
+				"encryptedToken": hexOf(mac256([]byte(secret), []byte(v.Payload.PlainToken))),
+			})
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("X-Upstream", "zoom-challenge")
+			w.WriteHeader(http.StatusOK)
+			_, _ = w.Write(out)
+			return nil
+		}
+		g := newGateway(t, `webhook_idempotency {
+			provider zoom
+			secret zm_BR19
+			scope `+uniqueScope("br19")+`
+			event_id json event event_ts
+			handshake forward
+		}`, withUpstream(up))
+		zoom := func(body []byte) answer {
+			ts := strconv.FormatInt(g.clock.Unix(), 10)
+			return g.serve(newDelivery("http://gateway.test/zoom", body,
+				"Content-Type", "application/json",
+				"x-zm-request-timestamp", ts,
+				"x-zm-signature", "v0="+hexOf(mac256([]byte(secret), []byte("v0:"+ts+":"), body))))
+		}
+		check := func(a answer, token string) {
+			t.Helper()
+			require.Equal(t, http.StatusOK, a.status)
+			require.Empty(t, a.header.Get("Idempotent-Replayed"))
+			require.Equal(t, "application/json", a.header.Get("Content-Type"))
+			require.Equal(t, "zoom-challenge", a.header.Get("X-Upstream"))
+			want, _ := json.Marshal(map[string]string{
+				"plainToken": token, "encryptedToken": hexOf(mac256([]byte(secret), []byte(token))),
+			})
+			require.Equal(t, want, a.body, "the upstream's answer, unchanged")
+		}
+		tokenA := []byte(`{"event":"endpoint.url_validation","payload":{"plainToken":"BR19plainTokenA"},"event_ts":1700000000000}`)
+		check(zoom(tokenA), "BR19plainTokenA")
+		g.clock.Advance(72 * time.Hour)
+		tokenB := []byte(`{"event":"endpoint.url_validation","payload":{"plainToken":"BR19plainTokenB"},"event_ts":1700259200000}`)
+		check(zoom(tokenB), "BR19plainTokenB")
+		g.clock.Advance(time.Minute)
+		check(zoom(tokenA), "BR19plainTokenA")
+		// A token the gateway would refuse if it computed the answer itself:
+		// it does not, so it is the upstream's to judge.
+		odd := `v0:1700000000:{"event":"x"}` + strings.Repeat("x", 130)
+		oddBody, _ := json.Marshal(map[string]any{"event": "endpoint.url_validation", "payload": map[string]string{"plainToken": odd}, "event_ts": 1700259260000})
+		check(zoom(oddBody), odd)
+		require.Equal(t, 4, up.count())
+		g.requireForwarded(0, tokenA, "application/json")
+		g.requireForwarded(2, tokenA, "application/json")
+		require.Empty(t, g.rows(), "challenges create no rows")
+		require.Equal(t, 4.0, g.outcomes(outcomeHandshake))
+		// An unsigned challenge never reaches the upstream: no signing oracle.
+		a := g.serve(newDelivery("http://gateway.test/zoom", tokenA, "Content-Type", "application/json",
+			"x-zm-request-timestamp", strconv.FormatInt(g.clock.Unix(), 10), "x-zm-signature", "v0="+strings.Repeat("0", 64)))
+		requireRefused(t, a, http.StatusBadRequest, "no matching signature")
+		require.Equal(t, 4, up.count())
+	})
+
+	t.Run("slack", func(t *testing.T) {
+		t.Parallel()
+		const secret = "slack_BR19"
+		up := newUpstream()
+		up.respond = answerWith(http.StatusOK, "application/json", `{"challenge":"BR19challenge"}`)
+		g := newGateway(t, `webhook_idempotency {
+			provider slack
+			secret slack_BR19
+			handshake forward
+		}`, withUpstream(up))
+		body := []byte(`{"token":"placeholder","challenge":"BR19challenge","type":"url_verification"}`)
+		for i := range 2 {
+			g.clock.Advance(time.Second)
+			a := g.serve(newDelivery("http://gateway.test/slack/events", body,
+				append([]string{"Content-Type", "application/json"}, slackHeaders(secret, body, g.clock.Unix())...)...))
+			require.Equal(t, http.StatusOK, a.status)
+			require.Empty(t, a.header.Get("Idempotent-Replayed"))
+			require.Equal(t, "application/json", a.header.Get("Content-Type"))
+			require.Equal(t, `{"challenge":"BR19challenge"}`, string(a.body))
+			require.Equal(t, i+1, up.count())
+			g.requireForwarded(i, body, "application/json")
+		}
+		require.Empty(t, g.rows())
 	})
 }

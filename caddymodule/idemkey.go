@@ -1,10 +1,8 @@
 package caddymodule
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -14,11 +12,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"go.uber.org/zap"
-
-	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/sendonce"
-	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
 
 // The Idempotency-Key mode puts the gateway in front of a client API (no
@@ -40,9 +35,6 @@ const (
 	idemRetention = 24 * time.Hour
 	// maxKeyLen is the longest accepted key, in bytes.
 	maxKeyLen = 255
-	// problemType is the RFC 9457 type of the mode's problem answers: the
-	// README section that explains them.
-	problemType = "https://github.com/webhook-idempotency/caddy-webhook-idempotency#idempotency-key-for-client-apis"
 	// outcomeKeyReused: the key came with another request fingerprint: 422
 	// (in allOutcomes, metrics.go).
 	outcomeKeyReused = "key_reused"
@@ -120,7 +112,7 @@ type idemKey struct {
 
 // provisionIdempotencyKey applies the mode's defaults. It has no
 // signature: secrets, url, event_id and the like are refused by Validate.
-func (h *Handler) provisionIdempotencyKey(*caddy.Replacer) error {
+func (h *Handler) provisionIdempotencyKey() {
 	cfg := h.IdempotencyKey
 	if cfg == nil {
 		cfg = new(IdempotencyKeyConfig)
@@ -161,7 +153,6 @@ func (h *Handler) provisionIdempotencyKey(*caddy.Replacer) error {
 	}
 	h.idem = k
 	h.trust = h.trustOf(nil)
-	return nil
 }
 
 // validateIdempotencyKey checks provider idempotency_key's configuration.
@@ -209,16 +200,6 @@ func (k *idemKey) stores(status int) bool {
 		return k.store5xx && status != http.StatusServiceUnavailable
 	}
 	return false
-}
-
-// verdict is the forward's verdict for the route: in Idempotency-Key mode
-// a stored 3xx or 4xx answer completes the key instead of releasing it.
-func (h *Handler) verdict(end forwardEnd) verdict {
-	v := end.verdict()
-	if v == verdictRelease && h.idem != nil && end.status != 0 && end.err == nil && !end.panicked && h.idem.stores(end.status) {
-		return verdictComplete
-	}
-	return v
 }
 
 // key reads the request's Idempotency-Key: "" with no problem when it is
@@ -312,173 +293,62 @@ func safeMethod(m string) bool {
 	return false
 }
 
-// serveIdempotencyKey is ServeHTTP for provider idempotency_key: read the
-// body, take the key, claim it with the request's fingerprint, forward
-// once, and store the answer; a request with a completed key gets the
-// stored answer replayed. See the README section "Idempotency-Key for
-// client APIs".
-func (h *Handler) serveIdempotencyKey(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	d := delivery{h: h, start: time.Now()}
-	defer d.log()
-	if safeMethod(r.Method) {
-		d.outcome = outcomeForwardedNoID
-		return h.passOn(w, r, next, &d)
+// unmarshalIdempotencyKey parses the idempotency_key { } block.
+func (h *Handler) unmarshalIdempotencyKey(d *caddyfile.Dispenser) error {
+	if d.NextArg() {
+		return d.ArgErr()
 	}
-
-	key, problem := h.idem.key(r)
-	switch {
-	case problem != "":
-		d.outcome, d.reason = outcomeBadRequest, problem
-		respondProblem(w, http.StatusBadRequest, "Idempotency-Key is malformed", problem, 0)
-		return nil
-	case key == "" && h.idem.optional:
-		d.outcome = outcomeForwardedNoID
-		return h.passOn(w, r, next, &d)
-	case key == "":
-		d.outcome, d.reason = outcomeBadRequest, h.idem.header+" is missing"
-		respondProblem(w, http.StatusBadRequest, "Idempotency-Key is missing",
-			"This operation is idempotent and requires an "+h.idem.header+" request header (1 to 255 bytes).", 0)
-		return nil
-	}
-
-	buf := getBodyBuf()
-	defer buf.release()
-	raw, _, status, reason := h.readBody(w, r, buf.Buffer)
-	if status != 0 {
-		d.outcome, d.reason = outcomeFor(status), reason
-		respondProblem(w, status, http.StatusText(status), reason, 0)
-		return nil
-	}
-	id, ok := h.idem.scoped(r, key)
-	if !ok {
-		d.outcome, d.reason = outcomeBadRequest, "the request has no client identity"
-		respondProblem(w, http.StatusUnauthorized, "Client identity is missing",
-			"Idempotency-Keys are kept per client: send "+h.idem.identityName()+" with the key.", 0)
-		return nil
-	}
-	fp := h.idem.fingerprint(r, raw)
-	d.eventID, d.fingerprint = id, fp
-
-	if h.completed != nil {
-		if resp, ok := h.completed.Response(h.Scope, id); ok {
-			h.cacheHit.Inc()
-			d.cached = true
-			if resp.Fingerprint != fp {
-				h.refuseReused(w, &d)
-				return nil
+	cfg := new(IdempotencyKeyConfig)
+	h.IdempotencyKey = cfg
+	return eachSub(d, "idempotency_key", func(sub string) error {
+		switch sub {
+		case "header":
+			return oneValue(d, &cfg.Header)
+		case "client":
+			args := d.RemainingArgs()
+			switch {
+			case len(args) == 2 && args[0] == "header":
+				cfg.ClientHeader = args[1]
+			case len(args) == 1 && (strings.HasPrefix(args[0], "{") || args[0] == clientShared):
+				cfg.Client = args[0]
+			default:
+				return d.Errf("idempotency_key client: want header <name>, a placeholder such as {http.auth.user.id}, or shared")
 			}
-			d.outcome, d.status = outcomeDuplicate, resp.Status
-			h.replay(w, resp, &d)
-			return nil
+		case "fingerprint":
+			cfg.Fingerprint = d.RemainingArgs()
+			if len(cfg.Fingerprint) == 0 {
+				return d.ArgErr()
+			}
+			for _, p := range cfg.Fingerprint {
+				if !slices.Contains(fingerprintParts, p) && (p != "none" || len(cfg.Fingerprint) != 1) {
+					return d.Errf("idempotency_key fingerprint: want method, path, query, body or none, got %q", p)
+				}
+			}
+		case "optional":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			cfg.Optional = true
+		case "store_4xx":
+			on, err := onOff(d, "idempotency_key store_4xx")
+			cfg.Store4xx = on
+			return err
+		case "store_5xx":
+			on, err := onOff(d, "idempotency_key store_5xx")
+			cfg.Store5xx = on != nil && *on
+			return err
+		default:
+			return d.Errf("idempotency_key: unknown subdirective %q", sub)
 		}
-		h.cacheMiss.Inc()
-	}
-
-	claim, err := h.claimKey(r.Context(), id, fp)
-	if err != nil {
-		d.outcome = outcomeStoreError
-		h.logger.Warn("claiming idempotency key failed; answered 503, nothing forwarded",
-			zap.String("scope", h.Scope), zap.String("event_id", id), zap.Error(err))
-		respondProblem(w, http.StatusServiceUnavailable, "Idempotency store unavailable",
-			"The request was not processed; retry later.", unavailableRetryAfter)
 		return nil
-	}
-	d.attempt = claim.Attempts
-	switch claim.Outcome {
-	case store.Duplicate, store.InFlight:
-		if claim.Fingerprint != fp {
-			h.refuseReused(w, &d)
-			return nil
-		}
-		if claim.Outcome == store.Duplicate {
-			h.replayStored(w, r, id, nil, claim, &d)
-			return nil
-		}
-		d.outcome = outcomeInFlight
-		respondProblem(w, http.StatusConflict, "A request is outstanding for this Idempotency-Key",
-			"A request with the same key is being processed; retry after it has completed.", claim.RetryAfter)
-		return nil
-	case store.Held:
-		d.outcome = outcomeHeld
-		respondProblem(w, http.StatusServiceUnavailable, "Idempotency-Key is held",
-			"A request with this key ended with no known outcome; an operator must release it.", unavailableRetryAfter)
-		return nil
-	case store.Claimed:
-	default:
-		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("unexpected claim outcome %v", claim.Outcome))
-	}
-	buf.forwarded = true
-	sendonce.SetBody(r, raw)
-	return h.forward(w, r, next, []claimRef{{scope: h.Scope, id: id, token: claim.Token}}, &d)
-}
-
-// claimKey claims a key with the request's fingerprint, bounded by
-// storeTimeout, and times it.
-func (h *Handler) claimKey(parent context.Context, id, fingerprint string) (store.Claim, error) {
-	return h.claimWith(parent, store.ClaimParams{
-		Scope: h.Scope, EventID: id, Lease: time.Duration(h.Lease), HoldOnExpiry: h.OnAmbiguous == "hold",
-		Fingerprint: fingerprint,
 	})
 }
 
 // refuseReused answers a key reused with another request: 422.
 func (h *Handler) refuseReused(w http.ResponseWriter, d *delivery) {
-	d.outcome, d.reason = outcomeKeyReused, "the key was used with another request"
 	h.logger.Warn("idempotency key reused with another request fingerprint; answered 422",
 		zap.String("scope", h.Scope), zap.String("event_id", d.eventID))
-	respondProblem(w, http.StatusUnprocessableEntity, "Idempotency-Key is already used",
-		"This key was used with a different request; an Idempotency-Key must not be reused across different requests.", 0)
-}
-
-// problem is an RFC 9457 problem answer of the mode.
-type problem struct {
-	Type   string `json:"type"`
-	Title  string `json:"title"`
-	Status int    `json:"status"`
-	Detail string `json:"detail,omitempty"`
-	// UpstreamStatus (an extension member) is the status the upstream
-	// answered the key's request with, when its stored answer is
-	// incomplete.
-	UpstreamStatus int `json:"upstream_status,omitempty"`
-}
-
-// respondProblem writes an RFC 9457 problem (application/problem+json),
-// as the Idempotency-Key draft recommends, with Retry-After (whole
-// seconds, at least 1) when retryAfter > 0.
-func respondProblem(w http.ResponseWriter, status int, title, detail string, retryAfter time.Duration) {
-	writeProblem(w, problem{Status: status, Title: title, Detail: detail}, retryAfter)
-}
-
-func writeProblem(w http.ResponseWriter, p problem, retryAfter time.Duration) {
-	p.Type = problemType
-	b, _ := json.Marshal(p)
-	writeAnswer(w, p.Status, "application/problem+json", append(b, '\n'), retryAfter)
-}
-
-// respondIncomplete answers a request whose key completed with an answer
-// stored without its whole body (cut before its end, or larger than
-// replay_max): 502, a problem naming the upstream's status, and
-// Idempotent-Replayed: true with Idempotent-Replay-Incomplete (cut,
-// too-large). Never the status with an empty body, which a client would
-// take for its answer. The request is not forwarded again while the key is
-// kept: the upstream did the work, and the client must look its result up
-// rather than retry under a new key.
-func respondIncomplete(w http.ResponseWriter, resp *store.Response) {
-	why := "its body was cut before its end"
-	if !resp.Cut {
-		why = "its body was larger than the gateway stores (replay_max)"
-	}
-	hdr := w.Header()
-	hdr.Set("Idempotent-Replayed", "true")
-	hdr.Set(replayIncomplete, incompleteReason(resp))
-	writeProblem(w, problem{
-		Status: http.StatusBadGateway,
-		Title:  "Stored answer is incomplete",
-		Detail: fmt.Sprintf("A request with this Idempotency-Key was processed: the upstream answered %d, but %s, "+
-			"so the answer was not stored and cannot be replayed. The request is not processed again with this key; "+
-			"do not retry it with a new key: look its result up instead.", resp.Status, why),
-		UpstreamStatus: resp.Status,
-	}, 0)
+	h.answer(w, d, ansKeyReused, say{})
 }
 
 // sweepEvery is how often the retention sweep runs: retentionInterval, or

@@ -8,6 +8,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/claim"
+
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -74,6 +76,11 @@ var allOutcomes = []string{outcomeCompleted, outcomeReleased, outcomeAmbiguous, 
 type storeTimes struct {
 	claim, complete, release, hold, heartbeat prometheus.Observer
 	enqueue, settleQueued, heartbeatQueued    prometheus.Observer
+}
+
+// claimTimers are the series internal/claim observes.
+func (t storeTimes) claimTimers() claim.Timers {
+	return claim.Timers{Claim: t.claim, Complete: t.complete, Release: t.release, Hold: t.hold, Heartbeat: t.heartbeat}
 }
 
 // observe records the time since t0.

@@ -21,6 +21,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddytest"
 	"github.com/stretchr/testify/require"
 
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/cli"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
 )
 
@@ -179,7 +180,7 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 	// returns the event ID.
 	deliver := func(t *testing.T, r protoRoute, secret, id string) (string, int, http.Header, string) {
 		t.Helper()
-		d, err := buildDelivery(signParams{Provider: r.provider, Secret: secret, URL: r.url, EventIDFrom: r.idFrom, EventID: id})
+		d, err := cli.BuildDelivery(cli.SignParams{Provider: r.provider, Secret: secret, URL: r.url, EventIDFrom: r.idFrom, EventID: id})
 		require.NoError(t, err)
 		st, h, body := doReq(t, http.MethodPost, r.path, d.Body, d.Header)
 		return d.EventID, st, h, body
@@ -215,7 +216,7 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 		if id == "" {
 			from = ""
 		}
-		d, err := buildDelivery(signParams{Provider: r.provider, Secret: r.signing, URL: r.url, Body: body, Headers: header, EventIDFrom: from, EventID: id})
+		d, err := cli.BuildDelivery(cli.SignParams{Provider: r.provider, Secret: r.signing, URL: r.url, Body: body, Headers: header, EventIDFrom: from, EventID: id})
 		require.NoError(t, err)
 		return d.Body, d.Header
 	}
@@ -259,7 +260,7 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 	// clientState are read past it, and the upstream gets the exact bytes.
 	t.Run("msgraph body with a UTF-8 BOM", func(t *testing.T) {
 		r := byPath["/p/msgraph"]
-		d, err := buildDelivery(signParams{Provider: r.provider, Secret: r.signing, URL: r.url, EventIDFrom: r.idFrom})
+		d, err := cli.BuildDelivery(cli.SignParams{Provider: r.provider, Secret: r.signing, URL: r.url, EventIDFrom: r.idFrom})
 		require.NoError(t, err)
 		bom := append([]byte("\xEF\xBB\xBF"), d.Body...)
 		before := len(up.got(r.path))
@@ -374,7 +375,7 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 		require.Empty(t, body)
 		requireDelivers(t, r, asanaSecret)
 		// A heartbeat: signed with the learned secret, empty events.
-		d, err := buildDelivery(signParams{Provider: "asana", Secret: asanaSecret, Body: []byte(`{"events":[]}`)})
+		d, err := cli.BuildDelivery(cli.SignParams{Provider: "asana", Secret: asanaSecret, Body: []byte(`{"events":[]}`)})
 		require.NoError(t, err)
 		before := len(up.got(r.path))
 		st, h, _ = doReq(t, http.MethodPost, r.path, d.Body, d.Header)
@@ -589,7 +590,7 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 		m.Write([]byte(challenge))
 		requireAnswered(t, r.path, st, h, body, "text/plain; charset=utf-8", pub+"|"+hex.EncodeToString(m.Sum(nil)))
 
-		d, err := buildDelivery(signParams{Provider: "braintree", Secret: r.signing})
+		d, err := cli.BuildDelivery(cli.SignParams{Provider: "braintree", Secret: r.signing})
 		require.NoError(t, err)
 		require.Len(t, d.EventID, 64)
 		st, h, body = doReq(t, http.MethodPost, r.path, d.Body, d.Header)
@@ -634,14 +635,14 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 		// database and table.
 		first := &gateway{storage: Storage{Backend: "postgres", DSN: dsn, Table: table}}
 		g := newGateway(t, "webhook_idempotency {\n provider asana\n event_id json id\n}", sharingStore(first), asInstance("second"))
-		d, err := buildDelivery(signParams{Provider: "asana", Secret: asanaSecret, EventIDFrom: "json id"})
+		d, err := cli.BuildDelivery(cli.SignParams{Provider: "asana", Secret: asanaSecret, EventIDFrom: "json id"})
 		require.NoError(t, err)
 		req := httptest.NewRequest(http.MethodPost, "http://gateway.test/p/asana", bytes.NewReader(d.Body))
 		req.Header = d.Header
 		requireRelayed(t, g.serve(req))
 		require.Equal(t, 1, g.up.count())
 		// And a delivery signed with another secret is refused there too.
-		d, err = buildDelivery(signParams{Provider: "asana", Secret: "not-the-learned-one", EventIDFrom: "json id"})
+		d, err = cli.BuildDelivery(cli.SignParams{Provider: "asana", Secret: "not-the-learned-one", EventIDFrom: "json id"})
 		require.NoError(t, err)
 		req = httptest.NewRequest(http.MethodPost, "http://gateway.test/p/asana", bytes.NewReader(d.Body))
 		req.Header = d.Header

@@ -11,6 +11,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/cli"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue"
 )
 
@@ -43,7 +44,7 @@ func (QueueAdmin) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-const queueAdminPrefix = "/webhook_idempotency/queue/"
+const queueAdminPrefix = cli.QueueAdminPrefix
 
 // Routes returns the admin routes.
 func (a *QueueAdmin) Routes() []caddy.AdminRoute {
@@ -56,10 +57,8 @@ var queueScopes = newScopeIndex[*queueBackend]()
 
 // QueuedEventJSON is a queued event as the admin API shows it.
 type QueuedEventJSON struct {
-	ID            int64         `json:"id"`
-	Scope         string        `json:"scope"`
-	EventID       string        `json:"event_id"`
-	State         string        `json:"state"`
+	ID int64 `json:"id"`
+	EventHead
 	OrderKey      string        `json:"order_key,omitempty"`
 	Attempts      int           `json:"attempts"`
 	RoundAttempts int           `json:"round_attempts"`
@@ -100,7 +99,7 @@ func timePtr(t time.Time) *time.Time {
 }
 
 func queuedEventJSON(e queue.Event) QueuedEventJSON {
-	out := QueuedEventJSON{ID: e.ID, Scope: e.Scope, EventID: e.EventID, State: string(e.State), OrderKey: e.OrderKey,
+	out := QueuedEventJSON{ID: e.ID, EventHead: EventHead{Scope: e.Scope, EventID: e.EventID, State: string(e.State)}, OrderKey: e.OrderKey,
 		Attempts: e.Attempts, RoundAttempts: e.RoundAttempts, Method: e.Method, URI: e.URI, BodySize: e.BodySize,
 		BodyKept: e.BodyKept, ReceivedAt: e.ReceivedAt.UTC(), UpdatedAt: e.UpdatedAt.UTC(),
 		LeaseUntil: timePtr(e.LeaseUntil), DeliveredAt: timePtr(e.DeliveredAt), LastStatus: e.LastStatus, LastError: e.LastError}
@@ -246,13 +245,11 @@ func (a *QueueAdmin) events(ctx context.Context, w http.ResponseWriter, r *http.
 		return apiErr(http.StatusMethodNotAllowed, "method %s not allowed", r.Method)
 	}
 	lq := queue.ListQuery{Scope: scope, State: state, Limit: 100}
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 1000 {
-			return apiErr(http.StatusBadRequest, "limit: want 1..1000")
-		}
-		lq.Limit = n
+	n, err := queryLimit(q)
+	if err != nil {
+		return err
 	}
+	lq.Limit = n
 	if v := q.Get("after_id"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 0 {

@@ -217,12 +217,12 @@ func TestReplayAfterRetention(t *testing.T) {
 		start := time.Now()
 
 		// Within retention nothing goes.
-		n, err := g.h.sweepOnce(ctx, start.Add(3*24*time.Hour-time.Hour))
+		n, err := g.h.sweeper.Once(ctx, start.Add(3*24*time.Hour-time.Hour))
 		require.NoError(t, err)
 		require.Zero(t, n)
 
 		// Past retention the event row goes, the body hash stays.
-		n, err = g.h.sweepOnce(ctx, start.Add(3*24*time.Hour+time.Hour))
+		n, err = g.h.sweeper.Once(ctx, start.Add(3*24*time.Hour+time.Hour))
 		require.NoError(t, err)
 		require.Equal(t, 1, n)
 		g.requireNoRow(scope, "guid-1")
@@ -237,11 +237,11 @@ func TestReplayAfterRetention(t *testing.T) {
 		g.requireRow(scope, "guid-1", store.StateReleased)
 
 		// Just before replay_window ends the hash is still kept...
-		_, err = g.h.sweepOnce(ctx, start.Add(30*24*time.Hour-time.Hour))
+		_, err = g.h.sweeper.Once(ctx, start.Add(30*24*time.Hour-time.Hour))
 		require.NoError(t, err)
 		g.requireRow(scope+"#body", bodyID, store.StateCompleted)
 		// ...after it, it goes, and a delivery of that body is forwarded.
-		_, err = g.h.sweepOnce(ctx, start.Add(30*24*time.Hour+time.Hour))
+		_, err = g.h.sweeper.Once(ctx, start.Add(30*24*time.Hour+time.Hour))
 		require.NoError(t, err)
 		g.requireNoRow(scope+"#body", bodyID)
 		g.requireNoRow(scope, "guid-1")

@@ -13,7 +13,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -54,7 +53,7 @@ type ReplayConfig struct {
 	// the status and headers with an empty body and
 	// Idempotent-Replay-Incomplete (too-large or cut); under provider
 	// idempotency_key, retries with the key get 502 instead (see
-	// respondIncomplete). Default: 65536 (64 KiB); at most 16 MiB.
+	// Handler.replay). Default: 65536 (64 KiB); at most 16 MiB.
 	ReplayMax int64 `json:"replay_max,omitempty"`
 
 	// ReplayHeaders are the response headers stored and replayed. Default:
@@ -266,41 +265,6 @@ func (h *Handler) storedResponse(c *capture, end forwardEnd, d *delivery) *store
 	return resp
 }
 
-// remember caches a completed claim: its stored response when it has one,
-// else its status.
-func (h *Handler) remember(c claimRef, status int) {
-	if c.resp != nil {
-		h.completed.AddResponse(c.scope, c.id, c.resp, h.responseTTL())
-		return
-	}
-	if h.idem == nil { // a key's fingerprint must be checked: never by status alone
-		h.completed.Add(c.scope, c.id, status)
-	}
-}
-
-// responseTTL keeps a cached response no longer than the route's
-// retention, after which the row, and the answer, are gone.
-func (h *Handler) responseTTL() time.Duration {
-	return min(cacheTTL, time.Duration(h.Retention))
-}
-
-// replayCached answers a duplicate whose stored response is in the cache.
-// It reports false (nothing written) on a miss.
-func (h *Handler) replayCached(w http.ResponseWriter, r *http.Request, id string, signed []byte, d *delivery) bool {
-	resp, ok := h.completed.Response(h.Scope, id)
-	if !ok {
-		h.cacheMiss.Inc()
-		return false
-	}
-	h.cacheHit.Inc()
-	d.outcome, d.status, d.cached = outcomeDuplicate, resp.Status, true
-	if h.dedupeBody {
-		h.checkSameBody(r.Context(), id, signed)
-	}
-	h.replay(w, resp, d)
-	return true
-}
-
 // loadResponse reads the stored response of a completed event, bounded by
 // storeTimeout; ErrNotFound when it completed without one.
 func (h *Handler) loadResponse(parent context.Context, scope, id string) (*store.Response, error) {
@@ -317,44 +281,60 @@ func (h *Handler) loadResponse(parent context.Context, scope, id string) (*store
 // or the short duplicate answer when the event completed without one (it
 // completed before replay was turned on, or an operator completed it). A
 // store failure is a 503: the stored answer exists but cannot be read.
-func (h *Handler) replayStored(w http.ResponseWriter, r *http.Request, id string, signed []byte, claim store.Claim, d *delivery) {
-	d.outcome, d.status = outcomeDuplicate, claim.Status
-	resp, err := h.loadResponse(r.Context(), h.Scope, id)
+func (h *Handler) replayStored(w http.ResponseWriter, d *delivery, cl store.Claim) {
+	ctx, id := d.r.Context(), d.eventID
+	d.outcome, d.status = outcomeDuplicate, cl.Status
+	resp, err := h.loadResponse(ctx, h.Scope, id)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		if c := h.logger.Check(zapcore.DebugLevel, "completed event has no stored response; answered with the short duplicate answer"); c != nil {
 			c.Write(zap.String("scope", h.Scope), zap.String("event_id", id))
 		}
 		if h.dedupeBody {
-			h.checkSameBody(r.Context(), id, signed)
+			h.checkSameBody(ctx, id, d.signed)
 		}
-		respondDuplicate(w)
+		h.answer(w, d, ansDuplicate, say{})
 		return
 	case err != nil:
-		d.outcome = outcomeStoreError
+		if h.providerGone(d, false) {
+			return
+		}
 		h.logger.Warn("reading the stored response failed; answered 503",
 			zap.String("scope", h.Scope), zap.String("event_id", id), zap.Error(err))
-		respondError(w, http.StatusServiceUnavailable, "event store unavailable", unavailableRetryAfter)
+		h.answer(w, d, ansStoredUnreadable, say{})
 		return
 	}
 	h.completed.AddResponse(h.Scope, id, resp, h.responseTTL())
 	if h.dedupeBody {
-		h.checkSameBody(r.Context(), id, signed)
+		h.checkSameBody(ctx, id, d.signed)
 	}
 	d.status = resp.Status
 	h.replay(w, resp, d)
 }
 
-// replay answers a duplicate with its stored response (respondReplay). In
-// Idempotency-Key mode an answer stored without its whole body is not
-// replayed as if it were the client's answer: respondIncomplete says so.
+// replay answers a duplicate with its stored response (respondReplay).
+// Under provider idempotency_key an answer stored without its whole body
+// is not replayed as if it were the client's answer: 502, a problem naming
+// the upstream's status, and Idempotent-Replayed: true with
+// Idempotent-Replay-Incomplete (cut, too-large). Never the status with an
+// empty body, which a client would take for its answer. The request is not
+// forwarded again while the key is kept: the upstream did the work, and the
+// client must look its result up rather than retry under a new key.
 func (h *Handler) replay(w http.ResponseWriter, resp *store.Response, d *delivery) {
-	if h.idem != nil && !resp.BodyStored {
-		d.reason = "the stored answer is incomplete: " + incompleteReason(resp)
-		respondIncomplete(w, resp)
+	if h.idem == nil || resp.BodyStored {
+		respondReplay(w, resp)
 		return
 	}
-	respondReplay(w, resp)
+	d.reason = "the stored answer is incomplete: " + incompleteReason(resp)
+	why := "its body was cut before its end"
+	if !resp.Cut {
+		why = "its body was larger than the gateway stores (replay_max)"
+	}
+	w.Header().Set(replayIncomplete, incompleteReason(resp))
+	h.answer(w, d, ansIncomplete, say{upstreamStatus: resp.Status,
+		detail: fmt.Sprintf("A request with this Idempotency-Key was processed: the upstream answered %d, but %s, "+
+			"so the answer was not stored and cannot be replayed. The request is not processed again with this key; "+
+			"do not retry it with a new key: look its result up instead.", resp.Status, why)})
 }
 
 // replayIncomplete is the header of a replay whose stored answer has no
@@ -439,71 +419,7 @@ func (h *Handler) unmarshalReplay(d *caddyfile.Dispenser, name string) error {
 			return d.ArgErr()
 		}
 	case "idempotency_key":
-		if d.NextArg() {
-			return d.ArgErr()
-		}
-		cfg := new(IdempotencyKeyConfig)
-		h.IdempotencyKey = cfg
-		seen := map[string]bool{}
-		for nesting := d.Nesting(); d.NextBlock(nesting); {
-			sub := d.Val()
-			if seen[sub] {
-				return d.Errf("idempotency_key %s already specified", sub)
-			}
-			seen[sub] = true
-			switch sub {
-			case "header":
-				if !d.AllArgs(&cfg.Header) {
-					return d.ArgErr()
-				}
-			case "client":
-				args := d.RemainingArgs()
-				switch {
-				case len(args) == 2 && args[0] == "header":
-					cfg.ClientHeader = args[1]
-				case len(args) == 1 && (strings.HasPrefix(args[0], "{") || args[0] == clientShared):
-					cfg.Client = args[0]
-				default:
-					return d.Errf("idempotency_key client: want header <name>, a placeholder such as {http.auth.user.id}, or shared")
-				}
-			case "fingerprint":
-				cfg.Fingerprint = d.RemainingArgs()
-				if len(cfg.Fingerprint) == 0 {
-					return d.ArgErr()
-				}
-				for _, p := range cfg.Fingerprint {
-					if !slices.Contains(fingerprintParts, p) && (p != "none" || len(cfg.Fingerprint) != 1) {
-						return d.Errf("idempotency_key fingerprint: want method, path, query, body or none, got %q", p)
-					}
-				}
-			case "optional":
-				if d.NextArg() {
-					return d.ArgErr()
-				}
-				cfg.Optional = true
-			case "store_4xx":
-				var v string
-				if !d.AllArgs(&v) {
-					return d.ArgErr()
-				}
-				if v != "on" && v != "off" {
-					return d.Errf("idempotency_key store_4xx: want on or off, got %q", v)
-				}
-				on := v == "on"
-				cfg.Store4xx = &on
-			case "store_5xx":
-				var v string
-				if !d.AllArgs(&v) {
-					return d.ArgErr()
-				}
-				if v != "on" && v != "off" {
-					return d.Errf("idempotency_key store_5xx: want on or off, got %q", v)
-				}
-				cfg.Store5xx = v == "on"
-			default:
-				return d.Errf("idempotency_key: unknown subdirective %q", sub)
-			}
-		}
+		return h.unmarshalIdempotencyKey(d)
 	}
 	return nil
 }

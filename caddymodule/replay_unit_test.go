@@ -381,7 +381,7 @@ func TestReplayConfigRefused(t *testing.T) {
 	// client line).
 	h := &Handler{Provider: providerIdempotencyKey}
 	h.IdempotencyKey = &IdempotencyKeyConfig{Client: "{http.auth.user.id}", ClientHeader: "Authorization"}
-	require.NoError(t, h.provisionIdempotencyKey(nil))
+	h.provisionIdempotencyKey()
 	h.Replay, h.Retention, h.Lease = "response", caddy.Duration(time.Hour), caddy.Duration(time.Second)
 	require.ErrorContains(t, h.validateIdempotencyKey(), "exclusive")
 	require.True(t, strings.HasPrefix(problemType, "https://"))

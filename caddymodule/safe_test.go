@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/cli"
 )
 
 // A correctly signed body the scheme refuses is answered with the real
@@ -254,7 +256,7 @@ func TestExamplesShipLogFilterAndCatchAllSites(t *testing.T) {
 			providers = append(providers, m[1])
 		}
 		require.NotEmpty(t, providers, f)
-		headers, err := SecretHeaders(providers)
+		headers, err := cli.SecretHeaders(providers)
 		require.NoError(t, err, f)
 		for _, h := range headers {
 			require.Contains(t, string(b), "request>headers>"+h+" delete", "%s: log filter for %s", f, h)

@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -24,7 +25,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/sendonce"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/claim"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/spool"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
@@ -228,58 +229,76 @@ const spoolTimeout = 10 * time.Second
 
 // claimFailed answers a verified delivery whose claim (the event's, or
 // its body's under dedupe_body) returned an error. A provider that hung up
-// while the claim waited is not a store failure: the outcome is
-// provider_gone, logged at debug, and no answer is written (a claim the
-// store committed for it meanwhile is released by the store, see
-// store.Rules). Otherwise the store failed: with a spool the delivery is
-// kept and answered 200, without one it is answered 503.
-func (h *Handler) claimFailed(w http.ResponseWriter, r *http.Request, raw []byte, id, bodyKey string, err error, d *delivery) {
-	if r.Context().Err() != nil {
-		d.outcome = outcomeProviderGone
-		kept := false
-		if h.spooler != nil {
-			// The provider counts this delivery as failed; one that never
-			// redelivers would lose it.
-			kept = h.spoolRecord(r, raw, id, bodyKey) == nil
-		}
-		if c := h.logger.Check(zapcore.DebugLevel, "the provider hung up before its claim was decided; nothing forwarded"); c != nil {
-			c.Write(zap.String("scope", h.Scope), zap.String("event_id", id), zap.Bool("spooled", kept))
-		}
+// while the claim waited is not a store failure (providerGone). Otherwise
+// the store failed: with a spool the delivery is kept and answered 200,
+// without one it is answered 503.
+func (h *Handler) claimFailed(w http.ResponseWriter, d *delivery, err error) {
+	if h.providerGone(d, true) {
 		return
 	}
 	if h.spooler == nil {
-		d.outcome = outcomeStoreError
 		h.logger.Warn("claiming event failed; answered 503, nothing forwarded",
-			zap.String("scope", h.Scope), zap.String("event_id", id), zap.Error(err))
-		respondError(w, http.StatusServiceUnavailable, "event store unavailable", unavailableRetryAfter)
+			zap.String("scope", h.Scope), zap.String("event_id", d.eventID), zap.Error(err))
+		h.answer(w, d, ansStoreUnavailable, say{})
 		return
 	}
-	switch err := h.spoolRecord(r, raw, id, bodyKey); {
+	switch err := h.spoolRecord(d); {
 	case err == nil:
-		d.outcome = outcomeSpooled
-		if !h.respondAccepted(w, false) {
-			writeAnswer(w, http.StatusOK, "application/json", spooledBody, 0)
-		}
+		h.answerSpooled(w, d)
 	case errors.Is(err, spool.ErrFull):
-		d.outcome = outcomeSpoolFull
 		h.logger.Warn("the store is unreachable and the spool is full; answered 503, nothing kept",
-			zap.String("scope", h.Scope), zap.String("event_id", id), zap.String("spool", h.spooler.sp.Dir()))
-		respondError(w, http.StatusServiceUnavailable, "event store unavailable and spool full", unavailableRetryAfter)
+			zap.String("scope", h.Scope), zap.String("event_id", d.eventID), zap.String("spool", h.spooler.sp.Dir()))
+		h.answer(w, d, ansSpoolFull, say{})
 	default:
-		d.outcome = outcomeSpoolError
 		h.logger.Error("the store is unreachable and writing the spool failed; answered 503, nothing kept",
-			zap.String("scope", h.Scope), zap.String("event_id", id), zap.Error(err))
-		respondError(w, http.StatusServiceUnavailable, "event store unavailable", unavailableRetryAfter)
+			zap.String("scope", h.Scope), zap.String("event_id", d.eventID), zap.Error(err))
+		h.answer(w, d, ansSpoolError, say{})
 	}
+}
+
+// providerGone reports whether the provider hung up while the delivery's
+// store call waited (its own timeout, usually). That is not a store
+// failure: the outcome is provider_gone, logged at debug, and no answer is
+// written (nobody reads it); a claim the store committed for it meanwhile
+// is given back by the store (store.Rules). keep (a verified delivery
+// whose claim failed): with a spool the delivery is kept, since the
+// provider counts it as failed and one that never redelivers would lose
+// it.
+func (h *Handler) providerGone(d *delivery, keep bool) bool {
+	if d.r.Context().Err() == nil {
+		return false
+	}
+	d.outcome = outcomeProviderGone
+	kept := false
+	if keep && h.spooler != nil {
+		kept = h.spoolRecord(d) == nil
+	}
+	if c := h.logger.Check(zapcore.DebugLevel, "the provider hung up while the store was asked; nothing forwarded"); c != nil {
+		c.Write(zap.String("scope", h.Scope), zap.String("event_id", d.eventID), zap.Bool("spooled", kept))
+	}
+	return true
+}
+
+// answerSpooled answers a delivery kept in the spool: 200, with the
+// literal answer the provider requires where it has one (Adyen's
+// "[accepted]").
+func (h *Handler) answerSpooled(w http.ResponseWriter, d *delivery) {
+	if body := h.preset.Delivery.Answer.Body; body != "" {
+		d.outcome = outcomeSpooled
+		writeBody(w, cmp.Or(h.preset.Delivery.Answer.Status, http.StatusOK), "text/plain; charset=utf-8", []byte(body), 0)
+		return
+	}
+	h.answer(w, d, ansSpooled, say{})
 }
 
 // spoolRecord writes a verified delivery to the spool and returns once it
 // is durable (fsynced, with its directory entry).
-func (h *Handler) spoolRecord(r *http.Request, raw []byte, id, bodyKey string) error {
+func (h *Handler) spoolRecord(d *delivery) error {
+	r := d.r
 	rec := &spool.Record{
-		Scope: h.Scope, EventID: id, BodyKey: bodyKey,
+		Scope: h.Scope, EventID: d.eventID, BodyKey: h.bodyKeyOf(d.signed),
 		Method: r.Method, Host: r.Host, URI: r.RequestURI, Proto: r.Proto, RemoteAddr: r.RemoteAddr,
-		Scheme: "http", Header: r.Header.Clone(), Body: raw,
+		Scheme: "http", Header: r.Header.Clone(), Body: d.raw,
 	}
 	if r.TLS != nil {
 		rec.Scheme = "https"
@@ -301,8 +320,6 @@ func (h *Handler) bodyKeyOf(signed []byte) string {
 	}
 	return bodyKey(signed)
 }
-
-var spooledBody = []byte(`{"received":true,"spooled":true}` + "\n")
 
 // storeAnswered tells the spool that the store answered a claim, so the
 // deliveries waiting after an outage go now.
@@ -475,12 +492,13 @@ func routesHold(routes caddyhttp.RouteList, h *Handler) bool {
 // signed timestamp may be older than the tolerance by now.
 func (h *Handler) serveReplay(w http.ResponseWriter, r *http.Request, rp *spoolReplay, next caddyhttp.Handler) error {
 	if h.spooler == nil || rp.sp != h.spooler.sp || rp.rec.Scope != h.Scope {
-		respondError(w, http.StatusMisdirectedRequest, "spooled delivery of another route", 0)
+		writeBody(w, http.StatusMisdirectedRequest, "application/json", misroutedBody, 0)
 		return nil
 	}
 	rp.reached = true
-	d := delivery{h: h, start: time.Now(), eventID: rp.rec.EventID}
-	rp.result = h.replaySpooled(w, r, rp.rec, next, &d)
+	d := &delivery{h: h, r: r, start: time.Now(), buf: getBodyBuf(), raw: rp.rec.Body, eventID: rp.rec.EventID}
+	defer d.buf.release()
+	rp.result = h.replaySpooled(w, rp.rec, next, d)
 	spoolMetrics.tries.WithLabelValues(h.Scope, rp.result.Outcome.String()).Inc()
 	level := zapcore.InfoLevel
 	if rp.result.Outcome == spool.Unavailable {
@@ -495,20 +513,22 @@ func (h *Handler) serveReplay(w http.ResponseWriter, r *http.Request, rp *spoolR
 	return nil
 }
 
+var misroutedBody = []byte(`{"error":"spooled delivery of another route"}` + "\n")
+
 // replaySpooled claims a spooled delivery's event with the live path's
 // rules and forwards it when the claim is won (spool.ForClaim): a
 // completed event is a duplicate, a live claim elsewhere or a held event
 // waits, a store error pauses the spool. The body's own claim
 // (dedupe_body) is taken next to the event's, as for a live delivery.
-func (h *Handler) replaySpooled(w http.ResponseWriter, r *http.Request, rec *spool.Record, next caddyhttp.Handler, d *delivery) spool.Result {
-	ctx := r.Context()
+func (h *Handler) replaySpooled(w http.ResponseWriter, rec *spool.Record, next caddyhttp.Handler, d *delivery) spool.Result {
+	ctx := d.r.Context()
 	if h.completed != nil {
 		if status, ok := h.completed.Has(h.Scope, rec.EventID); ok {
 			d.outcome, d.status, d.cached = outcomeDuplicate, status, true
 			return spool.Result{Outcome: spool.Duplicate}
 		}
 	}
-	c, err := h.claim(ctx, h.Scope, rec.EventID)
+	c, err := h.claims.Claim(ctx, h.Scope, rec.EventID, "")
 	if res, decided := spool.ForClaim(c, err); decided {
 		if err == nil && c.Outcome == store.Duplicate {
 			h.completed.Add(h.Scope, rec.EventID, c.Status)
@@ -517,18 +537,17 @@ func (h *Handler) replaySpooled(w http.ResponseWriter, r *http.Request, rec *spo
 		return res
 	}
 	d.attempt = c.Attempts
-	claims := []claimRef{{scope: h.Scope, id: rec.EventID, token: c.Token}}
+	refs := []claim.Ref{{Scope: h.Scope, ID: rec.EventID, Token: c.Token}}
 	if rec.BodyKey != "" {
-		bc, err := h.claim(ctx, h.bodyScope(), rec.BodyKey)
+		bc, err := h.claims.Claim(ctx, h.bodyScope(), rec.BodyKey, "")
 		if res, decided := spool.ForClaim(bc, err); decided {
-			h.settle(ctx, claims, 0, "release")
+			h.claims.Settle(ctx, refs, 0, claim.Release)
 			d.outcome = res.Outcome.String()
 			return res // a body delivered under another event ID settles as a duplicate
 		}
-		claims = append(claims, claimRef{scope: h.bodyScope(), id: rec.BodyKey, token: bc.Token})
+		refs = append(refs, claim.Ref{Scope: h.bodyScope(), ID: rec.BodyKey, Token: bc.Token})
 	}
-	sendonce.SetBody(r, rec.Body)
-	_ = h.forward(w, r, next, claims, d) // answered into the replay's writer
+	_ = h.forward(w, d.forwardable(), next, refs, d) // answered into the replay's writer
 	switch d.outcome {
 	case outcomeCompleted:
 		return spool.Result{Outcome: spool.Forwarded}

@@ -12,20 +12,42 @@ import (
 // every backend (River's drivers carry SQL only). Errors are already mapped
 // at the driver's edge: callers never see driver types.
 //
-// Adding an operation that changes one row (say, holding a claim) means a
-// Stmt constant, its SQL in each driver's table of statements, and a Rules
+// Each statement is one typed method (River's riverdriver interface): a
+// swapped argument fails to compile. Adding an operation that changes one
+// row (say, holding a claim) means a method here, its SQL in each driver's
+// table of statements (keyed by Stmt) and its method there, and a Rules
 // method giving the result its meaning (leaseHeld for token-keyed ones).
 type Driver interface {
-	// QueryRow runs stmt, which reads or changes at most one row and
-	// returns the columns Stmt lists. Scan reports ErrNotFound when there
-	// is no row (a refused claim, a vanished row), other errors mapped.
-	// Args are converted as for Exec.
-	QueryRow(ctx context.Context, stmt Stmt, args ...any) Row
-	// Exec runs stmt, which changes at most the one row (scope, event ID)
-	// its args name, and reports whether it changed it. Args are as Stmt
-	// lists them: strings, ints, a State, a time.Duration (a lease, which
-	// the driver converts to its unit).
-	Exec(ctx context.Context, stmt Stmt, args ...any) (changed bool, err error)
+	// ClaimRow runs the claim statement (StmtClaim) and returns the row's
+	// attempts; ErrNotFound when the row exists and is not claimable.
+	ClaimRow(ctx context.Context, a ClaimArgs) (attempts int, err error)
+	// InspectRow reads what explains a refused claim (StmtInspect);
+	// ErrNotFound when there is no row.
+	InspectRow(ctx context.Context, scope, eventID string) (Inspected, error)
+	// HoldExpiredRow holds a processing row whose lease expired under
+	// token, with reason (StmtHoldExpired), and returns its attempts;
+	// ErrNotFound when it is no longer so.
+	HoldExpiredRow(ctx context.Context, scope, eventID, token, reason string) (attempts int, err error)
+	// RenewRow sets the lease of the row processing under token to now +
+	// lease by the database clock (StmtRenew).
+	RenewRow(ctx context.Context, scope, eventID, token string, lease time.Duration) (changed bool, err error)
+	// CompleteRow completes the row processing under token with status
+	// (StmtComplete).
+	CompleteRow(ctx context.Context, scope, eventID, token string, status int) (changed bool, err error)
+	// ReleaseRow releases the row processing under token (StmtRelease).
+	ReleaseRow(ctx context.Context, scope, eventID, token string) (changed bool, err error)
+	// HoldRow holds the row processing under token, with reason (StmtHold).
+	HoldRow(ctx context.Context, scope, eventID, token, reason string) (changed bool, err error)
+	// ForgetRow deletes the row, whatever its state (StmtForget).
+	ForgetRow(ctx context.Context, scope, eventID string) (changed bool, err error)
+	// ResolveRow moves a resolvable row to to (StmtResolve).
+	ResolveRow(ctx context.Context, scope, eventID string, to State) (changed bool, err error)
+	// CompleteResponseRow is CompleteRow storing the response r
+	// (StmtCompleteResponse; r.Fingerprint is not written).
+	CompleteResponseRow(ctx context.Context, scope, eventID, token string, r RawResponse) (changed bool, err error)
+	// ResponseRow reads the response stored with a completed row
+	// (StmtResponse); ErrNotFound when there is none.
+	ResponseRow(ctx context.Context, scope, eventID string) (RawResponse, error)
 
 	// GetRow reads one row; ok is false when there is none.
 	GetRow(ctx context.Context, scope, eventID string) (ev Event, ok bool, err error)
@@ -40,9 +62,9 @@ type Driver interface {
 	Close() error
 }
 
-// Stmt names a statement of a Driver that changes one row; Rules gives
-// each its meaning. Adding one means its SQL in every driver's table of
-// statements and its rule in Rules.
+// Stmt names a statement of a Driver that changes one row: the key of each
+// driver's table of statements, and the op of a BatchSettle. Its arguments,
+// in order, are those of the Driver method that runs it.
 type Stmt int
 
 const (
@@ -96,9 +118,42 @@ const (
 	NumStmts
 )
 
-// Row is one row a statement returned.
+// Row is one row a driver's statement returned (drivers' own use).
 type Row interface {
 	Scan(dest ...any) error
+}
+
+// ClaimArgs are the inputs of the claim statement (ClaimParams with the
+// new claim's token).
+type ClaimArgs struct {
+	Scope, EventID, Token string
+	Lease                 time.Duration
+	Hold                  bool // ClaimParams.HoldOnExpiry
+	Fingerprint           string
+}
+
+// Inspected is a row as the statement explaining a refused claim reads it.
+type Inspected struct {
+	State    State
+	Token    string
+	Attempts int
+	Status   int
+	// LeaseLeft is the lease left by the database clock, 0 when expired or
+	// not processing.
+	LeaseLeft   time.Duration
+	Fingerprint string
+}
+
+// RawResponse is a stored response as its columns hold it: headers as
+// EncodeHeader writes them, Body nil when not stored (NULL), Size
+// cutSize and SHA256 "" when the body was cut.
+type RawResponse struct {
+	Status      int
+	Header      string
+	Body        []byte
+	Size        int64
+	SHA256      string
+	Fingerprint string
 }
 
 // ClaimableSQL is the claimable predicate over the conflicting row "e" of a

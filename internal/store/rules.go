@@ -109,8 +109,8 @@ func (r Rules) claimBatched(ctx context.Context, p ClaimParams) (c Claim, ok boo
 func (r Rules) claimOne(ctx context.Context, p ClaimParams) (Claim, error) {
 	for range maxClaimRounds {
 		token := NewToken()
-		var attempts int
-		err := r.d.QueryRow(ctx, StmtClaim, p.Scope, p.EventID, token, p.Lease, p.HoldOnExpiry, p.Fingerprint).Scan(&attempts)
+		attempts, err := r.d.ClaimRow(ctx, ClaimArgs{Scope: p.Scope, EventID: p.EventID, Token: token, Lease: p.Lease,
+			Hold: p.HoldOnExpiry, Fingerprint: p.Fingerprint})
 		if err == nil {
 			return Claim{Outcome: Claimed, Token: token, Attempts: attempts}, nil
 		}
@@ -133,18 +133,12 @@ func (r Rules) claimOne(ctx context.Context, p ClaimParams) (Claim, error) {
 // (deleted, released, lease just expired) and the claim should be tried
 // again.
 func (r Rules) explain(ctx context.Context, p ClaimParams) (c Claim, ok bool, err error) {
-	var (
-		state            string
-		token            string
-		attempts, status int
-		micros           int64
-		fingerprint      string
-	)
-	err = r.d.QueryRow(ctx, StmtInspect, p.Scope, p.EventID).Scan(&state, &token, &attempts, &status, &micros, &fingerprint)
+	row, err := r.d.InspectRow(ctx, p.Scope, p.EventID)
 	if err != nil {
 		return Claim{}, false, gone(err) // deleted in between: try again
 	}
-	switch State(state) {
+	attempts, status, fingerprint := row.Attempts, row.Status, row.Fingerprint
+	switch row.State {
 	case StateCompleted:
 		return Claim{Outcome: Duplicate, Attempts: attempts, Status: status, Fingerprint: fingerprint}, true, nil
 	case StateHeld:
@@ -152,20 +146,19 @@ func (r Rules) explain(ctx context.Context, p ClaimParams) (c Claim, ok bool, er
 	case StateReleased:
 		return Claim{}, false, nil
 	case StateProcessing:
-		if micros > 0 {
-			remaining := time.Duration(micros) * time.Microsecond
-			return Claim{Outcome: InFlight, Attempts: attempts, RetryAfter: RetryAfter(remaining), Fingerprint: fingerprint}, true, nil
+		if row.LeaseLeft > 0 {
+			return Claim{Outcome: InFlight, Attempts: attempts, RetryAfter: RetryAfter(row.LeaseLeft), Fingerprint: fingerprint}, true, nil
 		}
 		if !p.HoldOnExpiry {
 			return Claim{}, false, nil
 		}
-		err := r.d.QueryRow(ctx, StmtHoldExpired, p.Scope, p.EventID, token, HoldLeaseExpired).Scan(&attempts)
+		attempts, err := r.d.HoldExpiredRow(ctx, p.Scope, p.EventID, row.Token, HoldLeaseExpired)
 		if err != nil {
 			return Claim{}, false, gone(err) // renewed or settled meanwhile: try again
 		}
 		return Claim{Outcome: Held, Attempts: attempts}, true, nil
 	}
-	return Claim{}, false, fmt.Errorf("unknown event state %q", state)
+	return Claim{}, false, fmt.Errorf("unknown event state %q", row.State)
 }
 
 // gone is nil for a statement that found no row, else err.
@@ -182,7 +175,7 @@ func (r Rules) Heartbeat(ctx context.Context, scope, eventID, token string, leas
 	if lease <= 0 {
 		return fmt.Errorf("renewing lease: lease must be positive, got %s", lease)
 	}
-	return leaseHeld("renewing lease")(r.d.Exec(ctx, StmtRenew, scope, eventID, token, lease))
+	return leaseHeld("renewing lease")(r.d.RenewRow(ctx, scope, eventID, token, lease))
 }
 
 // Complete marks the claimed event completed with the upstream's HTTP
@@ -192,7 +185,7 @@ func (r Rules) Complete(ctx context.Context, scope, eventID, token string, statu
 		return leaseHeld("completing event")(r.settleBatched(ctx,
 			BatchSettle{Stmt: StmtComplete, Scope: scope, EventID: eventID, Token: token, Status: status}))
 	}
-	return leaseHeld("completing event")(r.d.Exec(ctx, StmtComplete, scope, eventID, token, status))
+	return leaseHeld("completing event")(r.d.CompleteRow(ctx, scope, eventID, token, status))
 }
 
 // Release marks the claimed event released, so the next delivery claims it
@@ -202,7 +195,7 @@ func (r Rules) Release(ctx context.Context, scope, eventID, token string) error 
 		return leaseHeld("releasing event")(r.settleBatched(ctx,
 			BatchSettle{Stmt: StmtRelease, Scope: scope, EventID: eventID, Token: token}))
 	}
-	return leaseHeld("releasing event")(r.d.Exec(ctx, StmtRelease, scope, eventID, token))
+	return leaseHeld("releasing event")(r.d.ReleaseRow(ctx, scope, eventID, token))
 }
 
 // Hold parks the claimed event in StateHeld at once, with reason (see
@@ -212,7 +205,7 @@ func (r Rules) Hold(ctx context.Context, scope, eventID, token, reason string) e
 		return leaseHeld("holding event")(r.settleBatched(ctx,
 			BatchSettle{Stmt: StmtHold, Scope: scope, EventID: eventID, Token: token, Reason: reason}))
 	}
-	return leaseHeld("holding event")(r.d.Exec(ctx, StmtHold, scope, eventID, token, reason))
+	return leaseHeld("holding event")(r.d.HoldRow(ctx, scope, eventID, token, reason))
 }
 
 // settleBatched writes s in the next batch and reports whether it changed
@@ -254,7 +247,7 @@ func (r Rules) Get(ctx context.Context, scope, eventID string) (Event, error) {
 // Forget deletes one event, whatever its state. It returns ErrNotFound when
 // there is no such row.
 func (r Rules) Forget(ctx context.Context, scope, eventID string) error {
-	ok, err := r.d.Exec(ctx, StmtForget, scope, eventID)
+	ok, err := r.d.ForgetRow(ctx, scope, eventID)
 	switch {
 	case err != nil:
 		return fmt.Errorf("forgetting event: %w", err)
@@ -271,7 +264,7 @@ func (r Rules) Resolve(ctx context.Context, scope, eventID string, to State) err
 	if !Resolvable(to) {
 		return fmt.Errorf("resolving event: cannot resolve to state %q", to)
 	}
-	ok, err := r.d.Exec(ctx, StmtResolve, scope, eventID, to)
+	ok, err := r.d.ResolveRow(ctx, scope, eventID, to)
 	if err != nil {
 		return fmt.Errorf("resolving event: %w", err)
 	}
@@ -344,38 +337,31 @@ func (r Rules) CompleteResponse(ctx context.Context, scope, eventID, token strin
 	if err != nil {
 		return fmt.Errorf("completing event: %w", err)
 	}
-	var body any // NULL: not stored
-	size, sum := resp.Size, resp.SHA256
+	raw := RawResponse{Status: resp.Status, Header: hdr, Size: resp.Size, SHA256: resp.SHA256} // Body nil: not stored
 	switch {
 	case resp.Cut:
-		size, sum = cutSize, ""
+		raw.Size, raw.SHA256 = cutSize, ""
 	case resp.BodyStored:
-		b := resp.Body
-		if b == nil {
-			b = []byte{}
+		raw.Body = resp.Body
+		if raw.Body == nil {
+			raw.Body = []byte{}
 		}
-		body = b
 	}
-	return leaseHeld("completing event")(r.d.Exec(ctx, StmtCompleteResponse, scope, eventID, token,
-		resp.Status, hdr, body, size, sum))
+	return leaseHeld("completing event")(r.d.CompleteResponseRow(ctx, scope, eventID, token, raw))
 }
 
 // Response returns the answer stored with a completed event, or
 // ErrNotFound (no row, not completed, or completed without one).
 func (r Rules) Response(ctx context.Context, scope, eventID string) (Response, error) {
-	var (
-		resp Response
-		hdr  string
-	)
-	err := r.d.QueryRow(ctx, StmtResponse, scope, eventID).Scan(&resp.Status, &hdr, &resp.Body, &resp.Size,
-		&resp.SHA256, &resp.Fingerprint)
+	raw, err := r.d.ResponseRow(ctx, scope, eventID)
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return Response{}, ErrNotFound
 	case err != nil:
 		return Response{}, fmt.Errorf("reading stored response: %w", err)
 	}
-	if resp.Header, err = DecodeHeader(hdr); err != nil {
+	resp := Response{Status: raw.Status, Body: raw.Body, Size: raw.Size, SHA256: raw.SHA256, Fingerprint: raw.Fingerprint}
+	if resp.Header, err = DecodeHeader(raw.Header); err != nil {
 		return Response{}, fmt.Errorf("reading stored response: %w", err)
 	}
 	// An empty body is stored whole; a longer one is stored only when

@@ -207,7 +207,7 @@ func (d driver) WriteBatch(ctx context.Context, b *store.Batch) error {
 	if len(b.Claims) == 0 && len(b.Settles) == 1 {
 		// A lone settle: the one-row statement, cheaper to plan and run.
 		s := &b.Settles[0]
-		changed, err := d.Exec(ctx, s.Stmt, store.SettleArgs(s)...)
+		changed, err := d.exec(ctx, s.Stmt, store.SettleArgs(s)...)
 		s.Changed = changed
 		return err
 	}

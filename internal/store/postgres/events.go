@@ -29,7 +29,7 @@ const columns = `scope, event_id, state, attempts, first_seen, updated_at, lease
 func buildQueries(ident pgx.Identifier) queries {
 	t := ident.Sanitize()
 	return queries{
-		// The statements of store.Driver's QueryRow and Exec (see store.Stmt).
+		// The statements of store.Driver's typed methods (ops.go), by store.Stmt.
 		stmts: [store.NumStmts]string{
 			// One statement decides the claim: the primary key settles races,
 			// and a conflicting row is taken over only when it is claimable.
@@ -173,13 +173,13 @@ func (d driver) Close() error {
 	return nil
 }
 
-// QueryRow runs a statement that returns one row; see args.
-func (d driver) QueryRow(ctx context.Context, stmt store.Stmt, args ...any) store.Row {
+// queryRow runs a statement that returns one row; see args.
+func (d driver) queryRow(ctx context.Context, stmt store.Stmt, args ...any) store.Row {
 	return row{d.db.QueryRow(ctx, d.q.stmts[stmt], convert(args)...)}
 }
 
-// Exec runs a statement that changes one row; see args.
-func (d driver) Exec(ctx context.Context, stmt store.Stmt, args ...any) (bool, error) {
+// exec runs a statement that changes one row; see args.
+func (d driver) exec(ctx context.Context, stmt store.Stmt, args ...any) (bool, error) {
 	tag, err := d.db.Exec(ctx, d.q.stmts[stmt], convert(args)...)
 	if err != nil {
 		return false, interpretError(err)

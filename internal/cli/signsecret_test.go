@@ -1,4 +1,4 @@
-package caddymodule
+package cli_test
 
 import (
 	"encoding/base64"
@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/cli"
 )
 
 // sign --provider discord (and telnyx) with a malformed secret says the
@@ -18,13 +20,13 @@ func TestSignWantsPrivateSeed(t *testing.T) {
 		{"telnyx", base64.StdEncoding.EncodeToString(make([]byte, 32)), "seed:<base64 32-byte seed>"},
 	}
 	for _, c := range cases {
-		_, err := buildDelivery(signParams{Provider: c.provider, Secret: c.secret})
+		_, err := cli.BuildDelivery(cli.SignParams{Provider: c.provider, Secret: c.secret})
 		require.Error(t, err, c.provider)
 		require.Contains(t, err.Error(), "--secret: ")
 		require.Contains(t, err.Error(), c.want)
 		require.NotContains(t, err.Error(), "public key")
 	}
 	// A well-formed seed still signs.
-	_, err := buildDelivery(signParams{Provider: "discord", Secret: strings.Repeat("ab", 32)})
+	_, err := cli.BuildDelivery(cli.SignParams{Provider: "discord", Secret: strings.Repeat("ab", 32)})
 	require.NoError(t, err)
 }

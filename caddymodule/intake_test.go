@@ -3,7 +3,6 @@ package caddymodule
 import (
 	"bytes"
 	"compress/gzip"
-	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -15,7 +14,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,14 +22,16 @@ import (
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
 
-// The field cases BR-01…BR-19 (README "Edge cases" and "Tests"), one test
-// each, with the case's literal inputs and its kind of fault. NOW is the
-// verifier's injected clock (gateway.clock), so timestamp boundaries are
-// exact.
+// Tests of the intake (intake.go): the body as it arrived, signature
+// verification per provider, event IDs and gzip bodies. Several are field
+// cases, their origin noted on each.
 
 // TestCase_BR01_BodyVerifiedAndForwardedByteForByte: the bytes verified are
 // the bytes that arrived (no re-serialisation, no newline changes, no
 // trimming) and the upstream gets exactly those bytes.
+//
+// Origin: field case BR-01 of the project's case list (formerly cases_test.go,
+// where the field cases were grouped by report).
 func TestCase_BR01_BodyVerifiedAndForwardedByteForByte(t *testing.T) {
 	t.Parallel()
 	const secret = "whsec_test_BR01"
@@ -120,6 +120,9 @@ func TestCase_BR01_BodyVerifiedAndForwardedByteForByte(t *testing.T) {
 // (rotation), ambiguous headers are refused, header names are
 // case-insensitive (also on the wire, HTTP/1.1 and HTTP/2), and dedupe is on
 // the event ID, never on the signature string.
+//
+// Origin: field case BR-03 of the project's case list (formerly cases_test.go,
+// where the field cases were grouped by report).
 func TestCase_BR03_StripeSignatureParsing(t *testing.T) {
 	t.Parallel()
 	const sOld, sNew = "whsec_old_BR03", "whsec_new_BR03"
@@ -251,6 +254,9 @@ func TestCase_BR03_StripeSignatureParsing(t *testing.T) {
 
 // TestCase_BR04_TimestampToleranceTwoSided: the window is checked in both
 // directions, in seconds, and a refused attempt records nothing.
+//
+// Origin: field case BR-04 of the project's case list (formerly cases_test.go,
+// where the field cases were grouped by report).
 func TestCase_BR04_TimestampToleranceTwoSided(t *testing.T) {
 	t.Parallel()
 	const secret = "whsec_test_BR04"
@@ -315,364 +321,15 @@ func TestCase_BR04_TimestampToleranceTwoSided(t *testing.T) {
 	sw.requireNoRow("standard", "msg_BR04_g")
 }
 
-// TestCase_BR05_ConcurrentDuplicatesRace: 20 copies at once, alternating
-// between two gateway instances (own pools, own caches) on one PostgreSQL:
-// the database's unique key lets exactly one through.
-func TestCase_BR05_ConcurrentDuplicatesRace(t *testing.T) {
-	t.Parallel()
-	const secret = "whsec_test_BR05"
-	const cfg = `webhook_idempotency {
-		provider stripe
-		secret whsec_test_BR05
-	}`
-	body := []byte(`{"id":"evt_BR05_0001","object":"event","type":"checkout.session.completed"}`)
-	up := newUpstream()
-	up.respond = func(w http.ResponseWriter, _ *http.Request, _ int) error {
-		time.Sleep(2 * time.Second) // the case's slow upstream
-		w.Header().Set("Content-Type", "text/plain")
-		w.WriteHeader(http.StatusOK)
-		_, _ = io.WriteString(w, "ok")
-		return nil
-	}
-	g1 := newGateway(t, cfg, onPostgres(), withUpstream(up), asInstance("br05_gw1"))
-	g2 := newGateway(t, cfg, sharingStore(g1), asInstance("br05_gw2"))
-	require.NotSame(t, g1.h.backend, g2.h.backend, "two instances, two pools")
-
-	type outcome struct {
-		a    answer
-		done time.Time
-	}
-	results := make([]outcome, 20)
-	start := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := range results {
-		gw := g1
-		if i%2 == 1 {
-			gw = g2
-		}
-		req := gw.stripe(secret, body, gw.clock.Unix())
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			results[i] = outcome{a: gw.serve(req), done: time.Now()}
-		}()
-	}
-	close(start)
-	wg.Wait()
-
-	require.Equal(t, 1, up.count(), "exactly one forward")
-	winner := up.call(t, 0)
-	forwarded := 0
-	for i, r := range results {
-		switch {
-		case r.a.status == http.StatusOK && r.a.header.Get("Idempotent-Replayed") == "":
-			forwarded++
-			require.Equal(t, "ok", string(r.a.body))
-		case r.a.status >= 200 && r.a.status < 300:
-			requireDuplicate(t, r.a)
-			require.False(t, r.done.Before(winner.Returned), "copy %d got 2xx before the winner's upstream answered", i)
-		default:
-			require.Contains(t, []int{http.StatusConflict, http.StatusTooEarly, http.StatusServiceUnavailable}, r.a.status,
-				"copy %d: %s", i, r.a.body)
-			require.NotEmpty(t, r.a.header.Get("Retry-After"), "copy %d", i)
-		}
-	}
-	require.Equal(t, 1, forwarded)
-	rows := g1.rows()
-	require.Len(t, rows, 1)
-	require.Equal(t, "evt_BR05_0001", rows[0].EventID)
-	require.Equal(t, store.StateCompleted, rows[0].State)
-	require.Equal(t, 1, rows[0].Attempts)
-
-	// The 21st copy, 10 s later, to the instance that did not forward.
-	g1.clock.Advance(10 * time.Second)
-	for _, gw := range []*gateway{g1, g2} {
-		requireDuplicate(t, gw.serve(gw.stripe(secret, body, gw.clock.Unix())))
-	}
-	require.Equal(t, 1, up.count())
-}
-
-// TestCase_BR06_InFlightDuplicateAndFailedFirst: a duplicate of an event in
-// flight is never acked 2xx; any non-2xx from the upstream releases the
-// claim, so the provider's retry is forwarded.
-func TestCase_BR06_InFlightDuplicateAndFailedFirst(t *testing.T) {
-	t.Parallel()
-	for _, first := range []int{http.StatusServiceUnavailable, http.StatusBadRequest} {
-		t.Run(strconv.Itoa(first), func(t *testing.T) {
-			t.Parallel()
-			eachBackend(t, func(t *testing.T, backend gatewayOption) {
-				const secret = "whsec_test_BR06"
-				body := []byte(`{"id":"evt_BR06_0001","object":"event","type":"invoice.payment_failed"}`)
-				up := newUpstream()
-				up.entered = make(chan int, 10)
-				release := make(chan struct{})
-				up.respond = func(w http.ResponseWriter, r *http.Request, n int) error {
-					if n == 1 {
-						<-release
-						return answerWith(first, "application/json", `{"error":"upstream says no"}`)(w, r, n)
-					}
-					return answerWith(http.StatusOK, "text/plain", "ok")(w, r, n)
-				}
-				g := newGateway(t, `webhook_idempotency {
-					provider stripe
-					secret whsec_test_BR06
-				}`, backend, withUpstream(up))
-
-				reqA := g.stripe(secret, body, g.clock.Unix())
-				sigA := reqA.Header.Get("Stripe-Signature")
-				aDone := make(chan answer, 1)
-				go func() { aDone <- g.serve(reqA) }()
-				require.Equal(t, 1, <-up.entered)
-
-				// B: identical bytes while A is in flight.
-				b := g.serve(newDelivery("http://gateway.test/webhooks/stripe", body,
-					"Content-Type", "application/json", "Stripe-Signature", sigA))
-				requireRefused(t, b, http.StatusConflict, "being processed")
-				ra, err := strconv.Atoi(b.header.Get("Retry-After"))
-				require.NoError(t, err)
-				require.GreaterOrEqual(t, ra, 1)
-				require.LessOrEqual(t, ra, 30, "at most the lease")
-				g.requireRow("stripe", "evt_BR06_0001", store.StateProcessing)
-
-				close(release)
-				a := <-aDone
-				require.Equal(t, first, a.status, "A gets the upstream's answer")
-				require.JSONEq(t, `{"error":"upstream says no"}`, string(a.body))
-				g.requireRow("stripe", "evt_BR06_0001", store.StateReleased)
-
-				// C: fresh t, 5 s later: forwarded, 200.
-				g.clock.Advance(5 * time.Second)
-				requireRelayed(t, g.serve(g.stripe(secret, body, g.clock.Unix())))
-				require.Equal(t, 2, up.count())
-				g.requireForwarded(1, body, "application/json")
-				e := g.requireRow("stripe", "evt_BR06_0001", store.StateCompleted)
-				require.Equal(t, 2, e.Attempts)
-				require.Equal(t, http.StatusOK, e.Status)
-
-				requireDuplicate(t, g.serve(g.stripe(secret, body, g.clock.Unix())))
-				require.Equal(t, 2, up.count())
-			})
-		})
-	}
-}
-
-// TestCase_BR07_AmbiguousOutcome: (a) forward_timeout ends a forward whose
-// upstream never answers, while the provider has gone away; (b) a gateway
-// dies after claiming, before forwarding; (c) it dies after forwarding.
-// reforward forwards the retry after the lease; hold parks the event.
-func TestCase_BR07_AmbiguousOutcome(t *testing.T) {
-	t.Parallel()
-	const secret = "whsec_test_BR07"
-	const id = "evt_BR07_0001"
-	body := []byte(`{"id":"evt_BR07_0001","object":"event","type":"payment_intent.succeeded"}`)
-	const lease = time.Second
-	cfg := func(onAmbiguous string) string {
-		return `webhook_idempotency {
-			provider stripe
-			secret whsec_test_BR07
-			scope ` + uniqueScope("br07") + `
-			lease 1s
-			forward_timeout 300ms
-			on_ambiguous ` + onAmbiguous + `
-		}`
-	}
-	// firstBlocks: call 1 never answers (the upstream sleeps 30 s); later
-	// calls answer 200.
-	firstBlocks := func() *upstream {
-		up := newUpstream()
-		up.entered = make(chan int, 100)
-		up.respond = func(w http.ResponseWriter, r *http.Request, n int) error {
-			if n == 1 {
-				return blockUntilDone(w, r, n)
-			}
-			return answerWith(http.StatusOK, "text/plain", "ok")(w, r, n)
-		}
-		return up
-	}
-	// untilNot409 retries until the answer is not 409, checking that no
-	// 409 outlives the lease (measured from since) and nothing is
-	// forwarded meanwhile.
-	untilNot409 := func(t *testing.T, g *gateway, since time.Time, forwardedBefore int) answer {
-		var a answer
-		require.Eventually(t, func() bool {
-			a = g.serve(g.stripe(secret, body, g.clock.Unix()))
-			if a.status != http.StatusConflict {
-				return true
-			}
-			ra, err := strconv.Atoi(a.header.Get("Retry-After"))
-			require.NoError(t, err)
-			require.LessOrEqual(t, ra, int(lease/time.Second))
-			require.Equal(t, forwardedBefore, g.up.count(), "a 409 never forwards")
-			return false
-		}, lease+3*time.Second, 50*time.Millisecond)
-		require.Less(t, time.Since(since), lease+3*time.Second, "409 for no longer than the lease")
-		return a
-	}
-
-	t.Run("a forward_timeout", func(t *testing.T) {
-		t.Parallel()
-		for _, mode := range []string{"reforward", "hold"} {
-			t.Run(mode, func(t *testing.T) {
-				t.Parallel()
-				eachBackend(t, func(t *testing.T, backend gatewayOption) {
-					g := newGateway(t, cfg(mode), backend, withUpstream(firstBlocks()))
-					scope := g.h.Scope
-					// The provider gives up on its side mid-forward.
-					ctx, cancel := context.WithCancel(context.Background())
-					defer cancel()
-					req := withReplacer(g.stripe(secret, body, g.clock.Unix()).WithContext(ctx))
-					done := make(chan answer, 1)
-					go func() { done <- g.serve(req) }()
-					require.Equal(t, 1, <-g.up.entered)
-					cancel()
-					a := <-done
-					ended := time.Now()
-					require.Equal(t, http.StatusGatewayTimeout, a.status, "the proxy's own error")
-					c := g.up.call(t, 0)
-					require.ErrorIs(t, c.CtxErr, context.DeadlineExceeded,
-						"the upstream call was ended by forward_timeout, not by the provider leaving")
-					require.GreaterOrEqual(t, c.Returned.Sub(c.Entered), 300*time.Millisecond)
-					require.Equal(t, 1.0, g.outcomes(outcomeAmbiguous)+g.outcomes(outcomeReleased))
-
-					g.clock.Advance(60 * time.Second) // the provider's retry
-					switch mode {
-					case "reforward":
-						g.requireRow(scope, id, store.StateReleased)
-						requireRelayed(t, g.serve(g.stripe(secret, body, g.clock.Unix())))
-						require.Equal(t, 2, g.up.count(), "at-least-once edge: forwarded again")
-						g.requireRow(scope, id, store.StateCompleted)
-					case "hold":
-						require.Equal(t, 1.0, g.outcomes(outcomeAmbiguous))
-						a = untilNot409(t, g, ended, 1)
-						requireRefused(t, a, http.StatusServiceUnavailable, "held")
-						require.NotEmpty(t, a.header.Get("Retry-After"))
-						requireRefused(t, g.serve(g.stripe(secret, body, g.clock.Unix())), http.StatusServiceUnavailable, "held")
-						require.Equal(t, 1, g.up.count(), "held: not forwarded")
-						g.requireRow(scope, id, store.StateHeld)
-						require.GreaterOrEqual(t, g.outcomes(outcomeHeld), 2.0)
-						// An operator releases it: the next delivery is forwarded.
-						require.NoError(t, g.h.backend.Resolve(context.Background(), scope, id, store.StateReleased))
-						requireRelayed(t, g.serve(g.stripe(secret, body, g.clock.Unix())))
-						require.Equal(t, 2, g.up.count())
-						g.requireRow(scope, id, store.StateCompleted)
-					}
-				})
-			})
-		}
-	})
-
-	// deadGateway is what a gateway killed mid-delivery leaves: a claim
-	// nobody renews, and (afterForward) a delivery the upstream received.
-	deadGateway := func(t *testing.T, g *gateway, afterForward bool) time.Time {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		c, err := g.h.backend.Claim(ctx, store.ClaimParams{
-			Scope: g.h.Scope, EventID: id, Lease: lease, HoldOnExpiry: g.h.OnAmbiguous == "hold",
-		})
-		require.NoError(t, err)
-		require.Equal(t, store.Claimed, c.Outcome)
-		claimed := time.Now()
-		if afterForward {
-			req := g.stripe(secret, body, g.clock.Unix())
-			rec := httptest.NewRecorder()
-			require.NoError(t, g.up.ServeHTTP(rec, req))
-			<-g.up.entered
-		}
-		return claimed
-	}
-
-	t.Run("b killed before forwarding", func(t *testing.T) {
-		t.Parallel()
-		eachBackend(t, func(t *testing.T, backend gatewayOption) {
-			up := newUpstream()
-			g := newGateway(t, cfg("reforward"), backend, withUpstream(up))
-			claimed := deadGateway(t, g, false)
-			// A retry inside the lease: 409 with Retry-After, not forwarded.
-			a := g.serve(g.stripe(secret, body, g.clock.Unix()))
-			requireRefused(t, a, http.StatusConflict, "being processed")
-			require.Equal(t, "1", a.header.Get("Retry-After"))
-			require.Equal(t, 0, up.count())
-			// After the lease, concurrent retries: exactly one takes over.
-			waitLeaseOver(t, g, g.h.Scope, id, claimed.Add(lease))
-			var wg sync.WaitGroup
-			answers := make([]answer, 8)
-			for i := range answers {
-				req := g.stripe(secret, body, g.clock.Unix())
-				wg.Add(1)
-				go func() { defer wg.Done(); answers[i] = g.serve(req) }()
-			}
-			wg.Wait()
-			relayed := 0
-			for _, a := range answers {
-				switch {
-				case a.status == http.StatusOK && a.header.Get("Idempotent-Replayed") == "":
-					relayed++
-				case a.status == http.StatusOK:
-					requireDuplicate(t, a)
-				default:
-					require.Equal(t, http.StatusConflict, a.status, "%s", a.body)
-				}
-			}
-			require.Equal(t, 1, relayed)
-			require.Equal(t, 1, up.count(), "the dead gateway never sent it: one forward in total")
-			e := g.requireRow(g.h.Scope, id, store.StateCompleted)
-			require.Equal(t, 2, e.Attempts)
-		})
-	})
-
-	t.Run("c killed after forwarding", func(t *testing.T) {
-		t.Parallel()
-		for _, mode := range []string{"reforward", "hold"} {
-			t.Run(mode, func(t *testing.T) {
-				t.Parallel()
-				eachBackend(t, func(t *testing.T, backend gatewayOption) {
-					up := newUpstream()
-					up.entered = make(chan int, 100)
-					g := newGateway(t, cfg(mode), backend, withUpstream(up))
-					claimed := deadGateway(t, g, true)
-					require.Equal(t, 1, up.count())
-					a := untilNot409(t, g, claimed, 1)
-					switch mode {
-					case "reforward":
-						requireRelayed(t, a)
-						require.Equal(t, 2, up.count(), "documented at-least-once edge")
-						g.requireRow(g.h.Scope, id, store.StateCompleted)
-					case "hold":
-						requireRefused(t, a, http.StatusServiceUnavailable, "held")
-						require.Equal(t, 1, up.count())
-						g.requireRow(g.h.Scope, id, store.StateHeld)
-						// An operator completes it: later deliveries are duplicates.
-						require.NoError(t, g.h.backend.Resolve(context.Background(), g.h.Scope, id, store.StateCompleted))
-						requireDuplicate(t, g.serve(g.stripe(secret, body, g.clock.Unix())))
-						require.Equal(t, 1, up.count())
-					}
-				})
-			})
-		}
-	})
-}
-
-// waitLeaseOver waits until the claim's lease has passed by the database's
-// clock (the store judges expiry with now(); the database runs on this
-// host, so its clock is ours).
-func waitLeaseOver(t *testing.T, g *gateway, scope, id string, notBefore time.Time) {
-	t.Helper()
-	e, err := g.row(scope, id)
-	require.NoError(t, err)
-	until := e.LeaseUntil
-	if until.IsZero() {
-		until = notBefore
-	}
-	time.Sleep(time.Until(until.Add(50 * time.Millisecond))) // the database's clock cannot be injected
-}
-
 // TestCase_BR09_GitHubSHA1AndDowngrade: the legacy SHA-1 header counts only
 // with allow_sha1 and only when X-Hub-Signature-256 is absent; the reason
 // of a 400 tells "missing" from "mismatch", in the answer and in the log.
 // Every variant has a route of its own: the body is the same in all of
 // them, and dedupe_body (on for github) would answer a later one as a
 // replay of an earlier one.
+//
+// Origin: field case BR-09 of the project's case list (formerly cases_test.go,
+// where the field cases were grouped by report).
 func TestCase_BR09_GitHubSHA1AndDowngrade(t *testing.T) {
 	t.Parallel()
 	const secret = "gh_BR09"
@@ -727,84 +384,11 @@ func TestCase_BR09_GitHubSHA1AndDowngrade(t *testing.T) {
 	}
 }
 
-// TestCase_BR10_UnsignedDeliveryIDReplay: a captured GitHub delivery
-// resent under a fresh X-GitHub-Delivery is caught by dedupe_body; the
-// controls show the ID is safe where the signature covers it.
-func TestCase_BR10_UnsignedDeliveryIDReplay(t *testing.T) {
-	t.Parallel()
-	const secret = "gh_BR10"
-	scope := uniqueScope("br10")
-	g := newGateway(t, `webhook_idempotency {
-		provider github
-		secret gh_BR10
-		scope `+scope+`
-	}`)
-	// D1: a valid SIG-GH256 delivery.
-	d1 := []byte(`{"ref":"refs/heads/main","after":"0000000000000000000000000000000000bb1010","repository":{"full_name":"octo/br10"}}`)
-	requireRelayed(t, g.serve(githubDelivery(secret, d1, "99999999-0000-4000-8000-000000000008")))
-	require.Equal(t, 1, g.up.count())
-
-	// (a) the same body and signature under a fresh delivery ID.
-	replayed := g.outcomes(outcomeBodyReplay)
-	a := g.serve(githubDelivery(secret, d1, "99999999-0000-4000-8000-000000000010"))
-	requireDuplicate(t, a)
-	require.Equal(t, 1, g.up.count(), "not forwarded")
-	require.Equal(t, replayed+1, g.outcomes(outcomeBodyReplay), "counted")
-	warns := g.logged("body already delivered under another event id")
-	require.Len(t, warns, 1)
-	require.Equal(t, "99999999-0000-4000-8000-000000000010", warns[0].ContextMap()["event_id"])
-	// The fresh ID did not become a completed event.
-	e, err := g.row(scope, "99999999-0000-4000-8000-000000000010")
-	if err == nil {
-		require.NotEqual(t, store.StateCompleted, e.State)
-	}
-
-	// (d) two genuinely different deliveries: both forwarded.
-	d2 := []byte(`{"ref":"refs/heads/main","after":"0000000000000000000000000000000000bb1011","repository":{"full_name":"octo/br10"}}`)
-	d3 := []byte(`{"ref":"refs/heads/dev","after":"0000000000000000000000000000000000bb1012","repository":{"full_name":"octo/br10"}}`)
-	requireRelayed(t, g.serve(githubDelivery(secret, d2, "99999999-0000-4000-8000-000000000011")))
-	requireRelayed(t, g.serve(githubDelivery(secret, d3, "99999999-0000-4000-8000-000000000012")))
-	require.Equal(t, 3, g.up.count())
-	g.requireForwarded(1, d2, "application/json")
-	g.requireForwarded(2, d3, "application/json")
-
-	// (b) control, Stripe: the same processed delivery with an extra
-	// X-Request-Id: the ID is in the signed body.
-	st := newGateway(t, `webhook_idempotency {
-		provider stripe
-		secret whsec_test_BR10
-	}`)
-	sb := []byte(`{"id":"evt_BR10_0001","object":"event","type":"invoice.paid"}`)
-	req := st.stripe("whsec_test_BR10", sb, st.clock.Unix())
-	sig := req.Header.Get("Stripe-Signature")
-	requireRelayed(t, st.serve(req))
-	st.clock.Advance(30 * time.Second) // within tolerance
-	requireDuplicate(t, st.serve(newDelivery("http://gateway.test/webhooks/stripe", sb,
-		"Content-Type", "application/json", "Stripe-Signature", sig, "X-Request-Id", "req_"+randomHex(4))))
-	require.Equal(t, 1, st.up.count())
-
-	// (c) control, Standard Webhooks: webhook-id is signed.
-	const swSecret = "whsec_QlIxMC10ZXN0LWtleS0wMTIzNDU2Nzg5YWJjZGVmISE="
-	sw := newGateway(t, `webhook_idempotency {
-		provider standard
-		secret `+swSecret+`
-	}`)
-	key := swKey(t, swSecret)
-	swBody := []byte(`{"type":"invoice.paid","data":{"id":"inv_BR10"}}`)
-	now := sw.clock.Unix()
-	sigSW := "v1," + swSig(key, "msg_BR10_1", now, swBody)
-	swReq := func(id string) *http.Request {
-		return newDelivery("http://gateway.test/webhooks/standard", swBody, "Content-Type", "application/json",
-			"webhook-id", id, "webhook-timestamp", strconv.FormatInt(now, 10), "webhook-signature", sigSW)
-	}
-	requireRelayed(t, sw.serve(swReq("msg_BR10_1")))
-	requireRefused(t, sw.serve(swReq("msg_BR10_2")), http.StatusBadRequest, "no matching signature")
-	require.Equal(t, 1, sw.up.count())
-	sw.requireNoRow("standard", "msg_BR10_2")
-}
-
 // TestCase_BR11_Shopify: base64 HMAC, re-sends, and the key: Event-Id (one
 // per event, shared by subscriptions) before Webhook-Id (per delivery).
+//
+// Origin: field case BR-11 of the project's case list (formerly cases_test.go,
+// where the field cases were grouped by report).
 func TestCase_BR11_Shopify(t *testing.T) {
 	t.Parallel()
 	const secret = "shpss_BR11"
@@ -872,6 +456,9 @@ func TestCase_BR11_Shopify(t *testing.T) {
 // TestCase_BR12_StandardWebhooks: whsec_ keys are base64-decoded, every v1
 // in the list is tried and v1a skipped, a header with nothing verifiable
 // fails closed, svix-* names are aliases, webhook-id is signed.
+//
+// Origin: field case BR-12 of the project's case list (formerly cases_test.go,
+// where the field cases were grouped by report).
 func TestCase_BR12_StandardWebhooks(t *testing.T) {
 	t.Parallel()
 	rawKey := []byte("BR12-test-key-0123456789abcdef!!")
@@ -917,6 +504,9 @@ func TestCase_BR12_StandardWebhooks(t *testing.T) {
 
 // TestCase_BR13_SlackSlashCommandForm: the form body is hashed raw and
 // forwarded untouched; the route says explicitly how it is deduplicated.
+//
+// Origin: field case BR-13 of the project's case list (formerly cases_test.go,
+// where the field cases were grouped by report).
 func TestCase_BR13_SlackSlashCommandForm(t *testing.T) {
 	t.Parallel()
 	const secret = "slack_BR13"
@@ -982,6 +572,9 @@ func TestCase_BR13_SlackSlashCommandForm(t *testing.T) {
 
 // TestCase_BR14_SlackEventsRetries: retries are keyed on event_id whatever
 // their retry headers say, and the record outlives Slack's retry window.
+//
+// Origin: field case BR-14 of the project's case list (formerly cases_test.go,
+// where the field cases were grouped by report).
 func TestCase_BR14_SlackEventsRetries(t *testing.T) {
 	t.Parallel()
 	const secret = "slack_BR14"
@@ -1049,6 +642,9 @@ func TestCase_BR14_SlackEventsRetries(t *testing.T) {
 // TestCase_BR15_URLBoundSignatures: Twilio and Square sign the public URL;
 // the gateway uses the configured URL, never the request's Host or
 // X-Forwarded-* headers.
+//
+// Origin: field case BR-15 of the project's case list (formerly cases_test.go,
+// where the field cases were grouped by report).
 func TestCase_BR15_URLBoundSignatures(t *testing.T) {
 	t.Parallel()
 	const twilioURL = "https://hooks.example.test/twilio/sms?tenant=a"
@@ -1134,6 +730,9 @@ func TestCase_BR15_URLBoundSignatures(t *testing.T) {
 // and forwarded as it arrived; max_body applies to the decoded size, so a
 // decompression bomb is cut off with bounded memory; other encodings 415.
 // Not parallel: (c) measures the process's allocations.
+//
+// Origin: field case BR-16 of the project's case list (formerly cases_test.go,
+// where the field cases were grouped by report).
 func TestCase_BR16_GzipBodies(t *testing.T) {
 	const secret = "gen_BR16"
 	const maxBody = 10 << 20
@@ -1245,108 +844,4 @@ func brotliStored(data []byte) []byte {
 	out := []byte{byte(bits), byte(bits >> 8), byte(bits >> 16)}
 	out = append(out, data...)
 	return append(out, 0x03) // ISLAST=1, ISLASTEMPTY=1
-}
-
-// TestCase_BR19_HandshakesNotDeduplicated: with handshake forward, Zoom and
-// Slack challenges are verified and forwarded every time, answered by the
-// upstream unchanged, and never recorded (handshake_test.go: at the edge).
-func TestCase_BR19_HandshakesNotDeduplicated(t *testing.T) {
-	t.Parallel()
-	t.Run("zoom", func(t *testing.T) {
-		t.Parallel()
-		const secret = "zm_BR19"
-		up := newUpstream()
-		up.respond = func(w http.ResponseWriter, r *http.Request, n int) error {
-			var v struct {
-				Payload struct {
-					PlainToken string `json:"plainToken"`
-				} `json:"payload"`
-			}
-			b := up.call(t, n-1).Body
-			if err := json.Unmarshal(b, &v); err != nil {
-				return err
-			}
-			out, _ := json.Marshal(map[string]string{
-				"plainToken":     v.Payload.PlainToken,
-				"encryptedToken": hexOf(mac256([]byte(secret), []byte(v.Payload.PlainToken))),
-			})
-			w.Header().Set("Content-Type", "application/json")
-			w.Header().Set("X-Upstream", "zoom-challenge")
-			w.WriteHeader(http.StatusOK)
-			_, _ = w.Write(out)
-			return nil
-		}
-		g := newGateway(t, `webhook_idempotency {
-			provider zoom
-			secret zm_BR19
-			scope `+uniqueScope("br19")+`
-			event_id json event event_ts
-			handshake forward
-		}`, withUpstream(up))
-		zoom := func(body []byte) answer {
-			ts := strconv.FormatInt(g.clock.Unix(), 10)
-			return g.serve(newDelivery("http://gateway.test/zoom", body,
-				"Content-Type", "application/json",
-				"x-zm-request-timestamp", ts,
-				"x-zm-signature", "v0="+hexOf(mac256([]byte(secret), []byte("v0:"+ts+":"), body))))
-		}
-		check := func(a answer, token string) {
-			t.Helper()
-			require.Equal(t, http.StatusOK, a.status)
-			require.Empty(t, a.header.Get("Idempotent-Replayed"))
-			require.Equal(t, "application/json", a.header.Get("Content-Type"))
-			require.Equal(t, "zoom-challenge", a.header.Get("X-Upstream"))
-			want, _ := json.Marshal(map[string]string{
-				"plainToken": token, "encryptedToken": hexOf(mac256([]byte(secret), []byte(token))),
-			})
-			require.Equal(t, want, a.body, "the upstream's answer, unchanged")
-		}
-		tokenA := []byte(`{"event":"endpoint.url_validation","payload":{"plainToken":"BR19plainTokenA"},"event_ts":1700000000000}`)
-		check(zoom(tokenA), "BR19plainTokenA")
-		g.clock.Advance(72 * time.Hour)
-		tokenB := []byte(`{"event":"endpoint.url_validation","payload":{"plainToken":"BR19plainTokenB"},"event_ts":1700259200000}`)
-		check(zoom(tokenB), "BR19plainTokenB")
-		g.clock.Advance(time.Minute)
-		check(zoom(tokenA), "BR19plainTokenA")
-		// A token the gateway would refuse if it computed the answer itself:
-		// it does not, so it is the upstream's to judge.
-		odd := `v0:1700000000:{"event":"x"}` + strings.Repeat("x", 130)
-		oddBody, _ := json.Marshal(map[string]any{"event": "endpoint.url_validation", "payload": map[string]string{"plainToken": odd}, "event_ts": 1700259260000})
-		check(zoom(oddBody), odd)
-		require.Equal(t, 4, up.count())
-		g.requireForwarded(0, tokenA, "application/json")
-		g.requireForwarded(2, tokenA, "application/json")
-		require.Empty(t, g.rows(), "challenges create no rows")
-		require.Equal(t, 4.0, g.outcomes(outcomeHandshake))
-		// An unsigned challenge never reaches the upstream: no signing oracle.
-		a := g.serve(newDelivery("http://gateway.test/zoom", tokenA, "Content-Type", "application/json",
-			"x-zm-request-timestamp", strconv.FormatInt(g.clock.Unix(), 10), "x-zm-signature", "v0="+strings.Repeat("0", 64)))
-		requireRefused(t, a, http.StatusBadRequest, "no matching signature")
-		require.Equal(t, 4, up.count())
-	})
-
-	t.Run("slack", func(t *testing.T) {
-		t.Parallel()
-		const secret = "slack_BR19"
-		up := newUpstream()
-		up.respond = answerWith(http.StatusOK, "application/json", `{"challenge":"BR19challenge"}`)
-		g := newGateway(t, `webhook_idempotency {
-			provider slack
-			secret slack_BR19
-			handshake forward
-		}`, withUpstream(up))
-		body := []byte(`{"token":"placeholder","challenge":"BR19challenge","type":"url_verification"}`)
-		for i := range 2 {
-			g.clock.Advance(time.Second)
-			a := g.serve(newDelivery("http://gateway.test/slack/events", body,
-				append([]string{"Content-Type", "application/json"}, slackHeaders(secret, body, g.clock.Unix())...)...))
-			require.Equal(t, http.StatusOK, a.status)
-			require.Empty(t, a.header.Get("Idempotent-Replayed"))
-			require.Equal(t, "application/json", a.header.Get("Content-Type"))
-			require.Equal(t, `{"challenge":"BR19challenge"}`, string(a.body))
-			require.Equal(t, i+1, up.count())
-			g.requireForwarded(i, body, "application/json")
-		}
-		require.Empty(t, g.rows())
-	})
 }

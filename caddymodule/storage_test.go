@@ -100,8 +100,9 @@ func TestForwardOutlivesItsConfig(t *testing.T) {
 	})
 	id := "evt_" + randomHex(8)
 	done := make(chan error, 1)
+	req := stripeDelivery(t, "http://127.0.0.1/hook", secret, id, time.Now())
 	go func() {
-		done <- h.ServeHTTP(httptest.NewRecorder(), stripeDelivery(t, "http://127.0.0.1/hook", secret, id, time.Now()), next)
+		done <- h.ServeHTTP(httptest.NewRecorder(), req, next)
 	}()
 	<-entered
 	cancel() // the config is unloaded...

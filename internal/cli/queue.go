@@ -1,4 +1,4 @@
-package caddymodule
+package cli
 
 import (
 	"errors"
@@ -47,7 +47,7 @@ the confirmation the admin API requires (?confirm=<event id> or <state>).
 		if scope == "" {
 			return "", errors.New("--scope is required")
 		}
-		return queueAdminPrefix + url.PathEscape(scope), nil
+		return QueueAdminPrefix + url.PathEscape(scope), nil
 	}
 	list := &cobra.Command{
 		Use:   "list [--scope S] [--state S] [--limit N] [--after-id N]",
@@ -55,7 +55,7 @@ the confirmation the admin API requires (?confirm=<event id> or <state>).
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if scope == "" {
-				return call(cmd, http.MethodGet, queueAdminPrefix)
+				return call(cmd, http.MethodGet, QueueAdminPrefix)
 			}
 			q := url.Values{}
 			if state != "" {
@@ -67,7 +67,7 @@ the confirmation the admin API requires (?confirm=<event id> or <state>).
 			if afterID > 0 {
 				q.Set("after_id", fmt.Sprint(afterID))
 			}
-			return call(cmd, http.MethodGet, queueAdminPrefix+url.PathEscape(scope)+"/events?"+q.Encode())
+			return call(cmd, http.MethodGet, QueueAdminPrefix+url.PathEscape(scope)+"/events?"+q.Encode())
 		},
 	}
 	list.Flags().StringVar(&state, "state", "", "queued, delivering, delivered or dead")

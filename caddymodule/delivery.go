@@ -1,0 +1,118 @@
+package caddymodule
+
+import (
+	"net/http"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/sendonce"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
+)
+
+// delivery is one request on its way through the handler: what the intake
+// read (body, event ID), and what its log line and metric report. It is
+// the one value a request allocates for it.
+type delivery struct {
+	h     *Handler
+	r     *http.Request
+	start time.Time
+	buf   bodyBuf
+	// raw is the body as it arrived (what the upstream gets); signed the
+	// bytes verified (the decoded body of a gzip delivery; nil under
+	// provider idempotency_key).
+	raw, signed []byte
+	// items are the items of a batch forwarded one by one (split).
+	items []signature.BatchItem
+	split bool
+	// refused counts the items of a split delivery left out because
+	// their own signature failed (a provider that signs each item).
+	refused int
+
+	eventID  string
+	outcome  string
+	attempt  int
+	status   int
+	cached   bool
+	upstream time.Duration
+	// reason is why the gateway refused the delivery (the reason its
+	// answer gives; never a secret, signature or body).
+	reason string
+	// signedURL is the configured URL a URL-signed scheme checked, when
+	// that check failed.
+	signedURL string
+	// fingerprint is the request's (provider idempotency_key), stored with
+	// its answer; never logged.
+	fingerprint string
+}
+
+// deliveryPool recycles deliveries: the intake and the mode are
+// interfaces, so a delivery handed to them lives on the heap; pooled, a
+// request costs no allocation for it. Nothing keeps a delivery past
+// ServeHTTP (the forward's heartbeat and the completion written after the
+// answer hold only claim.Refs).
+var deliveryPool = sync.Pool{New: func() any { return new(delivery) }}
+
+// takeDelivery takes a delivery of r from the pool, with a body buffer.
+func takeDelivery(h *Handler, r *http.Request) *delivery {
+	d := deliveryPool.Get().(*delivery)
+	d.h, d.r, d.start, d.buf = h, r, time.Now(), getBodyBuf()
+	return d
+}
+
+// done logs the delivery, returns its body buffer (unless forwarded) and
+// puts it back in the pool.
+func (d *delivery) done() {
+	d.log()
+	d.buf.release()
+	*d = delivery{}
+	deliveryPool.Put(d)
+}
+
+// forwardable returns the request with its body put back exactly as it
+// arrived, for the next handler.
+func (d *delivery) forwardable() *http.Request {
+	d.buf.forwarded = true
+	sendonce.SetBody(d.r, d.raw)
+	return d.r
+}
+
+// log counts the delivery's outcome and writes one info line per delivery:
+// never a body, header, signature or secret.
+func (d *delivery) log() {
+	d.h.deliveries(d.outcome).Inc()
+	if c := d.h.logger.Check(zapcore.InfoLevel, "delivery"); c != nil {
+		// The fields' slice escapes into the core; pooled, the line costs
+		// no allocation (cores serialize the fields before Write returns).
+		fp := logFields.Get().(*[]zap.Field)
+		fields := append((*fp)[:0],
+			zap.String("scope", d.h.Scope),
+			zap.String("provider", d.h.Provider),
+			zap.String("event_id", d.eventID),
+			zap.String("outcome", d.outcome),
+			zap.Int("attempt", d.attempt),
+			zap.Int("status", d.status),
+			zap.Bool("cached", d.cached),
+			zap.Duration("duration", time.Since(d.start)),
+			zap.Duration("upstream", d.upstream),
+		)
+		if d.reason != "" {
+			fields = append(fields, zap.String("reason", d.reason))
+		}
+		if d.signedURL != "" {
+			fields = append(fields, zap.String("signed_url", d.signedURL))
+		}
+		c.Write(fields...)
+		clear(fields) // keep no event ID alive in the pool
+		*fp = fields[:0]
+		logFields.Put(fp)
+	}
+}
+
+// logFields pools the field slices of the per-delivery log line.
+var logFields = sync.Pool{New: func() any {
+	s := make([]zap.Field, 0, 16)
+	return &s
+}}

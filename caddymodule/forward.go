@@ -1,0 +1,449 @@
+package caddymodule
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptrace"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/claim"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/proxyerr"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
+)
+
+// Sync mode, the second half of ServeHTTP: a delivery the intake took in
+// is answered from the cache of completed events, or claimed
+// (internal/claim), forwarded once to the next handler while the provider
+// waits, and settled by the forward's verdict. The provider gets the
+// upstream's own answer.
+
+// mode serves a delivery the intake took in.
+type mode interface {
+	serve(w http.ResponseWriter, next caddyhttp.Handler, d *delivery) error
+}
+
+// syncMode is mode sync.
+type syncMode struct{ h *Handler }
+
+func (m syncMode) serve(w http.ResponseWriter, next caddyhttp.Handler, d *delivery) error {
+	h := m.h
+	if h.answerCached(w, d, true) {
+		return nil
+	}
+	cl, err := h.claims.Claim(d.r.Context(), h.Scope, d.eventID, d.fingerprint)
+	if err != nil {
+		h.claimFailed(w, d, err)
+		return nil
+	}
+	h.storeAnswered()
+	d.attempt = cl.Attempts
+	if cl.Outcome != store.Claimed {
+		return h.answerClaim(w, d, cl)
+	}
+	refs := []claim.Ref{{Scope: h.Scope, ID: d.eventID, Token: cl.Token}}
+	if h.dedupeBody {
+		bc, ok := h.claimBody(w, d, refs[0])
+		if !ok {
+			return nil
+		}
+		refs = append(refs, bc)
+	}
+	return h.forward(w, d.forwardable(), next, refs, d)
+}
+
+// answerCached answers a delivery of an event this instance knows is
+// completed: the duplicate answer, or with replay response its stored
+// answer. It reports false (nothing written) on a miss. sameBody: under
+// dedupe_body, a completed event ID arriving with another body is logged.
+func (h *Handler) answerCached(w http.ResponseWriter, d *delivery, sameBody bool) bool {
+	if h.completed == nil {
+		return false
+	}
+	if !h.replayOn {
+		status, ok := h.completed.Has(h.Scope, d.eventID)
+		if !ok {
+			h.cacheMiss.Inc()
+			return false
+		}
+		h.cacheHit.Inc()
+		d.status, d.cached = status, true
+		if h.dedupeBody && sameBody {
+			h.checkSameBody(d.r.Context(), d.eventID, d.signed)
+		}
+		h.answer(w, d, ansDuplicate, say{})
+		return true
+	}
+	resp, ok := h.completed.Response(h.Scope, d.eventID)
+	if !ok {
+		h.cacheMiss.Inc()
+		return false
+	}
+	h.cacheHit.Inc()
+	d.cached = true
+	if resp.Fingerprint != d.fingerprint {
+		h.refuseReused(w, d)
+		return true
+	}
+	d.outcome, d.status = outcomeDuplicate, resp.Status
+	if h.dedupeBody {
+		h.checkSameBody(d.r.Context(), d.eventID, d.signed)
+	}
+	h.replay(w, resp, d)
+	return true
+}
+
+// answerClaim answers a delivery whose event the store did not let it
+// claim: completed (the duplicate or replayed answer), in flight, or held.
+// A key reused with another request fingerprint is refused
+// (Idempotency-Key; a webhook's claim has no fingerprint).
+func (h *Handler) answerClaim(w http.ResponseWriter, d *delivery, cl store.Claim) error {
+	switch cl.Outcome {
+	case store.Duplicate, store.InFlight:
+		switch {
+		case cl.Fingerprint != d.fingerprint:
+			h.refuseReused(w, d)
+		case cl.Outcome == store.InFlight:
+			h.answer(w, d, ansInFlight, say{retryAfter: cl.RetryAfter})
+		case h.replayOn:
+			h.replayStored(w, d, cl)
+		default:
+			d.status = cl.Status
+			h.completed.Add(h.Scope, d.eventID, cl.Status)
+			if h.dedupeBody {
+				h.checkSameBody(d.r.Context(), d.eventID, d.signed)
+			}
+			h.answer(w, d, ansDuplicate, say{})
+		}
+	case store.Held:
+		h.answer(w, d, ansHeld, say{})
+	default:
+		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("unexpected claim outcome %v", cl.Outcome))
+	}
+	return nil
+}
+
+// bodyScope is the scope of body-hash keys (dedupe_body): a scope of its
+// own, so no event ID a sender chooses can collide with a body hash.
+func (h *Handler) bodyScope() string { return h.Scope + "#body" }
+
+func bodyKey(body []byte) string {
+	sum := sha256.Sum256(body)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// claimBody claims the SHA-256 of the body next to the event ID (dedupe_body),
+// so a replayed body under a fresh, unsigned ID is not forwarded again. When
+// it returns false it has answered the delivery and released idClaim.
+func (h *Handler) claimBody(w http.ResponseWriter, d *delivery, idClaim claim.Ref) (claim.Ref, bool) {
+	ctx, key := d.r.Context(), bodyKey(d.signed)
+	bc, err := h.claims.Claim(ctx, h.bodyScope(), key, "")
+	if err == nil && bc.Outcome == store.Claimed {
+		return claim.Ref{Scope: h.bodyScope(), ID: key, Token: bc.Token}, true
+	}
+	h.claims.Settle(ctx, []claim.Ref{idClaim}, 0, claim.Release)
+	switch {
+	case err != nil:
+		h.claimFailed(w, d, err)
+	case bc.Outcome == store.Duplicate:
+		h.logger.Warn("body already delivered under another event id; answered as a duplicate, not forwarded (dedupe_body)",
+			zap.String("scope", h.Scope), zap.String("event_id", idClaim.ID))
+		h.answer(w, d, ansBodyReplay, say{})
+	case bc.Outcome == store.InFlight:
+		h.answer(w, d, ansBodyInFlight, say{retryAfter: bc.RetryAfter})
+	default:
+		h.answer(w, d, ansHeld, say{})
+	}
+	return claim.Ref{}, false
+}
+
+// checkSameBody warns when a completed event ID comes again with a body that
+// was never delivered: the provider changed the payload, or someone reuses
+// IDs. The delivery is still answered as a duplicate.
+func (h *Handler) checkSameBody(parent context.Context, id string, body []byte) {
+	ctx, cancel := context.WithTimeout(parent, storeTimeout)
+	defer cancel()
+	_, err := h.backend.Get(ctx, h.bodyScope(), bodyKey(body))
+	if errors.Is(err, store.ErrNotFound) {
+		h.bodyMismatch.Inc()
+		h.logger.Warn("completed event id arrived with a different body; answered as a duplicate",
+			zap.String("scope", h.Scope), zap.String("event_id", id))
+	}
+}
+
+// forward runs the next handler with the claims held, renewing their leases,
+// and settles them on the upstream's answer. The forward is detached from the
+// provider's connection and bounded by ForwardTimeout instead. Every exit of
+// the next handler (a return, an error, a panic: reverse_proxy raises
+// http.ErrAbortHandler when the upstream's body is cut or the provider's
+// connection fails mid-answer) settles the claims exactly once, balances the
+// in-flight gauge and sets the delivery's outcome; a panic is then raised
+// again with its own value, as net/http expects.
+func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, claims []claim.Ref, d *delivery) error {
+	// Keep the store open until this claim is settled, even if a config
+	// reload drops the handler meanwhile (see Cleanup).
+	defer h.claims.Track()()
+	wire := new(wireTrace)
+	fctx, cancel := context.WithTimeout(wire.with(context.WithoutCancel(r.Context())), time.Duration(h.ForwardTimeout))
+	defer cancel()
+
+	hbDone := make(chan struct{})
+	hbStopped := make(chan struct{})
+	go func() {
+		defer close(hbStopped)
+		h.claims.Keep(fctx, claims, hbDone)
+	}()
+
+	h.claimsInFlight.Inc()
+	var tee *capture // the answer stored for replay
+	if h.replayOn {
+		tee = h.newCapture(w)
+		w = tee
+	}
+	rec := caddyhttp.NewResponseRecorder(w, nil, nil)
+	upstart := time.Now()
+	panicked, err := runNext(next, rec, r.WithContext(fctx))
+	d.upstream = time.Since(upstart)
+	close(hbDone)
+	<-hbStopped
+	h.claimsInFlight.Dec()
+	h.upstreamTime.Observe(d.upstream.Seconds())
+
+	end := forwardEnd{status: finalStatus(rec), err: err, panicked: panicked != nil, wire: wire}
+	end.timedOut = errors.Is(fctx.Err(), context.DeadlineExceeded) && end.status == 0
+	d.status = end.status
+	h.settle(r.Context(), claims, end, tee, d)
+	if panicked != nil {
+		panic(panicked)
+	}
+	return h.answerProxyError(rec, err, d)
+}
+
+// settle settles the forward's claims by its verdict: complete (cached at
+// once, written after the answer), hold (on_ambiguous hold) or release.
+func (h *Handler) settle(ctx context.Context, claims []claim.Ref, end forwardEnd, tee *capture, d *delivery) {
+	switch v := h.verdict(end); {
+	case v == verdictComplete:
+		d.outcome = outcomeCompleted
+		if tee != nil {
+			claims[0].Resp = h.storedResponse(tee, end, d)
+		}
+		// Cached first: from now on a duplicate on this instance is
+		// answered from the cache, or waits for the completion (claim.Keeper.Claim).
+		h.remember(claims[0], end.status)
+		h.claims.CompleteAfterAnswer(ctx, claims, end.status)
+	case v == verdictAmbiguous && h.OnAmbiguous == "hold":
+		// The upstream may or may not have done the work: park the event
+		// as held now, so its retries get 503 and an operator can decide
+		// at once.
+		d.outcome, d.reason = outcomeAmbiguous, end.describe()
+		h.logger.Warn("forward ended with no known outcome; the event is held (on_ambiguous hold)",
+			zap.String("scope", h.Scope), zap.String("event_id", claims[0].ID), zap.String("reason", d.reason))
+		for i := range claims {
+			claims[i].HoldReason = d.reason
+		}
+		h.claims.Settle(ctx, claims, 0, claim.Hold)
+	default:
+		d.outcome = outcomeReleased
+		if v == verdictAmbiguous {
+			d.reason = end.describe()
+		}
+		h.claims.Settle(ctx, claims, end.status, claim.Release)
+	}
+}
+
+// remember caches a completed claim: its stored response when it has one,
+// else its status.
+func (h *Handler) remember(c claim.Ref, status int) {
+	if c.Resp != nil {
+		h.completed.AddResponse(c.Scope, c.ID, c.Resp, h.responseTTL())
+		return
+	}
+	if h.idem == nil { // a key's fingerprint must be checked: never by status alone
+		h.completed.Add(c.Scope, c.ID, status)
+	}
+}
+
+// responseTTL keeps a cached response no longer than the route's
+// retention, after which the row, and the answer, are gone.
+func (h *Handler) responseTTL() time.Duration {
+	return min(cacheTTL, time.Duration(h.Retention))
+}
+
+// passOn runs the next handler for a delivery forwarded without a claim
+// (handshakes, on_missing_id forward, requests without an Idempotency-Key)
+// and answers its error itself. A panic of the next handler is raised
+// again once the delivery's status is noted.
+func (h *Handler) passOn(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, d *delivery) error {
+	rec := caddyhttp.NewResponseRecorder(w, nil, nil)
+	upstart := time.Now()
+	panicked, err := runNext(next, rec, r)
+	d.upstream = time.Since(upstart)
+	d.status = finalStatus(rec)
+	if panicked != nil {
+		panic(panicked) // the delivery's line is logged on the way out
+	}
+	return h.answerProxyError(rec, err, d)
+}
+
+// answerProxyError answers an error of the next handler (the upstream
+// refused the connection, timed out, the provider hung up) here instead of
+// returning it to Caddy: Caddy's error log line prints the request's headers,
+// and with them the signature or, for GitLab, the secret token itself.
+// The answer is the error's status (502 when it has none) with a JSON body;
+// the log line names the error, never a header. Routes' handle_errors blocks
+// therefore do not see upstream errors of this handler.
+func (h *Handler) answerProxyError(rec caddyhttp.ResponseRecorder, err error, d *delivery) error {
+	if err == nil {
+		return nil
+	}
+	status := http.StatusBadGateway
+	var he caddyhttp.HandlerError
+	if errors.As(err, &he) && he.StatusCode >= 400 {
+		status = he.StatusCode
+	}
+	if finalStatus(rec) == 0 {
+		h.answer(rec, d, ansUpstreamError, say{status: status})
+		d.status = status
+	}
+	if c := h.logger.Check(zapcore.WarnLevel, "upstream error"); c != nil {
+		c.Write(zap.String("scope", h.Scope), zap.String("event_id", d.eventID), zap.Int("status", status), zap.Error(err))
+	}
+	return nil
+}
+
+// verdict is what a forward's end means for its claims.
+type verdict int
+
+const (
+	// verdictComplete: a 2xx status line arrived from the upstream, so it
+	// did the work; whatever then happened to the body or to the provider's
+	// connection, the event is completed.
+	verdictComplete verdict = iota + 1
+	// verdictRelease: the upstream answered non-2xx, or the forward failed
+	// before any request byte reached it; the next delivery is forwarded.
+	verdictRelease
+	// verdictAmbiguous: the forward failed after the request was written and
+	// before a status line arrived; the upstream may or may not have done
+	// the work. on_ambiguous decides: reforward releases, hold parks the
+	// event as held.
+	verdictAmbiguous
+)
+
+// verdict is the forward's verdict for the route: under provider
+// idempotency_key a stored 3xx or 4xx answer completes the key instead of
+// releasing it (idemKey.stores).
+func (h *Handler) verdict(end forwardEnd) verdict {
+	v := end.verdict()
+	if v == verdictRelease && h.idem != nil && end.status != 0 && end.err == nil && !end.panicked && h.idem.stores(end.status) {
+		return verdictComplete
+	}
+	return v
+}
+
+// forwardEnd is how one forward ended, as the next handler left it.
+type forwardEnd struct {
+	// status is the final (non-1xx) status the next handler wrote, 0 if none.
+	status int
+	// err is what the next handler returned (reverse_proxy's
+	// caddyhttp.HandlerError wrapping the round trip's error).
+	err error
+	// timedOut: forward_timeout ended the forward before a status arrived.
+	timedOut bool
+	// panicked: the next handler panicked (http.ErrAbortHandler included).
+	panicked bool
+	// wire is what net/http's transport reported about the request; zero
+	// when the next handler did not use it (php_fastcgi, a custom handler).
+	wire *wireTrace
+}
+
+// verdict classifies the end of a forward. The rules, in order:
+//
+//   - a 2xx final status → complete (also when the body was then cut, the
+//     provider's connection failed, or the handler panicked);
+//   - any other final status → release;
+//   - net/http's transport took a connection for the request but wrote no
+//     request header → release (nothing reached the upstream);
+//   - forward_timeout, or a panic before any status → ambiguous;
+//   - an error: proxyerr.Ambiguous decides;
+//   - no status and no error → release.
+func (e forwardEnd) verdict() verdict {
+	switch {
+	case e.status >= 200 && e.status < 300:
+		return verdictComplete
+	case e.status >= 200:
+		return verdictRelease
+	case e.wire.nothingWritten():
+		return verdictRelease
+	case e.timedOut, e.panicked:
+		return verdictAmbiguous
+	case e.err != nil && proxyerr.Ambiguous(e.err):
+		return verdictAmbiguous
+	}
+	return verdictRelease
+}
+
+// describe says, for the log line, why a forward's end was ambiguous.
+func (e forwardEnd) describe() string {
+	switch {
+	case e.timedOut:
+		return "forward_timeout ended the forward before an upstream status arrived"
+	case e.panicked:
+		return "the next handler panicked before an upstream status arrived"
+	case e.err != nil:
+		return "the upstream connection failed after the request was written, before a status line"
+	}
+	return ""
+}
+
+// runNext calls the next handler and recovers its panic, if any, so the
+// caller can settle before raising it again.
+func runNext(next caddyhttp.Handler, w http.ResponseWriter, r *http.Request) (panicked any, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			panicked = p
+		}
+	}()
+	return nil, next.ServeHTTP(w, r)
+}
+
+// finalStatus is the final status the next handler wrote: the recorder's,
+// unless it is only an informational 1xx reverse_proxy passed on.
+func finalStatus(rec caddyhttp.ResponseRecorder) int {
+	if s := rec.Status(); s >= 200 {
+		return s
+	}
+	return 0
+}
+
+// wireTrace records, through net/http's httptrace (which reverse_proxy's
+// own trace composes with), whether the transport took a connection for the
+// request and whether it wrote the request's headers. It lets a failure
+// before any request byte (a dial or TLS error, a timeout while dialing) be
+// told apart from one after.
+type wireTrace struct {
+	connTried, wrote atomic.Bool
+}
+
+// with returns ctx carrying the trace.
+func (t *wireTrace) with(ctx context.Context) context.Context {
+	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GetConn:      func(string) { t.connTried.Store(true) },
+		WroteHeaders: func() { t.wrote.Store(true) },
+	})
+}
+
+// nothingWritten reports whether net/http's transport was used for the
+// request and wrote none of it. False when the transport was not used: then
+// nothing is known.
+func (t *wireTrace) nothingWritten() bool {
+	return t != nil && t.connTried.Load() && !t.wrote.Load()
+}

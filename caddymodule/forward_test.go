@@ -1,0 +1,758 @@
+package caddymodule
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/claim"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
+)
+
+// TestForwardEndVerdict: what a forward's end means for its claims.
+func TestForwardEndVerdict(t *testing.T) {
+	t.Parallel()
+	traced := func(connTried, wrote bool) *wireTrace {
+		w := new(wireTrace)
+		w.connTried.Store(connTried)
+		w.wrote.Store(wrote)
+		return w
+	}
+	eof := caddyhttp.Error(502, io.EOF)
+	for _, tc := range []struct {
+		name string
+		end  forwardEnd
+		want verdict
+	}{
+		{"200", forwardEnd{status: 200}, verdictComplete},
+		{"204 then body cut (ErrAbortHandler)", forwardEnd{status: 204, panicked: true}, verdictComplete},
+		{"200 then copy error", forwardEnd{status: 200, err: io.ErrUnexpectedEOF}, verdictComplete},
+		{"500", forwardEnd{status: 500}, verdictRelease},
+		{"500 then body cut", forwardEnd{status: 500, panicked: true}, verdictRelease},
+		{"404", forwardEnd{status: 404, wire: traced(true, true)}, verdictRelease},
+		{"EOF after the request", forwardEnd{err: eof, wire: traced(true, true)}, verdictAmbiguous},
+		{"EOF, transport not used", forwardEnd{err: eof}, verdictAmbiguous},
+		{"EOF, nothing written", forwardEnd{err: eof, wire: traced(true, false)}, verdictRelease},
+		{"refused", forwardEnd{err: caddyhttp.Error(502, reverseproxy.NewDialError(syscall.ECONNREFUSED))}, verdictRelease},
+		{"timeout after the request", forwardEnd{timedOut: true, wire: traced(true, true)}, verdictAmbiguous},
+		{"timeout while dialing", forwardEnd{timedOut: true, err: context.DeadlineExceeded, wire: traced(true, false)}, verdictRelease},
+		{"timeout, transport not used", forwardEnd{timedOut: true}, verdictAmbiguous},
+		{"panic before a status", forwardEnd{panicked: true}, verdictAmbiguous},
+		{"no status, no error", forwardEnd{}, verdictRelease},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, tc.end.verdict())
+		})
+	}
+}
+
+// TestForwardSurvivesPanic: a next handler that panics (reverse_proxy's
+// http.ErrAbortHandler when the upstream's body is cut, or any other
+// value) still settles the claim exactly once, balances the in-flight
+// gauge, logs the delivery with its outcome, and the panic is raised again
+// with its own value. Also for passOn (on_missing_id forward).
+func TestForwardSurvivesPanic(t *testing.T) {
+	t.Parallel()
+	const secret = "whsec_panic"
+	type custom struct{ msg string }
+	for _, tc := range []struct {
+		name    string
+		policy  string
+		value   any
+		status  int // written before the panic, 0 = none
+		state   store.State
+		outcome string
+	}{
+		{"abort after 200", "hold", http.ErrAbortHandler, 200, store.StateCompleted, outcomeCompleted},
+		{"abort after 200 reforward", "reforward", http.ErrAbortHandler, 200, store.StateCompleted, outcomeCompleted},
+		{"abort after 503", "hold", http.ErrAbortHandler, 503, store.StateReleased, outcomeReleased},
+		{"abort before a status hold", "hold", http.ErrAbortHandler, 0, store.StateHeld, outcomeAmbiguous},
+		{"abort before a status reforward", "reforward", http.ErrAbortHandler, 0, store.StateReleased, outcomeReleased},
+		{"custom panic after 201", "hold", custom{"boom"}, 201, store.StateCompleted, outcomeCompleted},
+		{"custom panic before a status", "hold", custom{"boom"}, 0, store.StateHeld, outcomeAmbiguous},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			up := newUpstream()
+			up.respond = func(w http.ResponseWriter, _ *http.Request, _ int) error {
+				if tc.status != 0 {
+					w.WriteHeader(tc.status)
+					_, _ = io.WriteString(w, "partial")
+				}
+				panic(tc.value)
+			}
+			scope := uniqueScope("panic")
+			g := newGateway(t, `webhook_idempotency {
+				provider stripe
+				secret `+secret+`
+				scope `+scope+`
+				on_ambiguous `+tc.policy+`
+			}`, withUpstream(up))
+			id := "evt_panic_" + randomHex(4)
+			body := []byte(`{"id":"` + id + `","object":"event"}`)
+
+			var recovered any
+			func() {
+				defer func() { recovered = recover() }()
+				g.serve(g.stripe(secret, body, g.clock.Unix()))
+			}()
+			require.Equal(t, tc.value, recovered, "the panic is raised again with its own value")
+			require.Equal(t, 1, up.count())
+			ev := g.requireRow(scope, id, tc.state)
+			require.Equal(t, 1, ev.Attempts)
+			if tc.state == store.StateHeld {
+				require.Equal(t, "the next handler panicked before an upstream status arrived", ev.HoldReason)
+			}
+			require.Equal(t, 0.0, gaugeValue(t, metrics.inFlight.WithLabelValues(scope)), "claims_in_flight balanced")
+			lines := g.deliveryLog()
+			require.Len(t, lines, 1, "one delivery line")
+			require.Equal(t, tc.outcome, lines[0]["outcome"])
+			require.EqualValues(t, tc.status, lines[0]["status"])
+			require.Equal(t, 1.0, g.outcomes(tc.outcome))
+			// Settled exactly once: no settle was retried or refused.
+			require.Empty(t, g.logged("lease lost"))
+			require.Empty(t, g.logged("settling event failed"))
+
+			// The provider's retry: completed → duplicate; held → 503;
+			// released → forwarded again.
+			up.respond = nil
+			a := g.serve(g.stripe(secret, body, g.clock.Unix()))
+			switch tc.state {
+			case store.StateCompleted:
+				requireDuplicate(t, a)
+				require.Equal(t, 1, up.count())
+			case store.StateHeld:
+				requireRefused(t, a, http.StatusServiceUnavailable, "held")
+				require.Equal(t, 1, up.count())
+			default:
+				requireRelayed(t, a)
+				require.Equal(t, 2, up.count())
+			}
+		})
+	}
+
+	t.Run("passOn", func(t *testing.T) {
+		t.Parallel()
+		up := newUpstream()
+		up.respond = func(w http.ResponseWriter, _ *http.Request, _ int) error {
+			w.WriteHeader(http.StatusOK)
+			panic(http.ErrAbortHandler)
+		}
+		g := newGateway(t, `webhook_idempotency {
+			provider stripe
+			secret `+secret+`
+			on_missing_id forward
+		}`, withUpstream(up))
+		var recovered any
+		func() {
+			defer func() { recovered = recover() }()
+			g.serve(g.stripe(secret, []byte(`{"object":"event"}`), g.clock.Unix()))
+		}()
+		require.Equal(t, http.ErrAbortHandler, recovered)
+		require.Equal(t, 1, up.count())
+		require.Empty(t, g.rows())
+		lines := g.deliveryLog()
+		require.Len(t, lines, 1)
+		require.Equal(t, outcomeForwardedNoID, lines[0]["outcome"])
+		require.EqualValues(t, 200, lines[0]["status"])
+	})
+}
+
+// panicTransport is a RoundTripper that panics, as a faulty custom one would.
+
+// TestCase_BR05_ConcurrentDuplicatesRace: 20 copies at once, alternating
+// between two gateway instances (own pools, own caches) on one PostgreSQL:
+// the database's unique key lets exactly one through.
+//
+// Origin: field case BR-05 of the project's case list (formerly cases_test.go,
+// where the field cases were grouped by report).
+func TestCase_BR05_ConcurrentDuplicatesRace(t *testing.T) {
+	t.Parallel()
+	const secret = "whsec_test_BR05"
+	const cfg = `webhook_idempotency {
+		provider stripe
+		secret whsec_test_BR05
+	}`
+	body := []byte(`{"id":"evt_BR05_0001","object":"event","type":"checkout.session.completed"}`)
+	up := newUpstream()
+	up.respond = func(w http.ResponseWriter, _ *http.Request, _ int) error {
+		time.Sleep(2 * time.Second) // the case's slow upstream
+		w.Header().Set("Content-Type", "text/plain")
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, "ok")
+		return nil
+	}
+	g1 := newGateway(t, cfg, onPostgres(), withUpstream(up), asInstance("br05_gw1"))
+	g2 := newGateway(t, cfg, sharingStore(g1), asInstance("br05_gw2"))
+	require.NotSame(t, g1.h.backend, g2.h.backend, "two instances, two pools")
+
+	type outcome struct {
+		a    answer
+		done time.Time
+	}
+	results := make([]outcome, 20)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range results {
+		gw := g1
+		if i%2 == 1 {
+			gw = g2
+		}
+		req := gw.stripe(secret, body, gw.clock.Unix())
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			results[i] = outcome{a: gw.serve(req), done: time.Now()}
+		}()
+	}
+	close(start)
+	wg.Wait()
+
+	require.Equal(t, 1, up.count(), "exactly one forward")
+	winner := up.call(t, 0)
+	forwarded := 0
+	for i, r := range results {
+		switch {
+		case r.a.status == http.StatusOK && r.a.header.Get("Idempotent-Replayed") == "":
+			forwarded++
+			require.Equal(t, "ok", string(r.a.body))
+		case r.a.status >= 200 && r.a.status < 300:
+			requireDuplicate(t, r.a)
+			require.False(t, r.done.Before(winner.Returned), "copy %d got 2xx before the winner's upstream answered", i)
+		default:
+			require.Contains(t, []int{http.StatusConflict, http.StatusTooEarly, http.StatusServiceUnavailable}, r.a.status,
+				"copy %d: %s", i, r.a.body)
+			require.NotEmpty(t, r.a.header.Get("Retry-After"), "copy %d", i)
+		}
+	}
+	require.Equal(t, 1, forwarded)
+	rows := g1.rows()
+	require.Len(t, rows, 1)
+	require.Equal(t, "evt_BR05_0001", rows[0].EventID)
+	require.Equal(t, store.StateCompleted, rows[0].State)
+	require.Equal(t, 1, rows[0].Attempts)
+
+	// The 21st copy, 10 s later, to the instance that did not forward.
+	g1.clock.Advance(10 * time.Second)
+	for _, gw := range []*gateway{g1, g2} {
+		requireDuplicate(t, gw.serve(gw.stripe(secret, body, gw.clock.Unix())))
+	}
+	require.Equal(t, 1, up.count())
+}
+
+// TestCase_BR06_InFlightDuplicateAndFailedFirst: a duplicate of an event in
+// flight is never acked 2xx; any non-2xx from the upstream releases the
+// claim, so the provider's retry is forwarded.
+//
+// Origin: field case BR-06 of the project's case list (formerly cases_test.go,
+// where the field cases were grouped by report).
+func TestCase_BR06_InFlightDuplicateAndFailedFirst(t *testing.T) {
+	t.Parallel()
+	for _, first := range []int{http.StatusServiceUnavailable, http.StatusBadRequest} {
+		t.Run(strconv.Itoa(first), func(t *testing.T) {
+			t.Parallel()
+			eachBackend(t, func(t *testing.T, backend gatewayOption) {
+				const secret = "whsec_test_BR06"
+				body := []byte(`{"id":"evt_BR06_0001","object":"event","type":"invoice.payment_failed"}`)
+				up := newUpstream()
+				up.entered = make(chan int, 10)
+				release := make(chan struct{})
+				up.respond = func(w http.ResponseWriter, r *http.Request, n int) error {
+					if n == 1 {
+						<-release
+						return answerWith(first, "application/json", `{"error":"upstream says no"}`)(w, r, n)
+					}
+					return answerWith(http.StatusOK, "text/plain", "ok")(w, r, n)
+				}
+				g := newGateway(t, `webhook_idempotency {
+					provider stripe
+					secret whsec_test_BR06
+				}`, backend, withUpstream(up))
+
+				reqA := g.stripe(secret, body, g.clock.Unix())
+				sigA := reqA.Header.Get("Stripe-Signature")
+				aDone := make(chan answer, 1)
+				go func() { aDone <- g.serve(reqA) }()
+				require.Equal(t, 1, <-up.entered)
+
+				// B: identical bytes while A is in flight.
+				b := g.serve(newDelivery("http://gateway.test/webhooks/stripe", body,
+					"Content-Type", "application/json", "Stripe-Signature", sigA))
+				requireRefused(t, b, http.StatusConflict, "being processed")
+				ra, err := strconv.Atoi(b.header.Get("Retry-After"))
+				require.NoError(t, err)
+				require.GreaterOrEqual(t, ra, 1)
+				require.LessOrEqual(t, ra, 30, "at most the lease")
+				g.requireRow("stripe", "evt_BR06_0001", store.StateProcessing)
+
+				close(release)
+				a := <-aDone
+				require.Equal(t, first, a.status, "A gets the upstream's answer")
+				require.JSONEq(t, `{"error":"upstream says no"}`, string(a.body))
+				g.requireRow("stripe", "evt_BR06_0001", store.StateReleased)
+
+				// C: fresh t, 5 s later: forwarded, 200.
+				g.clock.Advance(5 * time.Second)
+				requireRelayed(t, g.serve(g.stripe(secret, body, g.clock.Unix())))
+				require.Equal(t, 2, up.count())
+				g.requireForwarded(1, body, "application/json")
+				e := g.requireRow("stripe", "evt_BR06_0001", store.StateCompleted)
+				require.Equal(t, 2, e.Attempts)
+				require.Equal(t, http.StatusOK, e.Status)
+
+				requireDuplicate(t, g.serve(g.stripe(secret, body, g.clock.Unix())))
+				require.Equal(t, 2, up.count())
+			})
+		})
+	}
+}
+
+// TestCase_BR07_AmbiguousOutcome: (a) forward_timeout ends a forward whose
+// upstream never answers, while the provider has gone away; (b) a gateway
+// dies after claiming, before forwarding; (c) it dies after forwarding.
+// reforward forwards the retry after the lease; hold parks the event.
+//
+// Origin: field case BR-07 of the project's case list (formerly cases_test.go,
+// where the field cases were grouped by report).
+func TestCase_BR07_AmbiguousOutcome(t *testing.T) {
+	t.Parallel()
+	const secret = "whsec_test_BR07"
+	const id = "evt_BR07_0001"
+	body := []byte(`{"id":"evt_BR07_0001","object":"event","type":"payment_intent.succeeded"}`)
+	const lease = time.Second
+	cfg := func(onAmbiguous string) string {
+		return `webhook_idempotency {
+			provider stripe
+			secret whsec_test_BR07
+			scope ` + uniqueScope("br07") + `
+			lease 1s
+			forward_timeout 300ms
+			on_ambiguous ` + onAmbiguous + `
+		}`
+	}
+	// firstBlocks: call 1 never answers (the upstream sleeps 30 s); later
+	// calls answer 200.
+	firstBlocks := func() *upstream {
+		up := newUpstream()
+		up.entered = make(chan int, 100)
+		up.respond = func(w http.ResponseWriter, r *http.Request, n int) error {
+			if n == 1 {
+				return blockUntilDone(w, r, n)
+			}
+			return answerWith(http.StatusOK, "text/plain", "ok")(w, r, n)
+		}
+		return up
+	}
+	// untilNot409 retries until the answer is not 409, checking that no
+	// 409 outlives the lease (measured from since) and nothing is
+	// forwarded meanwhile.
+	untilNot409 := func(t *testing.T, g *gateway, since time.Time, forwardedBefore int) answer {
+		var a answer
+		require.Eventually(t, func() bool {
+			a = g.serve(g.stripe(secret, body, g.clock.Unix()))
+			if a.status != http.StatusConflict {
+				return true
+			}
+			ra, err := strconv.Atoi(a.header.Get("Retry-After"))
+			require.NoError(t, err)
+			require.LessOrEqual(t, ra, int(lease/time.Second))
+			require.Equal(t, forwardedBefore, g.up.count(), "a 409 never forwards")
+			return false
+		}, lease+3*time.Second, 50*time.Millisecond)
+		require.Less(t, time.Since(since), lease+3*time.Second, "409 for no longer than the lease")
+		return a
+	}
+
+	t.Run("a forward_timeout", func(t *testing.T) {
+		t.Parallel()
+		for _, mode := range []string{"reforward", "hold"} {
+			t.Run(mode, func(t *testing.T) {
+				t.Parallel()
+				eachBackend(t, func(t *testing.T, backend gatewayOption) {
+					g := newGateway(t, cfg(mode), backend, withUpstream(firstBlocks()))
+					scope := g.h.Scope
+					// The provider gives up on its side mid-forward.
+					ctx, cancel := context.WithCancel(context.Background())
+					defer cancel()
+					req := withReplacer(g.stripe(secret, body, g.clock.Unix()).WithContext(ctx))
+					done := make(chan answer, 1)
+					go func() { done <- g.serve(req) }()
+					require.Equal(t, 1, <-g.up.entered)
+					cancel()
+					a := <-done
+					ended := time.Now()
+					require.Equal(t, http.StatusGatewayTimeout, a.status, "the proxy's own error")
+					c := g.up.call(t, 0)
+					require.ErrorIs(t, c.CtxErr, context.DeadlineExceeded,
+						"the upstream call was ended by forward_timeout, not by the provider leaving")
+					require.GreaterOrEqual(t, c.Returned.Sub(c.Entered), 300*time.Millisecond)
+					require.Equal(t, 1.0, g.outcomes(outcomeAmbiguous)+g.outcomes(outcomeReleased))
+
+					g.clock.Advance(60 * time.Second) // the provider's retry
+					switch mode {
+					case "reforward":
+						g.requireRow(scope, id, store.StateReleased)
+						requireRelayed(t, g.serve(g.stripe(secret, body, g.clock.Unix())))
+						require.Equal(t, 2, g.up.count(), "at-least-once edge: forwarded again")
+						g.requireRow(scope, id, store.StateCompleted)
+					case "hold":
+						require.Equal(t, 1.0, g.outcomes(outcomeAmbiguous))
+						a = untilNot409(t, g, ended, 1)
+						requireRefused(t, a, http.StatusServiceUnavailable, "held")
+						require.NotEmpty(t, a.header.Get("Retry-After"))
+						requireRefused(t, g.serve(g.stripe(secret, body, g.clock.Unix())), http.StatusServiceUnavailable, "held")
+						require.Equal(t, 1, g.up.count(), "held: not forwarded")
+						g.requireRow(scope, id, store.StateHeld)
+						require.GreaterOrEqual(t, g.outcomes(outcomeHeld), 2.0)
+						// An operator releases it: the next delivery is forwarded.
+						require.NoError(t, g.h.backend.Resolve(context.Background(), scope, id, store.StateReleased))
+						requireRelayed(t, g.serve(g.stripe(secret, body, g.clock.Unix())))
+						require.Equal(t, 2, g.up.count())
+						g.requireRow(scope, id, store.StateCompleted)
+					}
+				})
+			})
+		}
+	})
+
+	// deadGateway is what a gateway killed mid-delivery leaves: a claim
+	// nobody renews, and (afterForward) a delivery the upstream received.
+	deadGateway := func(t *testing.T, g *gateway, afterForward bool) time.Time {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		c, err := g.h.backend.Claim(ctx, store.ClaimParams{
+			Scope: g.h.Scope, EventID: id, Lease: lease, HoldOnExpiry: g.h.OnAmbiguous == "hold",
+		})
+		require.NoError(t, err)
+		require.Equal(t, store.Claimed, c.Outcome)
+		claimed := time.Now()
+		if afterForward {
+			req := g.stripe(secret, body, g.clock.Unix())
+			rec := httptest.NewRecorder()
+			require.NoError(t, g.up.ServeHTTP(rec, req))
+			<-g.up.entered
+		}
+		return claimed
+	}
+
+	t.Run("b killed before forwarding", func(t *testing.T) {
+		t.Parallel()
+		eachBackend(t, func(t *testing.T, backend gatewayOption) {
+			up := newUpstream()
+			g := newGateway(t, cfg("reforward"), backend, withUpstream(up))
+			claimed := deadGateway(t, g, false)
+			// A retry inside the lease: 409 with Retry-After, not forwarded.
+			a := g.serve(g.stripe(secret, body, g.clock.Unix()))
+			requireRefused(t, a, http.StatusConflict, "being processed")
+			require.Equal(t, "1", a.header.Get("Retry-After"))
+			require.Equal(t, 0, up.count())
+			// After the lease, concurrent retries: exactly one takes over.
+			waitLeaseOver(t, g, g.h.Scope, id, claimed.Add(lease))
+			var wg sync.WaitGroup
+			answers := make([]answer, 8)
+			for i := range answers {
+				req := g.stripe(secret, body, g.clock.Unix())
+				wg.Add(1)
+				go func() { defer wg.Done(); answers[i] = g.serve(req) }()
+			}
+			wg.Wait()
+			relayed := 0
+			for _, a := range answers {
+				switch {
+				case a.status == http.StatusOK && a.header.Get("Idempotent-Replayed") == "":
+					relayed++
+				case a.status == http.StatusOK:
+					requireDuplicate(t, a)
+				default:
+					require.Equal(t, http.StatusConflict, a.status, "%s", a.body)
+				}
+			}
+			require.Equal(t, 1, relayed)
+			require.Equal(t, 1, up.count(), "the dead gateway never sent it: one forward in total")
+			e := g.requireRow(g.h.Scope, id, store.StateCompleted)
+			require.Equal(t, 2, e.Attempts)
+		})
+	})
+
+	t.Run("c killed after forwarding", func(t *testing.T) {
+		t.Parallel()
+		for _, mode := range []string{"reforward", "hold"} {
+			t.Run(mode, func(t *testing.T) {
+				t.Parallel()
+				eachBackend(t, func(t *testing.T, backend gatewayOption) {
+					up := newUpstream()
+					up.entered = make(chan int, 100)
+					g := newGateway(t, cfg(mode), backend, withUpstream(up))
+					claimed := deadGateway(t, g, true)
+					require.Equal(t, 1, up.count())
+					a := untilNot409(t, g, claimed, 1)
+					switch mode {
+					case "reforward":
+						requireRelayed(t, a)
+						require.Equal(t, 2, up.count(), "documented at-least-once edge")
+						g.requireRow(g.h.Scope, id, store.StateCompleted)
+					case "hold":
+						requireRefused(t, a, http.StatusServiceUnavailable, "held")
+						require.Equal(t, 1, up.count())
+						g.requireRow(g.h.Scope, id, store.StateHeld)
+						// An operator completes it: later deliveries are duplicates.
+						require.NoError(t, g.h.backend.Resolve(context.Background(), g.h.Scope, id, store.StateCompleted))
+						requireDuplicate(t, g.serve(g.stripe(secret, body, g.clock.Unix())))
+						require.Equal(t, 1, up.count())
+					}
+				})
+			})
+		}
+	})
+}
+
+// waitLeaseOver waits until the claim's lease has passed by the database's
+// clock (the store judges expiry with now(); the database runs on this
+// host, so its clock is ours).
+func waitLeaseOver(t *testing.T, g *gateway, scope, id string, notBefore time.Time) {
+	t.Helper()
+	e, err := g.row(scope, id)
+	require.NoError(t, err)
+	until := e.LeaseUntil
+	if until.IsZero() {
+		until = notBefore
+	}
+	time.Sleep(time.Until(until.Add(50 * time.Millisecond))) // the database's clock cannot be injected
+}
+
+// TestCase_BR10_UnsignedDeliveryIDReplay: a captured GitHub delivery
+// resent under a fresh X-GitHub-Delivery is caught by dedupe_body; the
+// controls show the ID is safe where the signature covers it.
+//
+// Origin: field case BR-10 of the project's case list (formerly cases_test.go,
+// where the field cases were grouped by report).
+func TestCase_BR10_UnsignedDeliveryIDReplay(t *testing.T) {
+	t.Parallel()
+	const secret = "gh_BR10"
+	scope := uniqueScope("br10")
+	g := newGateway(t, `webhook_idempotency {
+		provider github
+		secret gh_BR10
+		scope `+scope+`
+	}`)
+	// D1: a valid SIG-GH256 delivery.
+	d1 := []byte(`{"ref":"refs/heads/main","after":"0000000000000000000000000000000000bb1010","repository":{"full_name":"octo/br10"}}`)
+	requireRelayed(t, g.serve(githubDelivery(secret, d1, "99999999-0000-4000-8000-000000000008")))
+	require.Equal(t, 1, g.up.count())
+
+	// (a) the same body and signature under a fresh delivery ID.
+	replayed := g.outcomes(outcomeBodyReplay)
+	a := g.serve(githubDelivery(secret, d1, "99999999-0000-4000-8000-000000000010"))
+	requireDuplicate(t, a)
+	require.Equal(t, 1, g.up.count(), "not forwarded")
+	require.Equal(t, replayed+1, g.outcomes(outcomeBodyReplay), "counted")
+	warns := g.logged("body already delivered under another event id")
+	require.Len(t, warns, 1)
+	require.Equal(t, "99999999-0000-4000-8000-000000000010", warns[0].ContextMap()["event_id"])
+	// The fresh ID did not become a completed event.
+	e, err := g.row(scope, "99999999-0000-4000-8000-000000000010")
+	if err == nil {
+		require.NotEqual(t, store.StateCompleted, e.State)
+	}
+
+	// (d) two genuinely different deliveries: both forwarded.
+	d2 := []byte(`{"ref":"refs/heads/main","after":"0000000000000000000000000000000000bb1011","repository":{"full_name":"octo/br10"}}`)
+	d3 := []byte(`{"ref":"refs/heads/dev","after":"0000000000000000000000000000000000bb1012","repository":{"full_name":"octo/br10"}}`)
+	requireRelayed(t, g.serve(githubDelivery(secret, d2, "99999999-0000-4000-8000-000000000011")))
+	requireRelayed(t, g.serve(githubDelivery(secret, d3, "99999999-0000-4000-8000-000000000012")))
+	require.Equal(t, 3, g.up.count())
+	g.requireForwarded(1, d2, "application/json")
+	g.requireForwarded(2, d3, "application/json")
+
+	// (b) control, Stripe: the same processed delivery with an extra
+	// X-Request-Id: the ID is in the signed body.
+	st := newGateway(t, `webhook_idempotency {
+		provider stripe
+		secret whsec_test_BR10
+	}`)
+	sb := []byte(`{"id":"evt_BR10_0001","object":"event","type":"invoice.paid"}`)
+	req := st.stripe("whsec_test_BR10", sb, st.clock.Unix())
+	sig := req.Header.Get("Stripe-Signature")
+	requireRelayed(t, st.serve(req))
+	st.clock.Advance(30 * time.Second) // within tolerance
+	requireDuplicate(t, st.serve(newDelivery("http://gateway.test/webhooks/stripe", sb,
+		"Content-Type", "application/json", "Stripe-Signature", sig, "X-Request-Id", "req_"+randomHex(4))))
+	require.Equal(t, 1, st.up.count())
+
+	// (c) control, Standard Webhooks: webhook-id is signed.
+	const swSecret = "whsec_QlIxMC10ZXN0LWtleS0wMTIzNDU2Nzg5YWJjZGVmISE="
+	sw := newGateway(t, `webhook_idempotency {
+		provider standard
+		secret `+swSecret+`
+	}`)
+	key := swKey(t, swSecret)
+	swBody := []byte(`{"type":"invoice.paid","data":{"id":"inv_BR10"}}`)
+	now := sw.clock.Unix()
+	sigSW := "v1," + swSig(key, "msg_BR10_1", now, swBody)
+	swReq := func(id string) *http.Request {
+		return newDelivery("http://gateway.test/webhooks/standard", swBody, "Content-Type", "application/json",
+			"webhook-id", id, "webhook-timestamp", strconv.FormatInt(now, 10), "webhook-signature", sigSW)
+	}
+	requireRelayed(t, sw.serve(swReq("msg_BR10_1")))
+	requireRefused(t, sw.serve(swReq("msg_BR10_2")), http.StatusBadRequest, "no matching signature")
+	require.Equal(t, 1, sw.up.count())
+	sw.requireNoRow("standard", "msg_BR10_2")
+}
+
+// rowLock holds a PostgreSQL row lock on an event's row from another
+// session, so that the gateway's completion of it blocks until unlock.
+type rowLock struct {
+	conn *pgx.Conn
+	tx   pgx.Tx
+}
+
+func lockRow(t *testing.T, g *gateway, scope, id string) *rowLock {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, g.storage.DSN)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	var state string
+	err = tx.QueryRow(ctx, `SELECT state FROM `+pgx.Identifier{g.storage.Table}.Sanitize()+
+		` WHERE scope = $1 AND event_id = $2 FOR UPDATE`, scope, id).Scan(&state)
+	require.NoError(t, err)
+	require.Equal(t, string(store.StateProcessing), state, "locked while claimed")
+	return &rowLock{conn: conn, tx: tx}
+}
+
+// lockingOK is an upstream answer 200 "ok" that, on call n (its claim
+// committed), first locks the row of the stripe event id into *lock.
+func lockingOK(t *testing.T, g *gateway, n int, id string, lock **rowLock) func(http.ResponseWriter, *http.Request, int) error {
+	return func(w http.ResponseWriter, r *http.Request, call int) error {
+		if call == n {
+			*lock = lockRow(t, g, "stripe", id)
+		}
+		return answerWith(http.StatusOK, "text/plain", "ok")(w, r, call)
+	}
+}
+
+func (l *rowLock) unlock(t *testing.T) {
+	t.Helper()
+	require.NoError(t, l.tx.Rollback(context.Background()))
+}
+
+// TestCompletionAfterAnswer: once the upstream has answered 2xx, the
+// provider gets that answer without waiting for the completion's commit
+// (here blocked by a row lock); a duplicate on the same handler meanwhile
+// waits for the completion and is answered as a duplicate, not 409; the
+// upstream runs once; Cleanup's drain waits for a completion still being
+// written.
+func TestCompletionAfterAnswer(t *testing.T) {
+	t.Parallel()
+	g := newGateway(t, `webhook_idempotency {
+		provider stripe
+		secret whsec_after
+		cache 0
+	}`, onPostgres())
+	var lock *rowLock
+	g.up.respond = lockingOK(t, g, 1, "evt_after", &lock)
+	body := []byte(`{"id":"evt_after","object":"event"}`)
+
+	start := time.Now()
+	a := g.serve(g.stripe("whsec_after", body, g.clock.Unix()))
+	requireRelayed(t, a)
+	require.Less(t, time.Since(start), storeTimeout,
+		"answered while the completion was blocked, not after the store gave up on it")
+	require.NotNil(t, lock)
+
+	dup := make(chan answer, 1)
+	go func() { dup <- g.serve(g.stripe("whsec_after", body, g.clock.Unix())) }()
+	select {
+	case d := <-dup:
+		t.Fatalf("duplicate answered %d before the completion was written: %s", d.status, d.body)
+	case <-time.After(300 * time.Millisecond):
+	}
+	lock.unlock(t)
+	select {
+	case d := <-dup:
+		requireDuplicate(t, d)
+	case <-time.After(2 * storeTimeout):
+		t.Fatal("duplicate not answered after the completion was written")
+	}
+	require.Equal(t, 1, g.up.count())
+	g.requireRow("stripe", "evt_after", store.StateCompleted)
+
+	// Cleanup's drain: a completion blocked by a lock is waited for.
+	body2 := []byte(`{"id":"evt_after_2","object":"event"}`)
+	g.up.respond = lockingOK(t, g, 2, "evt_after_2", &lock)
+	requireRelayed(t, g.serve(g.stripe("whsec_after", body2, g.clock.Unix())))
+	drained := make(chan struct{})
+	go func() {
+		g.h.claims.Drain()
+		close(drained)
+	}()
+	select {
+	case <-drained:
+		t.Fatal("drain returned while a completion was still blocked")
+	case <-time.After(300 * time.Millisecond):
+	}
+	lock.unlock(t)
+	select {
+	case <-drained:
+	case <-time.After(claim.DefaultDrainFor + time.Second):
+		t.Fatal("drain did not return after the completion was written")
+	}
+	e, err := g.h.backend.Get(context.Background(), "stripe", "evt_after_2") // no wait: the drain did it
+	require.NoError(t, err)
+	require.Equal(t, store.StateCompleted, e.State)
+}
+
+// TestCompletionAfterAnswerAnotherRoute: a completion one route is writing
+// after its answer is awaited by another route of the same scope on the
+// same store, as by the route itself: the completions being written are
+// registered on the pooled store, which the handlers of a reloaded config
+// share too. A duplicate through the other route is then answered as a
+// duplicate, not 409, and the upstream runs once.
+func TestCompletionAfterAnswerAnotherRoute(t *testing.T) {
+	t.Parallel()
+	cfg := `webhook_idempotency {
+		provider stripe
+		secret whsec_routes
+		cache 0
+	}`
+	g1 := newGateway(t, cfg, onPostgres())
+	g2 := newGateway(t, cfg, sharingStore(g1))
+	require.Same(t, g1.h.backend, g2.h.backend, "two routes, one pooled store")
+	var lock *rowLock
+	g1.up.respond = lockingOK(t, g1, 1, "evt_routes", &lock)
+	body := []byte(`{"id":"evt_routes","object":"event"}`)
+	requireRelayed(t, g1.serve(g1.stripe("whsec_routes", body, g1.clock.Unix())))
+	require.NotNil(t, lock)
+
+	awaited := make(chan bool, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*storeTimeout)
+		defer cancel()
+		awaited <- g2.h.claims.Await(ctx, "stripe", "evt_routes")
+	}()
+	select {
+	case ok := <-awaited:
+		t.Fatalf("the other route did not wait for the completion being written (awaited: %v)", ok)
+	case <-time.After(300 * time.Millisecond):
+	}
+	lock.unlock(t)
+	require.True(t, <-awaited, "the other route waited for the completion")
+	requireDuplicate(t, g2.serve(g2.stripe("whsec_routes", body, g2.clock.Unix())))
+	require.Equal(t, 1, g1.up.count())
+	g2.requireRow("stripe", "evt_routes", store.StateCompleted)
+}

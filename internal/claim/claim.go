@@ -1,0 +1,300 @@
+// Package claim is the life of a synchronous forward's claims, the sync
+// twin of internal/dispatch: take a claim (Keeper.Claim, after waiting for a
+// completion this process is still writing), keep it while the upstream
+// runs (Keeper.Keep), settle it by the forward's verdict (Keeper.Settle:
+// complete, release or hold, retried in the background after a store
+// error), complete it after the provider has its answer
+// (Keeper.CompleteAfterAnswer, awaited by duplicates and drained by
+// Keeper.Drain), and delete expired rows (Sweeper). Settings, logger and
+// metrics come from Options; the package reads no state of the Caddy layer
+// and runs, and is tested, without Caddy.
+package claim
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/lease"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
+)
+
+// Defaults of Options, applied by New when a field is zero.
+const (
+	// DefaultStoreTimeout bounds every store call (claim, settle, sweep).
+	DefaultStoreTimeout = 5 * time.Second
+	// DefaultRetryFor bounds how long a settle that failed on a store
+	// error is retried in the background.
+	DefaultRetryFor = 10 * time.Minute
+	// DefaultDrainFor bounds how long Drain waits for completions still
+	// being written after their answers; then they finish in the
+	// background, as settles retried after a store error do.
+	DefaultDrainFor = 5 * time.Second
+)
+
+// Op is how a claim is settled.
+type Op int
+
+const (
+	// Complete: the upstream did the work; later deliveries are duplicates.
+	Complete Op = iota + 1
+	// Release: the next delivery is forwarded again.
+	Release
+	// Hold: the outcome is unknown (on_ambiguous hold); an operator decides.
+	Hold
+)
+
+// String is the op's name in log lines ("complete", "release", "hold").
+func (o Op) String() string {
+	switch o {
+	case Complete:
+		return "complete"
+	case Hold:
+		return "hold"
+	}
+	return "release"
+}
+
+// Ref is one claim a delivery holds: the event ID's, and with dedupe_body
+// the body hash's.
+type Ref struct {
+	Scope, ID, Token string
+	// Resp is the upstream's answer stored when the claim completes
+	// (replay response); nil stores none.
+	Resp *store.Response
+	// HoldReason is why the claim is held (Hold), stored for the admin API.
+	HoldReason string
+}
+
+// Timers are the store_duration_seconds series of the claim's store calls;
+// nil fields are not observed.
+type Timers struct {
+	Claim, Complete, Release, Hold, Heartbeat prometheus.Observer
+}
+
+// Options configure a Keeper. Zero values mean the defaults above.
+type Options struct {
+	// Store records the claims. Required.
+	Store store.Store
+	// Completions registers the completions being written after their
+	// answers, shared by every Keeper of one store in this process (one
+	// registry per pooled store), so a duplicate through another route of
+	// the scope, or through a reloaded config, waits for them. Default: a
+	// registry of this Keeper's own.
+	Completions *Completions
+	// Lease is a claim's lease, renewed every third of it while the
+	// forward runs. Required.
+	Lease time.Duration
+	// HoldOnExpiry: a claim whose lease expired is held by the next claim
+	// instead of taken over (on_ambiguous hold).
+	HoldOnExpiry bool
+	// StoreTimeout, RetryFor and DrainFor: see the Default constants.
+	StoreTimeout, RetryFor, DrainFor time.Duration
+	// Background is the context of settles retried after a store error and
+	// of completions written after their answers, detached from its
+	// cancellation (they outlive a config reload on purpose: giving up
+	// would let the event be forwarded again). Nil: a settle is not retried.
+	Background context.Context
+	// Logger receives lost leases and failed settles with scope and event
+	// ID; never bodies or secrets. Default: zap.NewNop().
+	Logger *zap.Logger
+	// Timers are observed on each store call.
+	Timers Timers
+	// Scope names the route in the drain's log line.
+	Scope string
+}
+
+// Keeper runs the claims of one route.
+type Keeper struct {
+	o Options
+	// busy counts forwards and background settles still running: Cleanup
+	// keeps the store open until they end.
+	busy busy
+	// own counts this Keeper's completions after answers, for Drain.
+	own sync.WaitGroup
+}
+
+// New returns a Keeper with o's defaults applied. It does no I/O.
+func New(o Options) *Keeper {
+	if o.StoreTimeout == 0 {
+		o.StoreTimeout = DefaultStoreTimeout
+	}
+	if o.RetryFor == 0 {
+		o.RetryFor = DefaultRetryFor
+	}
+	if o.DrainFor == 0 {
+		o.DrainFor = DefaultDrainFor
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	if o.Completions == nil {
+		o.Completions = NewCompletions()
+	}
+	return &Keeper{o: o}
+}
+
+// Claim claims key in scope with the Keeper's lease and expiry policy
+// (fingerprint is the request's, Idempotency-Key; else ""), bounded by
+// StoreTimeout, and times it. A completion of the same key that a Keeper of
+// this store is writing after its answer is waited for first, so a
+// duplicate sent once the provider has its answer finds the event
+// completed, not in flight; a claim that finds the event in flight and then
+// a completion under way waits for it and claims again.
+func (k *Keeper) Claim(parent context.Context, scope, key, fingerprint string) (store.Claim, error) {
+	p := store.ClaimParams{Scope: scope, EventID: key, Lease: k.o.Lease,
+		HoldOnExpiry: k.o.HoldOnExpiry, Fingerprint: fingerprint}
+	ctx, cancel := context.WithTimeout(parent, k.o.StoreTimeout)
+	defer cancel()
+	t0 := time.Now()
+	k.o.Completions.await(ctx, p.Scope, p.EventID)
+	c, err := k.o.Store.Claim(ctx, p)
+	if err == nil && c.Outcome == store.InFlight && k.o.Completions.await(ctx, p.Scope, p.EventID) {
+		c, err = k.o.Store.Claim(ctx, p)
+	}
+	observe(k.o.Timers.Claim, t0)
+	return c, err
+}
+
+// Keep renews the claims' leases every third of the lease until stop is
+// closed or ctx ends; a claim whose lease is lost is logged and renewed no
+// more. It returns once every renewal loop has ended.
+func (k *Keeper) Keep(ctx context.Context, refs []Ref, stop <-chan struct{}) {
+	var wg sync.WaitGroup
+	for _, c := range refs {
+		wg.Go(func() {
+			err := lease.Keep(ctx, stop, lease.Renewal{
+				Lease: k.o.Lease,
+				Renew: func(ctx context.Context) error {
+					defer observe(k.o.Timers.Heartbeat, time.Now())
+					return k.o.Store.Heartbeat(ctx, c.Scope, c.ID, c.Token, k.o.Lease)
+				},
+				Lost:   store.ErrLeaseLost,
+				Logger: k.o.Logger, Name: "claim lease",
+				Fields: []zap.Field{zap.String("scope", c.Scope), zap.String("event_id", c.ID)},
+			})
+			if err != nil {
+				k.o.Logger.Warn("claim lease lost while forwarding", zap.String("scope", c.Scope), zap.String("event_id", c.ID))
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// Settle completes, releases or holds every claim, with a context detached
+// from the provider's connection; a store error is retried in the
+// background (settleLater) when the Keeper has a Background context.
+func (k *Keeper) Settle(parent context.Context, refs []Ref, status int, op Op) {
+	for _, c := range refs {
+		err := k.settleOnce(context.WithoutCancel(parent), c, status, op)
+		switch {
+		case errors.Is(err, store.ErrLeaseLost):
+			k.lost(c, op)
+		case err != nil:
+			k.o.Logger.Warn("settling event failed; retrying in the background",
+				zap.String("scope", c.Scope), zap.String("event_id", c.ID), zap.Stringer("settle", op), zap.Error(err))
+			if k.o.Background != nil {
+				k.busy.add()
+				go func() {
+					defer k.busy.done()
+					k.settleLater(c, status, op)
+				}()
+			}
+		}
+	}
+}
+
+func (k *Keeper) lost(c Ref, op Op) {
+	k.o.Logger.Warn("claim lease lost before settling; another delivery may have been forwarded",
+		zap.String("scope", c.Scope), zap.String("event_id", c.ID), zap.Stringer("settle", op))
+}
+
+// settleLater retries a settle the store failed (a PostgreSQL restart, a
+// network cut), with backoff, until it succeeds, the claim is lost to
+// another delivery, or RetryFor has passed. Without it an event whose
+// upstream answered 2xx stays processing and, once its lease runs out, is
+// forwarded again. Complete needs the claim's token, not a live lease, so it
+// still succeeds after the lease expired as long as no other delivery has
+// claimed the event.
+func (k *Keeper) settleLater(c Ref, status int, op Op) {
+	delay, start := 100*time.Millisecond, time.Now()
+	ctx := context.WithoutCancel(k.o.Background)
+	for time.Since(start) < k.o.RetryFor {
+		time.Sleep(delay)
+		err := k.settleOnce(ctx, c, status, op)
+		switch {
+		case err == nil:
+			k.o.Logger.Info("settled event after a store error", zap.String("scope", c.Scope),
+				zap.String("event_id", c.ID), zap.Stringer("settle", op))
+			return
+		case errors.Is(err, store.ErrLeaseLost):
+			k.lost(c, op)
+			return
+		}
+		// Every 100 ms while the outage is young, so the settle lands within
+		// moments of the store's return, before a redelivery to another
+		// instance can take the expired lease; then back off to 2 s.
+		if time.Since(start) > 30*time.Second {
+			delay = min(2*delay, 2*time.Second)
+		}
+	}
+	k.o.Logger.Error("gave up settling event; its lease will expire", zap.String("scope", c.Scope),
+		zap.String("event_id", c.ID), zap.Stringer("settle", op))
+}
+
+// settleOnce completes, releases or holds one claim, bounded by
+// StoreTimeout.
+func (k *Keeper) settleOnce(parent context.Context, c Ref, status int, op Op) error {
+	ctx, cancel := context.WithTimeout(parent, k.o.StoreTimeout)
+	defer cancel()
+	t0 := time.Now()
+	switch op {
+	case Complete:
+		defer observe(k.o.Timers.Complete, t0)
+		if c.Resp != nil {
+			return k.o.Store.CompleteResponse(ctx, c.Scope, c.ID, c.Token, *c.Resp)
+		}
+		return k.o.Store.Complete(ctx, c.Scope, c.ID, c.Token, status)
+	case Hold:
+		defer observe(k.o.Timers.Hold, t0)
+		return k.o.Store.Hold(ctx, c.Scope, c.ID, c.Token, c.HoldReason)
+	}
+	defer observe(k.o.Timers.Release, t0)
+	return k.o.Store.Release(ctx, c.Scope, c.ID, c.Token)
+}
+
+// Track counts a forward that must settle before the store may close
+// (Cleanup waits for it); the returned func ends it.
+func (k *Keeper) Track() (done func()) {
+	k.busy.add()
+	return k.busy.done
+}
+
+// Active reports whether forwards or background settles are still running.
+func (k *Keeper) Active() bool { return k.busy.active() }
+
+// Wait waits for the forwards and background settles still running.
+func (k *Keeper) Wait() { k.busy.wait() }
+
+// busy counts forwards and background settles still running.
+type busy struct {
+	wg sync.WaitGroup
+	n  atomic.Int64
+}
+
+func (t *busy) add()         { t.n.Add(1); t.wg.Add(1) }
+func (t *busy) done()        { t.wg.Done(); t.n.Add(-1) }
+func (t *busy) active() bool { return t.n.Load() > 0 }
+func (t *busy) wait()        { t.wg.Wait() }
+
+// observe records the time since t0 on o, when there is one.
+func observe(o prometheus.Observer, t0 time.Time) {
+	if o != nil {
+		o.Observe(time.Since(t0).Seconds())
+	}
+}

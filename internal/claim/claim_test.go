@@ -1,0 +1,242 @@
+package claim_test
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/claim"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store/sqlite"
+)
+
+// testBundle is what setup builds: a real SQLite store, with faults a test
+// may inject around it (faulty), and a Keeper on it.
+type testBundle struct {
+	store  *faulty
+	keeper *claim.Keeper
+}
+
+// setup opens a fresh SQLite store in the test's directory and a Keeper on
+// it with opts (Store and, unless set, Lease filled in).
+func setup(t *testing.T, opts claim.Options) *testBundle {
+	t.Helper()
+	s, err := sqlite.New(t.Context(), sqlite.Options{Path: filepath.Join(t.TempDir(), "events.db")})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	f := &faulty{Store: s, release: make(chan struct{})}
+	close(f.release) // not blocking unless a test says so
+	opts.Store = f
+	if opts.Lease == 0 {
+		opts.Lease = time.Minute
+	}
+	return &testBundle{store: f, keeper: claim.New(opts)}
+}
+
+// faulty is the real store with faults injected: Complete fails the first
+// failCompletes times, and waits for release.
+type faulty struct {
+	store.Store
+	failCompletes atomic.Int32
+	completes     atomic.Int32
+	release       chan struct{}
+}
+
+var errDown = errors.New("store down")
+
+func (f *faulty) Complete(ctx context.Context, scope, id, token string, status int) error {
+	f.completes.Add(1)
+	<-f.release
+	if f.failCompletes.Add(-1) >= 0 {
+		return errDown
+	}
+	return f.Store.Complete(ctx, scope, id, token, status)
+}
+
+func (b *testBundle) state(t *testing.T, scope, id string) store.State {
+	t.Helper()
+	e, err := b.store.Get(context.Background(), scope, id)
+	require.NoError(t, err)
+	return e.State
+}
+
+// TestNewDefaults: zero Options fields get the package's defaults.
+func TestNewDefaults(t *testing.T) {
+	t.Parallel()
+	b := setup(t, claim.Options{})
+	o := b.keeper.Options()
+	require.NotNil(t, o.Logger, "a no-op logger")
+	require.NotNil(t, o.Completions, "a registry of its own")
+	o.Logger, o.Completions = nil, nil
+	require.Equal(t, claim.Options{
+		Store: b.store, Lease: time.Minute, StoreTimeout: claim.DefaultStoreTimeout,
+		RetryFor: claim.DefaultRetryFor, DrainFor: claim.DefaultDrainFor,
+	}, o)
+}
+
+// TestClaimSettle: a claim completed, released or held reads so in the
+// store; a second claim of a completed event is a duplicate with its
+// status.
+func TestClaimSettle(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		op   claim.Op
+		want store.State
+	}{
+		{claim.Complete, store.StateCompleted},
+		{claim.Release, store.StateReleased},
+		{claim.Hold, store.StateHeld},
+	} {
+		t.Run(tc.op.String(), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, claim.Options{})
+			c, err := b.keeper.Claim(t.Context(), "s", "evt_1", "")
+			require.NoError(t, err)
+			require.Equal(t, store.Claimed, c.Outcome)
+			b.keeper.Settle(t.Context(), []claim.Ref{{Scope: "s", ID: "evt_1", Token: c.Token, HoldReason: "test"}}, 200, tc.op)
+			require.Equal(t, tc.want, b.state(t, "s", "evt_1"))
+			if tc.op == claim.Complete {
+				again, err := b.keeper.Claim(t.Context(), "s", "evt_1", "")
+				require.NoError(t, err)
+				require.Equal(t, store.Duplicate, again.Outcome)
+				require.Equal(t, 200, again.Status)
+			}
+		})
+	}
+}
+
+// TestCompleteAfterAnswerAwaited: a completion written after the answer
+// is waited for by a claim of the same event through another Keeper of the
+// same store (another route of the scope, or a reloaded config), which
+// then finds it a duplicate instead of in flight; Drain waits for it too.
+func TestCompleteAfterAnswerAwaited(t *testing.T) {
+	t.Parallel()
+	shared := claim.NewCompletions()
+	b := setup(t, claim.Options{Completions: shared})
+	b.store.release = make(chan struct{}) // the completion blocks until released
+	other := claim.New(claim.Options{Store: b.store, Completions: shared, Lease: time.Minute})
+
+	c, err := b.keeper.Claim(t.Context(), "s", "evt_after", "")
+	require.NoError(t, err)
+	b.keeper.CompleteAfterAnswer(t.Context(), []claim.Ref{{Scope: "s", ID: "evt_after", Token: c.Token}}, 200)
+
+	got := make(chan store.Claim, 1)
+	go func() {
+		dup, err := other.Claim(context.Background(), "s", "evt_after", "")
+		if err == nil {
+			got <- dup
+		}
+		close(got)
+	}()
+	select {
+	case dup := <-got:
+		t.Fatalf("the claim did not wait for the completion being written: %v", dup.Outcome)
+	case <-time.After(200 * time.Millisecond):
+	}
+	drained := make(chan struct{})
+	go func() {
+		b.keeper.Drain()
+		close(drained)
+	}()
+	close(b.store.release)
+	dup, ok := <-got
+	require.True(t, ok, "the waiting claim failed")
+	require.Equal(t, store.Duplicate, dup.Outcome)
+	<-drained
+	require.Equal(t, store.StateCompleted, b.state(t, "s", "evt_after"))
+	require.False(t, b.keeper.Active(), "nothing left running")
+}
+
+// TestSettleRetriedAfterStoreError: a completion the store failed is
+// retried in the background (with a Background context) until it lands,
+// and Wait waits for the retry; without one it is not retried.
+func TestSettleRetriedAfterStoreError(t *testing.T) {
+	t.Parallel()
+	t.Run("retried", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, claim.Options{Background: t.Context()})
+		b.store.failCompletes.Store(2)
+		c, err := b.keeper.Claim(t.Context(), "s", "evt_retry", "")
+		require.NoError(t, err)
+		b.keeper.Settle(t.Context(), []claim.Ref{{Scope: "s", ID: "evt_retry", Token: c.Token}}, 200, claim.Complete)
+		require.True(t, b.keeper.Active(), "a retry runs in the background")
+		b.keeper.Wait()
+		require.Equal(t, int32(3), b.store.completes.Load(), "two failures, then the completion")
+		require.Equal(t, store.StateCompleted, b.state(t, "s", "evt_retry"))
+	})
+	t.Run("no background", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, claim.Options{})
+		b.store.failCompletes.Store(1)
+		c, err := b.keeper.Claim(t.Context(), "s", "evt_once", "")
+		require.NoError(t, err)
+		b.keeper.Settle(t.Context(), []claim.Ref{{Scope: "s", ID: "evt_once", Token: c.Token}}, 200, claim.Complete)
+		require.False(t, b.keeper.Active())
+		require.Equal(t, store.StateProcessing, b.state(t, "s", "evt_once"))
+	})
+}
+
+// TestSettleLeaseLost: a settle with a token that no longer holds the row
+// changes nothing and is not retried.
+func TestSettleLeaseLost(t *testing.T) {
+	t.Parallel()
+	b := setup(t, claim.Options{Background: t.Context()})
+	_, err := b.keeper.Claim(t.Context(), "s", "evt_lost", "")
+	require.NoError(t, err)
+	b.keeper.Settle(t.Context(), []claim.Ref{{Scope: "s", ID: "evt_lost", Token: "not-the-token"}}, 200, claim.Complete)
+	require.False(t, b.keeper.Active(), "a lost lease is not retried")
+	require.Equal(t, store.StateProcessing, b.state(t, "s", "evt_lost"))
+}
+
+// TestKeepRenews: Keep renews a claim's lease while its work runs, so a
+// second claim finds it in flight after the first lease would have
+// expired, and returns once stopped.
+func TestKeepRenews(t *testing.T) {
+	t.Parallel()
+	b := setup(t, claim.Options{Lease: 150 * time.Millisecond})
+	c, err := b.keeper.Claim(t.Context(), "s", "evt_keep", "")
+	require.NoError(t, err)
+	stop := make(chan struct{})
+	kept := make(chan struct{})
+	go func() {
+		b.keeper.Keep(t.Context(), []claim.Ref{{Scope: "s", ID: "evt_keep", Token: c.Token}}, stop)
+		close(kept)
+	}()
+	time.Sleep(500 * time.Millisecond) // three leases: renewed every 50 ms
+	again, err := b.keeper.Claim(t.Context(), "s", "evt_keep", "")
+	require.NoError(t, err)
+	require.Equal(t, store.InFlight, again.Outcome, "the lease was renewed")
+	close(stop)
+	<-kept
+}
+
+// TestSweeperOnce: rows first seen before their scope's cutoff are
+// deleted, others kept; the defaults apply to a zero Sweeper's batch
+// sizes and timeout.
+func TestSweeperOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, claim.Options{})
+	for _, id := range []string{"a", "b"} {
+		c, err := b.keeper.Claim(t.Context(), "old", id, "")
+		require.NoError(t, err)
+		b.keeper.Settle(t.Context(), []claim.Ref{{Scope: "old", ID: id, Token: c.Token}}, 200, claim.Complete)
+	}
+	c, err := b.keeper.Claim(t.Context(), "kept", "c", "")
+	require.NoError(t, err)
+	b.keeper.Settle(t.Context(), []claim.Ref{{Scope: "kept", ID: "c", Token: c.Token}}, 200, claim.Complete)
+
+	s := &claim.Sweeper{Store: b.store, Expiries: func(now time.Time) []store.Expiry {
+		return []store.Expiry{{Scopes: []string{"old"}, Cutoff: now}, {Scopes: []string{"kept"}, Cutoff: now.Add(-time.Hour)}}
+	}}
+	n, err := s.Once(t.Context(), time.Now().Add(time.Minute))
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	_, err = b.store.Get(t.Context(), "old", "a")
+	require.ErrorIs(t, err, store.ErrNotFound)
+	require.Equal(t, store.StateCompleted, b.state(t, "kept", "c"))
+}
