@@ -24,33 +24,37 @@ import (
 type answerID int
 
 const (
-	ansDuplicate        answerID = iota + 1 // a redelivery of a completed event
-	ansBodyReplay                           // dedupe_body: the body came before under another event ID
-	ansQueued                               // async: stored for delivery
-	ansStoreUnavailable                     // the store failed: nothing forwarded
-	ansStoredUnreadable                     // replay: the stored answer of a completed event could not be read
-	ansInFlight                             // another delivery holds the event's claim
-	ansBodyInFlight                         // dedupe_body: another delivery holds the body's claim
-	ansHeld                                 // the event is held after an ambiguous forward
-	ansRefused                              // verification failed (refuse_status)
-	ansBodyRefused                          // a correctly signed body the scheme refuses (refuse_status)
-	ansBadRequest                           // no usable event ID, an unreadable body, a bad handshake
-	ansTooLarge                             // over max_body
-	ansUnsupported                          // a Content-Encoding other than gzip or identity
-	ansReadTimeout                          // the body did not arrive within read_timeout
-	ansKeyMalformed                         // idempotency_key: the key header is malformed
-	ansKeyMissing                           // idempotency_key: no key on a request that needs one
-	ansKeyReused                            // idempotency_key: the key came with another request
-	ansNoIdentity                           // idempotency_key: a key without the caller's identity
-	ansIncomplete                           // idempotency_key: the key's stored answer has no body
-	ansUpstreamError                        // the next handler failed before answering (status: the error's)
-	ansItemsDone                            // batch split: every item completed (body: the call's summary)
-	ansItemsUnavailable                     // batch split: an item could not be claimed or is held
-	ansItemsInFlight                        // batch split: an item is in flight in another delivery
-	ansItemsFailed                          // batch split: the upstream did not accept an item
-	ansSpooled                              // the store failed: kept in the spool, forwarded once it is back
-	ansSpoolFull                            // the store failed and the spool is full: nothing kept
-	ansSpoolError                           // the store failed and writing the spool failed: nothing kept
+	ansDuplicate         answerID = iota + 1 // a redelivery of a completed event
+	ansBodyReplay                            // dedupe_body: the body came before under another event ID
+	ansQueued                                // async: stored for delivery
+	ansStoreUnavailable                      // the store failed: nothing forwarded
+	ansStoredUnreadable                      // replay: the stored answer of a completed event could not be read
+	ansInFlight                              // another delivery holds the event's claim
+	ansBodyInFlight                          // dedupe_body: another delivery holds the body's claim
+	ansHeld                                  // the event is held after an ambiguous forward
+	ansRefused                               // verification failed (refuse_status)
+	ansBodyRefused                           // a correctly signed body the scheme refuses (refuse_status)
+	ansBadRequest                            // no usable event ID, an unreadable body, a bad handshake
+	ansTooLarge                              // over max_body
+	ansUnsupported                           // a Content-Encoding other than gzip or identity
+	ansReadTimeout                           // the body did not arrive within read_timeout
+	ansKeyMalformed                          // idempotency_key: the key header is malformed
+	ansKeyMissing                            // idempotency_key: no key on a request that needs one
+	ansKeyReused                             // idempotency_key: the key came with another request
+	ansNoIdentity                            // idempotency_key: a key without the caller's identity
+	ansIncomplete                            // idempotency_key: the key's stored answer has no body
+	ansUpstreamError                         // the next handler failed before answering (status: the error's)
+	ansItemsDone                             // batch split: every item completed (body: the call's summary)
+	ansItemsUnavailable                      // batch split: an item could not be claimed or is held
+	ansItemsInFlight                         // batch split: an item is in flight in another delivery
+	ansItemsFailed                           // batch split: the upstream did not accept an item
+	ansItemsRefused                          // batch split: items failed their own signature (refuse_status)
+	ansAccepted                              // the provider's literal success answer (Adyen's "[accepted]"; body: the call's)
+	ansAcceptedDuplicate                     // the same, for a delivery whose every item was a duplicate
+	ansSpooled                               // the store failed: kept in the spool, forwarded once it is back
+	ansSpooledAccepted                       // the same, with the provider's literal success answer (body: the call's)
+	ansSpoolFull                             // the store failed and the spool is full: nothing kept
+	ansSpoolError                            // the store failed and writing the spool failed: nothing kept
 )
 
 // statusRefuse in a row's status means the route's refuse_status.
@@ -80,6 +84,9 @@ type answerRow struct {
 	// replayed adds Idempotent-Replayed: true.
 	body     []byte
 	replayed bool
+	// contentType is the Content-Type of the call's body; "":
+	// application/json.
+	contentType string
 }
 
 var (
@@ -133,12 +140,20 @@ var answers = [...]answerRow{
 	ansItemsUnavailable: {outcome: outcomeStoreError, status: http.StatusServiceUnavailable, retry: unavailableRetryAfter},
 	ansItemsInFlight:    {outcome: outcomeInFlight, status: http.StatusConflict},
 	ansItemsFailed:      {outcome: outcomeReleased, status: http.StatusBadGateway},
-	ansSpooled:          {outcome: outcomeSpooled, status: http.StatusOK, body: spooledBody},
+	ansItemsRefused:     {outcome: outcomeInvalidSignature, status: statusRefuse},
+	ansAccepted:         {outcome: outcomeCompleted, status: http.StatusOK, contentType: textPlain},
+	ansAcceptedDuplicate: {outcome: outcomeDuplicate, status: http.StatusOK, contentType: textPlain,
+		replayed: true},
+	ansSpooled:         {outcome: outcomeSpooled, status: http.StatusOK, body: spooledBody},
+	ansSpooledAccepted: {outcome: outcomeSpooled, status: http.StatusOK, contentType: textPlain},
 	ansSpoolFull: {outcome: outcomeSpoolFull, status: http.StatusServiceUnavailable,
 		reason: "event store unavailable and spool full", retry: unavailableRetryAfter},
 	ansSpoolError: {outcome: outcomeSpoolError, status: http.StatusServiceUnavailable,
 		reason: "event store unavailable", retry: unavailableRetryAfter},
 }
+
+// textPlain is the Content-Type of a provider's literal answer.
+const textPlain = "text/plain; charset=utf-8"
 
 // say is what a call adds to its answer's row.
 type say struct {
@@ -172,7 +187,10 @@ func (h *Handler) answer(w http.ResponseWriter, d *delivery, a answerID, s say) 
 	case row.body != nil:
 		writeFixed(w, status, row.body, row.replayed)
 	case s.body != nil:
-		writeBody(w, status, "application/json", s.body, retry)
+		if row.replayed {
+			w.Header().Set("Idempotent-Replayed", "true")
+		}
+		writeBody(w, status, cmp.Or(row.contentType, "application/json"), s.body, retry)
 	case h.idem != nil && row.title != "":
 		if row.replayed {
 			w.Header().Set("Idempotent-Replayed", "true")

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"time"
@@ -157,7 +156,7 @@ func (m splitMode) serve(w http.ResponseWriter, next caddyhttp.Handler, d *deliv
 	if !d.split {
 		return m.sync.serve(w, next, d)
 	}
-	h, items, refused := m.sync.h, d.items, d.refused
+	h, items, refused := m.sync.h, d.items, d.refusedItems
 	var (
 		forwarded, dups, failed int
 		worst                   answerID // the answer when an item failed
@@ -194,7 +193,6 @@ func (m splitMode) serve(w http.ResponseWriter, next caddyhttp.Handler, d *deliv
 	// The delivery's log line has no event ID: each item's debug line has
 	// its own.
 	switch {
-	case failed > 0 && h.providerGone(d, false):
 	case refused > 0:
 		// Items that failed their own signature were neither claimed nor
 		// forwarded; the provider's retry of the delivery finds the
@@ -203,21 +201,24 @@ func (m splitMode) serve(w http.ResponseWriter, next caddyhttp.Handler, d *deliv
 		if failed > 0 {
 			d.reason += fmt.Sprintf("; %d not completed", failed)
 		}
-		h.answer(w, d, ansRefused, say{reason: d.reason + "; the other items are forwarded once"})
+		h.answer(w, d, ansItemsRefused, say{reason: d.reason + "; the other items are forwarded once"})
 		d.status = h.RefuseStatus
+	case failed > 0 && h.providerGone(d, false):
 	case failed > 0:
 		d.reason = fmt.Sprintf("%d of %d items not completed", failed, len(items))
 		h.answer(w, d, worst, say{reason: d.reason + "; items already completed are skipped on retry", retryAfter: retry})
 		d.status = answers[worst].status
 	case forwarded == 0:
 		d.status = http.StatusOK
-		if h.respondAccepted(w, d, true) {
+		if lit := h.preset.Delivery.Answer.Body; lit != "" {
+			h.answer(w, d, ansAcceptedDuplicate, say{body: []byte(lit)})
 			return nil
 		}
 		h.answer(w, d, ansDuplicate, say{})
 	default:
 		d.status = http.StatusOK
-		if h.respondAccepted(w, d, false) {
+		if lit := h.preset.Delivery.Answer.Body; lit != "" {
+			h.answer(w, d, ansAccepted, say{body: []byte(lit)})
 			return nil
 		}
 		b, _ := json.Marshal(map[string]any{"received": true, "items": len(items), "forwarded": forwarded, "duplicates": dups})
@@ -243,28 +244,6 @@ func (h *Handler) batchItemsChecked(body []byte) ([]signature.BatchItem, int, er
 		return nil, 0, fmt.Errorf("%w: %w", eventid.ErrMissing, err)
 	}
 	return items, refused, nil
-}
-
-// respondAccepted writes the literal answer the provider expects for an
-// accepted delivery (signature.Answer.Body: Adyen's "[accepted]") when it
-// has one, sets the delivery's outcome (duplicate or completed), and
-// reports whether it did.
-func (h *Handler) respondAccepted(w http.ResponseWriter, d *delivery, duplicate bool) bool {
-	body := h.preset.Delivery.Answer.Body
-	if body == "" {
-		return false
-	}
-	d.outcome = outcomeCompleted
-	if duplicate {
-		d.outcome = outcomeDuplicate
-	}
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	if duplicate {
-		w.Header().Set("Idempotent-Replayed", "true")
-	}
-	w.WriteHeader(http.StatusOK)
-	_, _ = io.WriteString(w, body)
-	return true
 }
 
 // forwardItem claims one batch item and, when claimed, forwards it alone

@@ -52,6 +52,8 @@ func cliSigningSecret(t *testing.T, provider string) string {
 		return "bt_public_" + hex.EncodeToString(b[:4]) + ":" + hex.EncodeToString(b[4:])
 	case "telnyx":
 		return "seed:" + base64.StdEncoding.EncodeToString(b)
+	case "postmark": // HTTP Basic credentials
+		return "hook:" + hex.EncodeToString(b)
 	case "sendgrid":
 		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		require.NoError(t, err)

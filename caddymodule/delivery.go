@@ -27,9 +27,9 @@ type delivery struct {
 	// items are the items of a batch forwarded one by one (split).
 	items []signature.BatchItem
 	split bool
-	// refused counts the items of a split delivery left out because
-	// their own signature failed (a provider that signs each item).
-	refused int
+	// refusedItems counts the items of a split delivery that failed their
+	// own signature (a provider that signs each item): left out.
+	refusedItems int
 
 	eventID  string
 	outcome  string

@@ -160,7 +160,7 @@ func (in webhookIntake) take(w http.ResponseWriter, next caddyhttp.Handler, d *d
 			h.answer(w, d, ansBadRequest, say{reason: eventIDReason(err)})
 			return false, nil
 		}
-		d.items, d.split, d.refused = items, true, refused
+		d.items, d.split, d.refusedItems = items, true, refused
 		return true, nil
 	}
 	id, err := h.eventID(d.signed, r.Header)

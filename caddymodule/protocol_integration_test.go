@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -120,6 +121,16 @@ func protoRoutes(t *testing.T) []protoRoute {
 	add("sendgrid", "/p/sendgrid-split", "batch split", "scope sendgrid_split")
 	add("gocardless", "/p/gocardless-split", "batch split")
 	add("hubspot", "")
+	for _, p := range presetsB {
+		add(p, "")
+	}
+	// Plivo and Mandrill post forms: their event IDs are form fields.
+	for _, f := range []struct{ provider, field string }{{"plivo", "CallUUID"}, {"mandrill", "mandrill_events"}} {
+		add(f.provider, "")
+		r := &routes[len(routes)-1]
+		r.config = strings.Replace(r.config, "event_id json id", "event_id form "+f.field, 1)
+		r.idFrom = "form " + f.field
+	}
 	add("adyen", "")
 	for _, p := range []string{"mollie", "recurly", "revolut", "airwallex", "fastspring", "authorizenet", "flutterwave",
 		"xendit", "chargebee", "midtrans", "mercadopago", "rapyd", "braintree"} {
@@ -127,6 +138,13 @@ func protoRoutes(t *testing.T) []protoRoute {
 	}
 	add("adyen", "/p/adyen-basic", `secret "basic:ws_adyen:{env.WI_TEST_ADYEN_PASS}"`, "scope adyen_basic")
 	return routes
+}
+
+// presetsB are the issue 25 presets that deliver a JSON body through the
+// generic route (TestProtocolsThroughCaddy "<name> delivers").
+var presetsB = []string{
+	"zendesk", "segment", "clickup", "sanity", "liveblocks", "lithic", "aftership", "moderntreasury", "finch",
+	"onfido", "cashfree", "cloudinary", "pusher", "vonage", "postmark", "hygraph", "attio", "launchdarkly", "helpscout", "orb", "coinify", "moonpay", "jira", "fintoc", "zohopayments",
 }
 
 // protoConfig renders the Caddyfile: every route on table, plus extra
@@ -361,6 +379,60 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 			requireDelivers(t, r, r.signing)
 		})
 	}
+
+	for _, p := range presetsB {
+		t.Run(p+" delivers", func(t *testing.T) {
+			r := byPath["/p/"+p]
+			requireDelivers(t, r, r.signing)
+			// A delivery signed with another secret is refused with the
+			// preset's refusal status and never reaches the upstream.
+			before := len(up.got(r.path))
+			_, st, _, body := deliver(t, r, cliSigningSecret(t, p), "")
+			preset, _ := signature.Lookup(p)
+			require.Equal(t, preset.RefuseStatus, st, body)
+			require.Len(t, up.got(r.path), before)
+		})
+	}
+
+	// formDelivers: a form delivery (the ID in a form field) is forwarded
+	// once with its bytes; the same event again is answered at the edge.
+	formDelivers := func(t *testing.T, r protoRoute, form url.Values, id string) {
+		t.Helper()
+		_, field, _ := strings.Cut(r.idFrom, " ")
+		form.Set(field, id)
+		sp := cli.SignParams{Provider: r.provider, Secret: r.signing, URL: r.url, Body: []byte(form.Encode()),
+			ContentType: "application/x-www-form-urlencoded", EventIDFrom: r.idFrom, EventID: id}
+		d, err := cli.BuildDelivery(sp)
+		require.NoError(t, err)
+		st, h, body := doReq(t, http.MethodPost, r.path, d.Body, d.Header)
+		require.Equal(t, http.StatusOK, st, "delivery refused: %s", body)
+		require.Equal(t, "yes", h.Get("X-Upstream"))
+		got := up.got(r.path)
+		require.Equal(t, d.Body, got[len(got)-1].body, "forwarded byte for byte")
+		d, err = cli.BuildDelivery(sp) // signed again (Plivo: a new nonce)
+		require.NoError(t, err)
+		st, h, body = doReq(t, http.MethodPost, r.path, d.Body, d.Header)
+		require.Equal(t, http.StatusOK, st, body)
+		require.Equal(t, "true", h.Get("Idempotent-Replayed"), "the redelivery is answered at the edge")
+		require.Len(t, up.got(r.path), len(got))
+		// The same form with a changed field fails the signature.
+		tampered := bytes.Replace(d.Body, []byte("inbound"), []byte("outbound"), 1)
+		tampered = bytes.Replace(tampered, []byte("send"), []byte("open"), 1)
+		st, _, body = doReq(t, http.MethodPost, r.path, tampered, d.Header)
+		require.Equal(t, http.StatusBadRequest, st, body)
+		require.Len(t, up.got(r.path), len(got))
+	}
+
+	t.Run("plivo form delivers", func(t *testing.T) {
+		r := byPath["/p/plivo"]
+		form := url.Values{"Direction": {"inbound"}, "From": {"15550000001"}, "To": {"15550000002"}, "Event": {"StartApp"}}
+		formDelivers(t, r, form, "call-"+randomHex(6))
+	})
+
+	t.Run("mandrill form delivers", func(t *testing.T) {
+		r := byPath["/p/mandrill"]
+		formDelivers(t, r, url.Values{}, `[{"event":"send","_id":"`+randomHex(8)+`","ts":1764547200}]`)
+	})
 
 	asanaSecret := "asana-hook-secret-" + randomHex(8)
 	t.Run("asana X-Hook-Secret learned, heartbeat, deliveries", func(t *testing.T) {

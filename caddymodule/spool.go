@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -284,8 +283,7 @@ func (h *Handler) providerGone(d *delivery, keep bool) bool {
 // "[accepted]").
 func (h *Handler) answerSpooled(w http.ResponseWriter, d *delivery) {
 	if body := h.preset.Delivery.Answer.Body; body != "" {
-		d.outcome = outcomeSpooled
-		writeBody(w, cmp.Or(h.preset.Delivery.Answer.Status, http.StatusOK), "text/plain; charset=utf-8", []byte(body), 0)
+		h.answer(w, d, ansSpooledAccepted, say{body: []byte(body), status: h.preset.Delivery.Answer.Status})
 		return
 	}
 	h.answer(w, d, ansSpooled, say{})

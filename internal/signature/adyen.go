@@ -52,7 +52,7 @@ import (
 // and resends it: the completed items are then duplicates and only the rest
 // is forwarded (see Delivery).
 func init() {
-	register(Preset{
+	register(Preset{ //nolint:gosec // G101: SecretFormat describes a secret, holds none
 		Name:            "adyen",
 		SecretFormat:    "HMAC keys in hex, plus optional `basic:<user>:<password>` Basic credentials (then required on every delivery)",
 		Doc:             "https://docs.adyen.com/development-resources/webhooks/secure-webhooks/verify-hmac-signatures",

@@ -516,8 +516,12 @@ func newCodec(name string) (codec, error) {
 	case "base64":
 		b := base64.StdEncoding.Strict()
 		return codec{name: name, encode: b.EncodeToString, decode: b.DecodeString}, nil
+	case "base64url":
+		// Unpadded URL-safe base64 (RFC 4648 section 5), as Sanity writes it.
+		b := base64.RawURLEncoding.Strict()
+		return codec{name: name, encode: b.EncodeToString, decode: b.DecodeString}, nil
 	}
-	return codec{}, fmt.Errorf("unknown encoding %q (want hex or base64)", name)
+	return codec{}, fmt.Errorf("unknown encoding %q (want hex, base64 or base64url)", name)
 }
 
 // decodeDigest decodes s and checks it is a digest of size bytes.

@@ -2,6 +2,8 @@ package signature_test
 
 import (
 	"bytes"
+	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/url"
 	"reflect"
@@ -160,4 +162,54 @@ func FuzzHMACHeader(f *testing.F) {
 
 func FuzzGitLabToken(f *testing.F) {
 	fuzzHeaders(f, fixtureFor(f, "gitlab"), nil, []string{"X-Gitlab-Token"}, []string{"gl-token"})
+}
+
+func FuzzRecurlyHeader(f *testing.F) {
+	fuzzHeaders(f, fixtureFor(f, "recurly"), nil, []string{"recurly-signature"},
+		[]string{"1764547200000"}, []string{",,,"}, []string{"1764547200000,zz,"})
+}
+
+func FuzzRevolutHeaders(f *testing.F) {
+	fuzzHeaders(f, fixtureFor(f, "revolut"), nil, []string{"Revolut-Signature", "Revolut-Request-Timestamp"},
+		[]string{"v1=", "1764547200000"}, []string{"v1=00,v1=", "-1"})
+}
+
+// FuzzAdyenBody: whatever the body, a delivery Adyen's verifier accepts
+// carries, for each item as encoding/json reads it (the last of a
+// repeated member, as an upstream in Go or JavaScript would), exactly the
+// signed fields of an item that was signed.
+func FuzzAdyenBody(f *testing.F) {
+	signed, _ := signAdyen(f, adyenBody, adyenKey)
+	f.Add(signed)
+	f.Add(strings.Replace(signed, `"value":1000`, `"value":1000.0`, 1))
+	f.Add(strings.Replace(signed, `"eventCode":"CAPTURE"`, `"eventCode":"CAPTURE","eventCode":"REFUND"`, 1))
+	f.Add(strings.Replace(signed, `"pspReference"`, `"pspReference":"1","pspReference"`, 1))
+	v, err := signature.New("adyen", signature.Options{Secrets: []string{adyenKey}})
+	require.NoError(f, err)
+	fields := func(t testing.TB, body string) [][6]string {
+		var d struct {
+			NotificationItems []struct {
+				NotificationRequestItem map[string]any
+			} `json:"notificationItems"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(body), &d), "an accepted body is JSON")
+		var out [][6]string
+		for _, it := range d.NotificationItems {
+			n := it.NotificationRequestItem
+			amount, _ := n["amount"].(map[string]any)
+			out = append(out, [6]string{fmt.Sprint(n["pspReference"]), fmt.Sprint(n["merchantReference"]), fmt.Sprint(amount["value"]),
+				fmt.Sprint(amount["currency"]), fmt.Sprint(n["eventCode"]), fmt.Sprint(n["success"])})
+		}
+		return out
+	}
+	want := fields(f, signed)
+	f.Fuzz(func(t *testing.T, body string) {
+		if err := v.Verify([]byte(body), http.Header{}); err != nil {
+			requireOneSentinel(t, err)
+			return
+		}
+		for _, got := range fields(t, body) {
+			require.Contains(t, want, got, "an accepted item carries fields that were not signed together")
+		}
+	})
 }

@@ -14,7 +14,19 @@ func init() {
 	// answered with the raw challenge as text; revocation messages are
 	// ordinary deliveries.
 	register(Preset{
-		Name:             "twitch",
+		Name: "twitch",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true,
+				Note:    "at least once: an event Twitch is unsure was received is sent again",
+				Source:  "https://dev.twitch.tv/docs/eventsub/#handling-duplicate-events",
+			},
+			Timeout: Timeout{
+				Note:   "a few seconds (no figure); too many slow answers revoke the subscription (notification_failures_exceeded)",
+				Source: "https://dev.twitch.tv/docs/eventsub/handling-webhook-events/",
+			},
+			Answer: Answer{Note: "answer before processing", Source: "https://dev.twitch.tv/docs/eventsub/handling-webhook-events/"},
+		},
 		Doc:              "https://dev.twitch.tv/docs/eventsub/handling-webhook-events/#verifying-the-event-message",
 		SignatureHeader:  "Twitch-Eventsub-Message-Signature: sha256=<hex> (with Twitch-Eventsub-Message-Id, -Timestamp)",
 		DefaultTolerance: 10 * time.Minute,
@@ -113,7 +125,16 @@ func init() {
 	// Mailgun signs inside the JSON body, and only timestamp + token: see
 	// bodysig.go. event-data.id names the event across retries.
 	register(Preset{
-		Name:             "mailgun",
+		Name: "mailgun",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 8 * time.Hour,
+				Note:   "after 5, 10, 15 min, 1, 2 and 4 h; delivery notifications are not retried; a 406 answer stops the retries",
+				Source: "https://documentation.mailgun.com/docs/mailgun/user-manual/webhooks/webhook-retries",
+			},
+			Answer:  Answer{Status: 200, Source: "https://documentation.mailgun.com/docs/mailgun/user-manual/webhooks/webhook-retries"},
+			Refusal: Refusal{Note: "406 is taken as a rejection and not retried; any other refusal is retried for 8 hours", Source: "https://documentation.mailgun.com/docs/mailgun/user-manual/webhooks/webhook-retries"},
+		},
 		Doc:              "https://documentation.mailgun.com/docs/mailgun/user-manual/webhooks/securing-webhooks",
 		SignatureHeader:  "none: body signature.signature = <hex> (with signature.timestamp, signature.token)",
 		DefaultTolerance: 5 * time.Minute,

@@ -178,7 +178,7 @@ func init() {
 	})
 	// Xendit sends the account's verification token in x-callback-token
 	// and a webhook-id that names the event for deduplication.
-	register(Preset{
+	register(Preset{ //nolint:gosec // G101: SecretFormat describes a secret, holds none
 		Name:            "xendit",
 		SecretFormat:    "the webhook verification token",
 		Doc:             "https://docs.xendit.co/docs/handling-webhooks",
@@ -194,7 +194,7 @@ func init() {
 	// Chargebee authenticates webhooks with the Basic credentials set on
 	// the endpoint (the chargebee library's basicAuthValidator); nothing
 	// signs the body. Secrets are "<user>:<password>".
-	register(Preset{
+	register(Preset{ //nolint:gosec // G101: SecretFormat describes a secret, holds none
 		Name: "chargebee",
 		Delivery: Delivery{
 			Retry: Retry{
@@ -258,7 +258,7 @@ func init() {
 	// secret key, of url + salt + timestamp + access key + secret key +
 	// body, where url is the whole webhook URL configured at Rapyd.
 	// Secrets are "<access key>:<secret key>".
-	register(Preset{
+	register(Preset{ //nolint:gosec // G101: SecretFormat describes a secret, holds none
 		Name:             "rapyd",
 		SecretFormat:     "`<access key>:<secret key>`",
 		Doc:              "https://docs.rapyd.net/en/webhook-authentication.html",
@@ -280,7 +280,7 @@ func init() {
 	// key>:<private key>" (one per API key pair). The notification has
 	// no ID outside the payload: the default event ID is the SHA-256 of
 	// bt_payload. The bt_challenge GET verifies the destination.
-	register(Preset{
+	register(Preset{ //nolint:gosec // G101: SecretFormat describes a secret, holds none
 		Name:            "braintree",
 		SecretFormat:    "`<public key>:<private key>`, one per API key pair",
 		Doc:             "https://developer.paypal.com/braintree/docs/guides/webhooks/parse/node",

@@ -94,7 +94,8 @@ type Scheme struct {
 	Signed string
 	// Algorithm is the HMAC hash: sha1, sha256 or sha512.
 	Algorithm string
-	// Encoding is how signatures are written: hex or base64.
+	// Encoding is how signatures are written: hex, base64 (standard, padded)
+	// or base64url (URL-safe, unpadded).
 	Encoding string
 	// Secret is how a configured secret becomes the HMAC key: "raw" (its
 	// UTF-8 bytes, the default) or "whsec" (base64, after an optional whsec_

@@ -35,13 +35,13 @@ var bodySigned = []string{"mailgun", "msgraph", "adyen", "midtrans", "braintree"
 
 // tokenLike are the presets whose secret covers no byte of the body.
 var tokenLike = map[string]bool{
-	"gitlab": true, "okta": true, "flutterwave": true, "xendit": true, "chargebee": true,
+	"gitlab": true, "okta": true, "flutterwave": true, "xendit": true, "chargebee": true, "postmark": true,
 	"mercadopago": true, // signs data.id, x-request-id and ts, not the body
 }
 
 // formatted are the tokenLike presets whose header still has a format
 // (Basic credentials, Mercado Pago's ts=,v1=).
-var formatted = map[string]bool{"chargebee": true, "mercadopago": true}
+var formatted = map[string]bool{"chargebee": true, "mercadopago": true, "postmark": true}
 
 // multiLine are the presets that accept their signature header on several
 // lines (Mollie sends one per secret during a rotation).
@@ -147,6 +147,43 @@ var fixtures = []fixture{
 	{provider: "easypost", secrets: [2]string{"ep_current", "ep_previous"}, body: jsonBody},
 	{provider: "xero", secrets: [2]string{"xero_current", "xero_previous"}, body: jsonBody},
 	{provider: "intuit", secrets: [2]string{"intuit_current", "intuit_previous"}, body: jsonBody},
+	{provider: "cashfree", secrets: [2]string{"cf_client_secret_current", "cf_client_secret_previous"}, body: jsonBody},
+	{provider: "cloudinary", secrets: [2]string{"cld_api_secret_current", "cld_api_secret_previous"}, body: jsonBody},
+	{provider: "hygraph", secrets: [2]string{"hygraph_current", "hygraph_previous"}, body: "{\"operation\":\"update\",\"data\":{\"id\":\"ck1\",\"title\":\"<caf\u00e9> & \\\"q\\\"\\n\"}}"},
+	{provider: "attio", secrets: [2]string{"attio_current", "attio_previous"}, body: jsonBody},
+	{provider: "launchdarkly", secrets: [2]string{"ld_current", "ld_previous"}, body: `{"_id":"57c0a8e29969090743529965","kind":"flag","name":"checkout"}`},
+	{provider: "helpscout", secrets: [2]string{"hs_secret_current", "hs_secret_previous"}, body: jsonBody},
+	{provider: "orb", secrets: [2]string{"orb_whsec_current", "orb_whsec_previous"}, body: jsonBody},
+	{provider: "coinify", secrets: [2]string{"coinify_current", "coinify_previous"}, body: jsonBody},
+	{provider: "moonpay", secrets: [2]string{"moonpay_current", "moonpay_previous"}, body: jsonBody},
+	{provider: "jira", secrets: [2]string{"jira_current", "jira_previous"}, body: jsonBody},
+	{provider: "fintoc", secrets: [2]string{"fintoc_current", "fintoc_previous"}, body: jsonBody},
+	{provider: "zohopayments", secrets: [2]string{"zoho_current", "zoho_previous"}, body: jsonBody},
+	{provider: "zendesk", secrets: [2]string{"zd_current", "zd_previous"}, body: jsonBody},
+	{provider: "segment", secrets: [2]string{"seg_current", "seg_previous"}, body: `{"messageId":"ajs-RT-1","type":"track","event":"Order Completed"}`},
+	{provider: "clickup", secrets: [2]string{"cu_current", "cu_previous"}, body: jsonBody},
+	{provider: "sanity", secrets: [2]string{"sanity_current", "sanity_previous"}, body: jsonBody},
+	{provider: "aftership", secrets: [2]string{"as_current", "as_previous"}, body: jsonBody},
+	{provider: "moderntreasury", secrets: [2]string{"mt_current", "mt_previous"}, body: jsonBody},
+	{provider: "onfido", secrets: [2]string{"onfido_current", "onfido_previous"}, body: jsonBody},
+	{provider: "pusher", secrets: [2]string{"pusher_current", "pusher_previous"}, body: `{"time_ms":1764547200000,"events":[{"name":"channel_occupied","channel":"test"}]}`},
+	{provider: "vonage", secrets: [2]string{"vonage_signature_current", "vonage_signature_previous"}, body: jsonBody},
+	{provider: "postmark", secrets: [2]string{"hook:current-password", "hook:previous-password"}, body: jsonBody},
+	{provider: "liveblocks", secrets: [2]string{"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "whsec_QlIxMi10ZXN0LWtleS0wMTIzNDU2Nzg5YWJjZGVmISE="}, body: jsonBody, prep: map[string]string{"webhook-id": "msg_RT_0001"}},
+	{provider: "lithic", secrets: [2]string{"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "whsec_QlIxMi10ZXN0LWtleS0wMTIzNDU2Nzg5YWJjZGVmISE="}, body: jsonBody, prep: map[string]string{"webhook-id": "msg_RT_0001"}},
+	{provider: "finch", secrets: [2]string{"MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "QlIxMi10ZXN0LWtleS0wMTIzNDU2Nzg5YWJjZGVmISE="}, body: jsonBody, prep: map[string]string{"finch-event-id": "evt_RT_0001"}},
+	{
+		provider: "plivo", secrets: [2]string{"plivo_auth_current", "plivo_auth_previous"},
+		body: "CallUUID=RT-0001&Direction=inbound&Event=StartApp&From=15550000001&To=15550000002",
+		url:  "https://hooks.example.test/plivo/answer?tenant=a",
+		prep: map[string]string{"Content-Type": "application/x-www-form-urlencoded"},
+	},
+	{
+		provider: "mandrill", secrets: [2]string{"mandrill_key_current", "mandrill_key_previous"},
+		body: "mandrill_events=%5B%7B%22event%22%3A%22send%22%2C%22_id%22%3A%22RT1%22%7D%5D",
+		url:  "https://hooks.example.test/mandrill?tenant=a",
+		prep: map[string]string{"Content-Type": "application/x-www-form-urlencoded"},
+	},
 	{provider: "mollie", secrets: [2]string{"mollie_whsec_current", "mollie_whsec_previous"}, body: jsonBody},
 	{provider: "recurly", secrets: [2]string{"recurly_key_current", "recurly_key_previous"}, body: jsonBody},
 	{provider: "revolut", secrets: [2]string{"wsk_revolut_current", "wsk_revolut_previous"}, body: `{"event":"ORDER_COMPLETED","order_id":"ord_RT_1"}`},

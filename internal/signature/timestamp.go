@@ -15,6 +15,10 @@ func layoutChecker(layout string) func(string, time.Duration, time.Duration, tim
 			return fmt.Errorf("timestamp is not a %s date: %w", layoutName(layout), ErrMalformedHeader)
 		}
 		t, err := time.Parse(layout, text)
+		if err != nil && layout == layoutISOUTC {
+			// Orb's SDK reads a timestamp with a zone as written.
+			t, err = time.Parse(time.RFC3339Nano, text)
+		}
 		if err != nil {
 			return fmt.Errorf("timestamp is not a %s date: %w", layoutName(layout), ErrMalformedHeader)
 		}
@@ -22,9 +26,17 @@ func layoutChecker(layout string) func(string, time.Duration, time.Duration, tim
 	}
 }
 
+// layoutISOUTC is an ISO 8601 date and time without a zone, read as UTC
+// (Orb writes X-Orb-Timestamp so); one with a zone (RFC 3339) is accepted
+// too.
+const layoutISOUTC = "2006-01-02T15:04:05.999999999"
+
 func layoutName(layout string) string {
-	if layout == time.RFC3339Nano || layout == time.RFC3339 {
+	switch layout {
+	case time.RFC3339Nano, time.RFC3339:
 		return "RFC 3339"
+	case layoutISOUTC:
+		return "ISO 8601"
 	}
 	return "dated"
 }

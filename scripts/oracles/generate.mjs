@@ -33,6 +33,9 @@ const DOCUMENTATION_ONLY = [
   'docusign', 'dropbox', 'forgejo', 'gitea', 'gitlab', 'heroku', 'hmac', 'intercom', 'intuit', 'lemonsqueezy',
   'mailgun', 'meta', 'msgraph', 'notion', 'okta', 'pagerduty', 'paystack', 'persona', 'sentry',
   'trello', 'twitch', 'typeform', 'vercel', 'woocommerce', 'xero', 'zoom',
+  // No official library verifies these (postmark, node-zendesk and
+  // @mailchimp/mailchimp_transactional only call the APIs).
+  'aftership', 'attio', 'clickup', 'coinify', 'helpscout', 'jira', 'launchdarkly', 'mandrill', 'moonpay', 'postmark', 'segment', 'zendesk', 'zohopayments',
   // No official npm library verifies these schemes: recurly 4.81,
   // authorizenet 1.0.10, flutterwave-node-v3 1.4.1, xendit-node 7.0,
   // midtrans-client 1.4.3 and @airwallex/node-sdk 2.1.0-beta.5 have no
@@ -609,6 +612,257 @@ async function standardFamily(preset, libName, Webhook, prefix, libSecret, confi
   }
 }
 
+// ---- Plivo: plivo validateV3Signature (URL + sorted query + sorted form + nonce).
+{
+  const { validateV3Signature } = require('plivo');
+  const lib = 'plivo', ver = version(lib);
+  const token = 'plivo_oracle_auth_token';
+  const url = 'https://hooks.example.test/plivo/answer?tenant=a&b=2';
+  const form = 'CallUUID=oracle-0001&Direction=inbound&From=15550000001&To=15550000002&Amount=1000';
+  const nonce = '05429567804466091622';
+  const params = (f) => Object.fromEntries(new URLSearchParams(f));
+  // The documented formula, written out; the library verifies it.
+  const sortedForm = (p) => Object.keys(p).sort().map((k) => k + p[k]).join('');
+  const sig = (f, k = token, u = url, n = nonce) => {
+    const q = new URL(u);
+    const query = [...q.searchParams.keys()].sort().map((k2) => `${k2}=${q.searchParams.get(k2)}`).join('&');
+    const base = `${q.protocol}//${q.host}${q.pathname}?${query ? query + '.' : ''}${sortedForm(params(f))}`;
+    return crypto.createHmac('sha256', k).update(`${base}.${n}`).digest('base64');
+  };
+  const how = 'signed with the documented formula (node:crypto), verified with validateV3Signature("POST", ...)';
+  for (const [name, b, s, n, ok] of [
+    ['valid', form, sig(form), nonce, true],
+    ['tampered body', tamper(form), sig(form), nonce, false],
+    ['wrong token', form, sig(form, 'plivo_other'), nonce, false],
+    ['other nonce', form, sig(form), '99999999999999999999', false],
+    ['other URL signed', form, sig(form, token, 'https://hooks.example.test/plivo/answer'), nonce, false],
+    ['second of two signatures', form, `${sig(form, 'plivo_other')},${sig(form)}`, nonce, true],
+  ]) {
+    await add({ preset: 'plivo', case: name, library: lib, version: ver, how, secrets: [token], url,
+      headers: { 'X-Plivo-Signature-V3': s, 'X-Plivo-Signature-V3-Nonce': n, 'Content-Type': 'application/x-www-form-urlencoded' }, body: b },
+    () => validateV3Signature('POST', url, n, token, s, params(b)), ok);
+  }
+}
+
+// ---- Vonage: @vonage/jwt verifySignature (HS256 JWT under the signature
+// secret). The library checks the token only; the payload_hash claim is
+// checked against the body by the gateway as Vonage documents, so the
+// library's cases here change the token, not the body.
+{
+  const { verifySignature } = require('@vonage/jwt');
+  const lib = '@vonage/jwt', ver = version(lib);
+  const secret = 'vonage_oracle_signature_secret';
+  const b = '{"message_uuid":"aaaaaaaa-bbbb-cccc-dddd-0123456789ab","to":"447700900000","from":"447700900001","channel":"sms","text":"1000"}';
+  const b64u = (x) => Buffer.from(x).toString('base64url');
+  const hash = crypto.createHash('sha256').update(b).digest('hex');
+  const jwt = (claims, k = secret) => {
+    const signed = `${b64u('{"alg":"HS256","typ":"JWT"}')}.${b64u(JSON.stringify(claims))}`;
+    return `${signed}.${crypto.createHmac('sha256', k).update(signed).digest('base64url')}`;
+  };
+  const claims = { iat: NOW_S, jti: 'c0a5e6a8-oracle', iss: 'Vonage', payload_hash: hash, api_key: 'abcd1234', application_id: 'app-oracle' };
+  const good = jwt(claims);
+  const [gh, , gs] = good.split('.');
+  const how = 'signed with the documented formula (node:crypto HS256), verified with verifySignature()';
+  for (const [name, tok, ok] of [
+    ['valid', good, true],
+    ['wrong secret', jwt(claims, 'vonage_other'), false],
+    ['claims changed after signing', `${gh}.${b64u(JSON.stringify({ ...claims, payload_hash: '0'.repeat(64) }))}.${gs}`, false],
+    ['expired', jwt({ ...claims, exp: NOW_S - 1 }), false],
+    ['not yet valid', jwt({ ...claims, nbf: NOW_S + 60 }), false],
+  ]) {
+    await add({ preset: 'vonage', case: name, library: lib, version: ver, how, secrets: [secret],
+      headers: { Authorization: `Bearer ${tok}`, 'Content-Type': 'application/json' }, body: b }, () => verifySignature(tok, secret), ok);
+  }
+}
+
+// ---- Pusher Channels: pusher WebHook.isValid (X-Pusher-Key, X-Pusher-Signature).
+{
+  const Pusher = require('pusher');
+  const lib = 'pusher', ver = version(lib);
+  const secret = 'pusher_oracle_app_secret';
+  const pusher = new Pusher({ appId: '1', key: 'pusher_oracle_key', secret, cluster: 'mt1' });
+  const b = '{"time_ms":1764547200000,"events":[{"name":"channel_occupied","channel":"orders-1000"}]}';
+  const hdr = (x, s = secret) => ({ 'X-Pusher-Key': 'pusher_oracle_key', 'X-Pusher-Signature': HMAC('sha256', s, x, 'hex'), 'Content-Type': 'application/json' });
+  const how = 'signed with the documented formula (node:crypto), verified with pusher.webhook(request).isValid()';
+  for (const [name, bb, h, ok] of [
+    ['valid', b, hdr(b), true],
+    ['tampered body', tamper(b), hdr(b), false],
+    ['wrong secret', b, hdr(b, 'pusher_other'), false],
+  ]) {
+    const lower = Object.fromEntries(Object.entries(h).map(([k, v]) => [k.toLowerCase(), v]));
+    await add({ preset: 'pusher', case: name, library: lib, version: ver, how, secrets: [secret], headers: h, body: bb },
+      () => pusher.webhook({ headers: lower, rawBody: bb }).isValid(), ok);
+  }
+}
+
+// ---- Onfido: @onfido/api WebhookEventVerifier.readPayload.
+{
+  const { WebhookEventVerifier } = require('@onfido/api');
+  const lib = '@onfido/api', ver = version(lib);
+  const token = 'onfido_oracle_webhook_token';
+  const verifier = new WebhookEventVerifier(token);
+  const how = 'signed with the documented formula (node:crypto), verified with WebhookEventVerifier.readPayload()';
+  for (const [name, b, s, ok] of [
+    ['valid', body, HMAC('sha256', token, body, 'hex'), true],
+    ['tampered body', tamper(body), HMAC('sha256', token, body, 'hex'), false],
+    ['wrong token', body, HMAC('sha256', 'onfido_other', body, 'hex'), false],
+  ]) {
+    await add({ preset: 'onfido', case: name, library: lib, version: ver, how, secrets: [token], headers: { 'X-SHA2-Signature': s }, body: b },
+      () => verifier.readPayload(b, s), ok);
+  }
+}
+
+// ---- Sanity: @sanity/webhook encodeSignatureHeader signs, isValidSignature verifies
+// (it does not bound the timestamp's age, so there is no stale case).
+{
+  const { encodeSignatureHeader, isValidSignature } = require('@sanity/webhook');
+  const lib = '@sanity/webhook', ver = version(lib);
+  const secret = 'sanity_oracle_secret';
+  const how = 'signed with encodeSignatureHeader(), verified with isValidSignature()';
+  for (const [name, b, s, ok] of [
+    ['valid', body, secret, true],
+    ['tampered body', tamper(body), secret, false],
+    ['wrong secret', body, 'sanity_other', false],
+  ]) {
+    const h = await encodeSignatureHeader(body, NOW, s);
+    await add({ preset: 'sanity', case: name, library: lib, version: ver, how, secrets: [secret], headers: { 'sanity-webhook-signature': h }, body: b },
+      () => isValidSignature(b, h, secret), ok);
+  }
+}
+
+// ---- Modern Treasury: modern-treasury webhooks.getSignature signs, validateSignature verifies.
+{
+  const { default: ModernTreasury } = require('modern-treasury');
+  const lib = 'modern-treasury', ver = version(lib);
+  const key = 'mt_oracle_webhook_key';
+  const mt = new ModernTreasury({ apiKey: 'oracle', organizationID: 'oracle' });
+  const how = 'signed with webhooks.getSignature(), verified with webhooks.validateSignature()';
+  for (const [name, b, k, ok] of [
+    ['valid', body, key, true],
+    ['tampered body', tamper(body), key, false],
+    ['wrong key', body, 'mt_other', false],
+  ]) {
+    const s = mt.webhooks.getSignature(body, { key: k });
+    await add({ preset: 'moderntreasury', case: name, library: lib, version: ver, how, secrets: [key], headers: { 'X-Signature': s }, body: b },
+      () => mt.webhooks.validateSignature(b, { 'X-Signature': s }, { key }), ok);
+  }
+}
+
+// ---- Lithic and Liveblocks (Standard Webhooks through Svix): their SDKs verify.
+{
+  const { Webhook: SW } = await import('standardwebhooks');
+  const wsec = 'whsec_QlIxMi10ZXN0LWtleS0wMTIzNDU2Nzg5YWJjZGVmISE=';
+  const { default: Lithic } = require('lithic');
+  const lithic = new Lithic({ apiKey: 'oracle' });
+  await standardFamily('lithic', 'lithic', SW, 'webhook', wsec, wsec, (b, h) => lithic.webhooks.verifySignature(b, h, wsec));
+  const { WebhookHandler } = require('@liveblocks/node');
+  const handler = new WebhookHandler(wsec);
+  const lb = '{"type":"userEntered","data":{"projectId":"p1","roomId":"orders-1000","connectionId":7,"userId":"u1","enteredAt":"2025-12-01T00:00:00.000Z","numActiveUsers":1}}';
+  const wh = new SW(wsec);
+  const other = new SW('whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw');
+  const lib = '@liveblocks/node', ver = version(lib);
+  const hdr = (w, b, t) => ({ 'webhook-id': 'msg_oracle_1', 'webhook-timestamp': String(t), 'webhook-signature': w.sign('msg_oracle_1', new Date(t * 1000), b) });
+  const how = 'signed with standardwebhooks Webhook.sign(), verified with WebhookHandler.verifyRequest()';
+  for (const [name, b, h, ok] of [
+    ['valid', lb, hdr(wh, lb, NOW_S), true],
+    ['tampered body', lb.replace('orders-1000', 'orders-9000'), hdr(wh, lb, NOW_S), false],
+    ['wrong secret', lb, hdr(other, lb, NOW_S), false],
+    ['stale timestamp', lb, hdr(wh, lb, NOW_S - 301), false],
+  ]) {
+    await add({ preset: 'liveblocks', case: name, library: lib, version: ver, how, secrets: [wsec], headers: h, body: b },
+      () => handler.verifyRequest({ headers: h, rawBody: b }), ok);
+  }
+}
+
+// ---- Finch: @tryfinch/finch-api webhooks.verifySignature (finch-* headers, base64 secret, 300 s).
+{
+  const { default: Finch } = require('@tryfinch/finch-api');
+  const lib = '@tryfinch/finch-api', ver = version(lib);
+  const finch = new Finch({ accessToken: 'oracle' });
+  const secret = Buffer.from('finch-oracle-webhook-secret-0123').toString('base64');
+  const id = 'evt_oracle_finch_1';
+  const hdr = (b, t, s = secret) => ({
+    'finch-event-id': id, 'finch-timestamp': String(t),
+    'finch-signature': `v1,${crypto.createHmac('sha256', Buffer.from(s, 'base64')).update(`${id}.${t}.${b}`).digest('base64')}`,
+  });
+  const how = 'signed with the documented formula (node:crypto), verified with finch.webhooks.verifySignature()';
+  for (const [name, b, h, ok] of [
+    ['valid', body, hdr(body, NOW_S), true],
+    ['tampered body', tamper(body), hdr(body, NOW_S), false],
+    ['wrong secret', body, hdr(body, NOW_S, Buffer.from('finch-other-secret').toString('base64')), false],
+    ['stale timestamp', body, hdr(body, NOW_S - 301), false],
+  ]) {
+    await add({ preset: 'finch', case: name, library: lib, version: ver, how, secrets: [secret], headers: h, body: b },
+      () => finch.webhooks.verifySignature(b, h, secret), ok);
+  }
+}
+
+// ---- Cashfree: cashfree-pg PGVerifyWebhookSignature (timestamp ms + body; it
+// does not bound the timestamp's age, so there is no stale case).
+{
+  const { Cashfree, CFEnvironment } = require('cashfree-pg');
+  const lib = 'cashfree-pg', ver = version(lib);
+  const secret = 'cf_oracle_client_secret';
+  const cf = new Cashfree(CFEnvironment.SANDBOX, 'cf_oracle_client_id', secret);
+  const hdr = (b, t, s = secret) => ({ 'x-webhook-timestamp': String(t), 'x-webhook-signature': HMAC('sha256', s, `${t}${b}`, 'base64') });
+  const how = 'signed with the documented formula (node:crypto), verified with PGVerifyWebhookSignature()';
+  for (const [name, b, h, ok] of [
+    ['valid', body, hdr(body, NOW), true],
+    ['tampered body', tamper(body), hdr(body, NOW), false],
+    ['wrong secret', body, hdr(body, NOW, 'cf_other'), false],
+  ]) {
+    await add({ preset: 'cashfree', case: name, library: lib, version: ver, how, secrets: [secret], headers: h, body: b },
+      () => cf.PGVerifyWebhookSignature(h['x-webhook-signature'], b, h['x-webhook-timestamp']), ok);
+  }
+}
+
+// ---- Cloudinary: cloudinary utils.webhook_signature signs, verifyNotificationSignature verifies (7,200 s).
+{
+  const cloudinary = require('cloudinary').v2;
+  const lib = 'cloudinary', ver = version(lib);
+  const secret = 'cld_oracle_api_secret';
+  const b = '{"notification_type":"upload","public_id":"orders/1000","version":1764547200}';
+  const sign = (x, t, s, alg = 'sha1') => {
+    cloudinary.config({ api_secret: s, signature_algorithm: alg });
+    return cloudinary.utils.webhook_signature(x, t, { api_secret: s, signature_algorithm: alg });
+  };
+  const how = 'signed with utils.webhook_signature(), verified with utils.verifyNotificationSignature()';
+  for (const [name, bb, t, s, alg, ok] of [
+    ['valid', b, NOW_S, sign(b, NOW_S, secret), 'sha1', true],
+    ['valid sha256 account', b, NOW_S, sign(b, NOW_S, secret, 'sha256'), 'sha256', true],
+    ['tampered body', b.replace('1000', '9000'), NOW_S, sign(b, NOW_S, secret), 'sha1', false],
+    ['wrong secret', b, NOW_S, sign(b, NOW_S, 'cld_other'), 'sha1', false],
+    ['stale timestamp', b, NOW_S - 7201, sign(b, NOW_S - 7201, secret), 'sha1', false],
+  ]) {
+    await add({ preset: 'cloudinary', case: name, library: lib, version: ver, how, secrets: [secret],
+      headers: { 'X-Cld-Signature': s, 'X-Cld-Timestamp': String(t) }, body: bb },
+    () => { cloudinary.config({ api_secret: secret, signature_algorithm: alg }); return cloudinary.utils.verifyNotificationSignature(bb, t, s); }, ok);
+  }
+}
+
+// ---- Hygraph: @hygraph/utils verifyWebhookSignature (HMAC over a JSON
+// text holding the body as a string; it does not bound the timestamp's age).
+{
+  const { verifyWebhookSignature } = require('@hygraph/utils');
+  const lib = '@hygraph/utils', ver = version(lib);
+  const secret = 'hygraph_oracle_secret';
+  // The documented formula written out (generateWebhookSignature reads the clock).
+  const sign = (raw, t, s = secret, env = 'master') =>
+    `sign=${HMAC('sha256', s, JSON.stringify({ Body: raw, EnvironmentName: env, TimeStamp: t }), 'base64')}, env=${env}, t=${t}`;
+  const odd = '{"operation":"update","data":{"title":"<caf\u00e9> & \\"q\\"\n\ttab \u2028 \u0001 \u{1F600}","amount":1000}}';
+  const how = 'signed with the documented formula (node:crypto, JSON.stringify), verified with verifyWebhookSignature({rawPayload})';
+  for (const [name, b, h, ok] of [
+    ['valid', body, sign(body, NOW), true],
+    ['escapes in the body', odd, sign(odd, NOW, secret, 'staging'), true],
+    ['tampered body', tamper(body), sign(body, NOW), false],
+    ['wrong secret', body, sign(body, NOW, 'hygraph_other'), false],
+    ['other environment named', body, sign(body, NOW).replace('env=master', 'env=staging'), false],
+  ]) {
+    await add({ preset: 'hygraph', case: name, library: lib, version: ver, how, secrets: [secret], headers: { 'gcms-signature': h }, body: b },
+      () => verifyWebhookSignature({ rawPayload: b, signature: h, secret }), ok);
+  }
+}
+
 // ---- Adyen: @adyen/api-library HmacValidator signs each notification item
 // (calculateHmac) and verifies it (validateHMAC); a delivery is valid when
 // every item is.
@@ -642,6 +896,28 @@ async function standardFamily(preset, libName, Webhook, prefix, libSecret, confi
     ['unsigned field changed', good.replace('"eventDate":"2025-12-01T00:00:00+01:00"', '"eventDate":"2030-01-01T00:00:00+01:00"'), true],
   ]) {
     await add({ preset: 'adyen', case: name, library: lib, version: ver, how, secrets: [key], headers: {}, body: b }, check(b), ok);
+  }
+}
+
+// ---- Orb: orb-billing webhooks.verifySignature (ISO 8601 timestamp without a zone, 300 s).
+{
+  const { default: Orb } = require('orb-billing');
+  const lib = 'orb-billing', ver = version(lib);
+  const orb = new Orb({ apiKey: 'oracle' });
+  const secret = 'orb_oracle_webhook_secret';
+  const iso = (ms, zone = '') => new Date(ms).toISOString().replace('Z', '') + zone;
+  const hdr = (b, t, s = secret) => ({ 'X-Orb-Timestamp': t, 'X-Orb-Signature': `v1=${HMAC('sha256', s, `v1:${t}:${b}`, 'hex')}` });
+  const how = 'signed with the documented formula (node:crypto), verified with orb.webhooks.verifySignature()';
+  for (const [name, b, h, ok] of [
+    ['valid', body, hdr(body, iso(NOW)), true],
+    ['valid, timestamp with Z', body, hdr(body, iso(NOW, 'Z')), true],
+    ['tampered body', tamper(body), hdr(body, iso(NOW)), false],
+    ['wrong secret', body, hdr(body, iso(NOW), 'orb_other'), false],
+    ['stale timestamp', body, hdr(body, iso(NOW - 301000)), false],
+    ['timestamp ahead', body, hdr(body, iso(NOW + 301000)), false],
+  ]) {
+    await add({ preset: 'orb', case: name, library: lib, version: ver, how, secrets: [secret], headers: h, body: b },
+      () => orb.webhooks.verifySignature(b, h, secret), ok);
   }
 }
 
@@ -730,6 +1006,25 @@ async function standardFamily(preset, libName, Webhook, prefix, libSecret, confi
     const b = form(sig, payload);
     await add({ preset: 'braintree', case: name, library: lib, version: ver, how, secrets: ['bt_oracle_public:bt_oracle_private'], headers: { 'Content-Type': 'application/x-www-form-urlencoded' }, body: b },
       () => good.webhookNotification.parse(sig, payload), ok);
+  }
+}
+
+// ---- Fintoc: fintoc WebhookSignature.verifyHeader (t=,v1= over "<t>.<body>", 300 s).
+{
+  const { WebhookSignature } = require('fintoc');
+  const lib = 'fintoc', ver = version(lib);
+  const secret = 'fintoc_oracle_webhook_secret';
+  const hdr = (b, t, s = secret) => `t=${t},v1=${HMAC('sha256', s, `${t}.${b}`, 'hex')}`;
+  const how = 'signed with the documented formula (node:crypto), verified with WebhookSignature.verifyHeader()';
+  for (const [name, b, h, ok] of [
+    ['valid', body, hdr(body, NOW_S), true],
+    ['tampered body', tamper(body), hdr(body, NOW_S), false],
+    ['wrong secret', body, hdr(body, NOW_S, 'fintoc_other'), false],
+    ['stale timestamp', body, hdr(body, NOW_S - 301), false],
+    ['timestamp ahead', body, hdr(body, NOW_S + 301), false],
+  ]) {
+    await add({ preset: 'fintoc', case: name, library: lib, version: ver, how, secrets: [secret], headers: { 'Fintoc-Signature': h }, body: b },
+      () => WebhookSignature.verifyHeader(b, h, secret), ok);
   }
 }
 
