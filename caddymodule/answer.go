@@ -29,6 +29,7 @@ const (
 	ansQueued                                // async: stored for delivery
 	ansStoreUnavailable                      // the store failed: nothing forwarded
 	ansStoredUnreadable                      // replay: the stored answer of a completed event could not be read
+	ansKeyUnavailable                        // the provider's signing key could not be fetched: nothing recorded
 	ansInFlight                              // another delivery holds the event's claim
 	ansBodyInFlight                          // dedupe_body: another delivery holds the body's claim
 	ansHeld                                  // the event is held after an ambiguous forward
@@ -107,6 +108,8 @@ var answers = [...]answerRow{
 	// always was (no title); the other store failures there are problems.
 	ansStoredUnreadable: {outcome: outcomeStoreError, status: http.StatusServiceUnavailable,
 		reason: "event store unavailable", retry: unavailableRetryAfter},
+	ansKeyUnavailable: {outcome: outcomeKeyUnavailable, status: http.StatusServiceUnavailable,
+		reason: "provider key unavailable", retry: unavailableRetryAfter},
 	ansInFlight: {outcome: outcomeInFlight, status: http.StatusConflict,
 		reason: "event is being processed by another delivery; retry later",
 		title:  "A request is outstanding for this Idempotency-Key",

@@ -38,6 +38,9 @@ func cliSigningSecret(t *testing.T, provider string) string {
 	b := make([]byte, 32)
 	_, err := rand.Read(b)
 	require.NoError(t, err)
+	if s, ok := fetchedSigningSecret(t, provider); ok {
+		return s
+	}
 	if p, ok := signature.Lookup(provider); ok && p.Secret == "whsec" { // standard, svix and the presets built on them
 		return "whsec_" + base64.StdEncoding.EncodeToString(b)
 	}

@@ -191,6 +191,13 @@ func (h *Handler) refuse(w http.ResponseWriter, d *delivery, err error) {
 		h.answer(w, d, ansStoreUnavailable, say{})
 		return
 	}
+	if errors.Is(err, signature.ErrKeyUnavailable) {
+		// Not a verdict on the delivery: the provider retries a 503.
+		h.logger.Warn("fetching the provider's signing key failed; answered 503, nothing recorded nor forwarded",
+			zap.String("scope", h.Scope), zap.String("provider", h.Provider), zap.Error(err))
+		h.answer(w, d, ansKeyUnavailable, say{})
+		return
+	}
 	d.reason = err.Error()
 	if h.preset.NeedsURL {
 		d.signedURL = h.signedURL // a wrong configured url is the usual cause

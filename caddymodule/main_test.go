@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/keyfetch/keyfetchtest"
 )
 
 // TestMain holds an exclusive lock on a file of the machine's temporary
@@ -13,7 +15,8 @@ import (
 // (caddytest) listen on fixed ports (admin 2999, http 9080, https 9443)
 // and load a global config: two test binaries of this package running at
 // once, from two checkouts, would load their configs into each other's
-// servers. The lock makes the second wait.
+// servers. The lock makes the second wait. It also starts the local key
+// server of the presets verified with the provider's keys (keys).
 func TestMain(m *testing.M) {
 	path := filepath.Join(os.TempDir(), "caddy-webhook-idempotency-caddytest.lock")
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600) //nolint:gosec // a lock file of the tests
@@ -34,7 +37,9 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	_ = os.Setenv("XDG_DATA_HOME", data)
+	keys = keyfetchtest.Start()
 	code := m.Run()
+	keys.Close()
 	_ = os.RemoveAll(data)
 	_ = f.Close() // releases the lock
 	os.Exit(code)

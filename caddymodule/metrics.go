@@ -49,15 +49,16 @@ const (
 	outcomeBadRequest       = "bad_request"       // no usable event ID, unreadable body: 400
 	outcomeTooLarge         = "too_large"         // over max_body: 413
 	outcomeUnsupported      = "unsupported_encoding"
-	outcomeStoreError       = "store_error"   // 503, nothing forwarded
-	outcomeHandshake        = "handshake"     // verified challenge, forwarded without a claim
-	outcomeForwardedNoID    = "forwarded"     // on_missing_id forward: forwarded without deduplication
-	outcomeBodyReplay       = "body_replayed" // dedupe_body: same body under another event ID, 200 at the edge
-	outcomeQueued           = "queued"        // async: stored for delivery, 200 at once
-	outcomeReadTimeout      = "read_timeout"  // the body did not arrive within read_timeout: 408
-	outcomeSpooled          = "spooled"       // store unreachable: kept in the spool, 200; forwarded once the store is back
-	outcomeSpoolFull        = "spool_full"    // store unreachable and the spool full: 503, nothing kept
-	outcomeSpoolError       = "spool_error"   // store unreachable and the spool's disk failing: 503, nothing kept
+	outcomeStoreError       = "store_error"     // 503, nothing forwarded
+	outcomeHandshake        = "handshake"       // verified challenge, forwarded without a claim
+	outcomeForwardedNoID    = "forwarded"       // on_missing_id forward: forwarded without deduplication
+	outcomeBodyReplay       = "body_replayed"   // dedupe_body: same body under another event ID, 200 at the edge
+	outcomeQueued           = "queued"          // async: stored for delivery, 200 at once
+	outcomeReadTimeout      = "read_timeout"    // the body did not arrive within read_timeout: 408
+	outcomeKeyUnavailable   = "key_unavailable" // the provider's key could not be fetched: 503, nothing recorded
+	outcomeSpooled          = "spooled"         // store unreachable: kept in the spool, 200; forwarded once the store is back
+	outcomeSpoolFull        = "spool_full"      // store unreachable and the spool full: 503, nothing kept
+	outcomeSpoolError       = "spool_error"     // store unreachable and the spool's disk failing: 503, nothing kept
 	// outcomeProviderGone: the provider hung up while its claim waited on
 	// the store (its own timeout); no answer reaches it, a claim committed
 	// for it is released, and with a spool the delivery is kept. Not a
@@ -68,8 +69,8 @@ const (
 var allOutcomes = []string{outcomeCompleted, outcomeReleased, outcomeAmbiguous, outcomeDuplicate,
 	outcomeInFlight, outcomeHeld, outcomeInvalidSignature, outcomeBadRequest, outcomeTooLarge,
 	outcomeUnsupported, outcomeStoreError, outcomeHandshake, outcomeForwardedNoID, outcomeBodyReplay,
-	outcomeQueued, outcomeReadTimeout, outcomeKeyReused, outcomeSpooled, outcomeSpoolFull, outcomeSpoolError,
-	outcomeProviderGone}
+	outcomeQueued, outcomeReadTimeout, outcomeKeyReused, outcomeKeyUnavailable, outcomeSpooled, outcomeSpoolFull,
+	outcomeSpoolError, outcomeProviderGone}
 
 // storeTimes are the store_duration_seconds series, one per operation,
 // resolved once so no store call does a label lookup.

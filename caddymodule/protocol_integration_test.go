@@ -21,6 +21,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddytest"
 	"github.com/stretchr/testify/require"
+	"github.com/tidwall/gjson"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/cli"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
@@ -130,6 +131,9 @@ func protoRoutes(t *testing.T) []protoRoute {
 		r := &routes[len(routes)-1]
 		r.config = strings.Replace(r.config, "event_id json id", "event_id form "+f.field, 1)
 		r.idFrom = "form " + f.field
+	}
+	for _, p := range []string{"paypal", "sns", "pubsub", "wise", "plaid", "appstore"} {
+		add(p, "")
 	}
 	add("adyen", "")
 	for _, p := range []string{"mollie", "recurly", "revolut", "airwallex", "fastspring", "authorizenet", "flutterwave",
@@ -692,6 +696,91 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 		st, rh, _ = doReq(t, http.MethodPost, r.path, body, h)
 		require.Equal(t, http.StatusOK, st)
 		require.Equal(t, "true", rh.Get("Idempotent-Replayed"))
+	})
+
+	t.Run("paypal, sns, pubsub, wise, plaid and appstore verified with the provider's keys", func(t *testing.T) {
+		for _, p := range []string{"/p/paypal", "/p/sns", "/p/pubsub", "/p/wise", "/p/plaid", "/p/appstore"} {
+			requireDelivers(t, byPath[p], byPath[p].signing)
+		}
+		// A signature PayPal's certificate does not verify is refused.
+		r := byPath["/p/paypal"]
+		d, err := cli.BuildDelivery(cli.SignParams{Provider: r.provider, Secret: r.signing})
+		require.NoError(t, err)
+		d.Header.Set("Paypal-Transmission-Sig", strings.Repeat("QUJD", 86)+"QQ==")
+		before := len(up.got(r.path))
+		st, _, body := doReq(t, http.MethodPost, r.path, d.Body, d.Header)
+		require.Equal(t, http.StatusBadRequest, st, body)
+		require.JSONEq(t, `{"error":"no matching signature"}`, body)
+		// A certificate URL off PayPal's hosts is refused before any fetch.
+		d, err = cli.BuildDelivery(cli.SignParams{Provider: r.provider, Secret: r.signing})
+		require.NoError(t, err)
+		evil := "https://api.paypal.com.evil.example/v1/notifications/certs/CERT-1"
+		d.Header.Set("Paypal-Cert-Url", evil)
+		st, _, body = doReq(t, http.MethodPost, r.path, d.Body, d.Header)
+		require.Equal(t, http.StatusBadRequest, st, body)
+		require.JSONEq(t, `{"error":"malformed signature header"}`, body)
+		require.Zero(t, keys.Hits(evil))
+		require.Len(t, up.got(r.path), before)
+	})
+
+	t.Run("sns subscription messages are handshakes: verified, forwarded, never claimed", func(t *testing.T) {
+		r := byPath["/p/sns"]
+		for _, typ := range []string{"SubscriptionConfirmation", "UnsubscribeConfirmation"} {
+			msg := `{"Type":"` + typ + `","MessageId":"` + randomHex(8) + `","Token":"2336412f37fb687f5d51e6e2425","TopicArn":"arn:aws:sns:us-east-1:123456789012:orders",` +
+				`"Message":"You have chosen to subscribe to the topic.","SubscribeURL":"https://sns.us-east-1.amazonaws.com/?Action=ConfirmSubscription&Token=2336412f37fb687f5d51e6e2425",` +
+				`"Timestamp":"2025-12-01T00:00:00.000Z"}`
+			body, err := signature.SignDelivery("sns", signature.Options{Secrets: []string{r.signing}}, []byte(msg), http.Header{}, time.Now())
+			require.NoError(t, err)
+			h := http.Header{"Content-Type": {"text/plain; charset=UTF-8"}, "X-Amz-Sns-Message-Type": {typ}}
+			before := len(up.got(r.path))
+			for range 2 {
+				st, rh, rb := doReq(t, http.MethodPost, r.path, body, h)
+				require.Equal(t, http.StatusOK, st, rb)
+				require.Equal(t, "yes", rh.Get("X-Upstream"), "the upstream confirms")
+				require.Empty(t, rh.Get("Idempotent-Replayed"), "never claimed")
+			}
+			require.Len(t, up.got(r.path), before+2)
+			require.Equal(t, body, up.got(r.path)[before].body)
+			tampered := bytes.Replace(body, []byte("2336412f37fb687f5d51e6e2425"), []byte("2336412f37fb687f5d51e6e2426"), 1)
+			st, _, rb := doReq(t, http.MethodPost, r.path, tampered, h)
+			require.Equal(t, http.StatusBadRequest, st, rb)
+			require.Len(t, up.got(r.path), before+2)
+		}
+	})
+
+	t.Run("a provider key that cannot be fetched: 503, nothing recorded, the retry delivers", func(t *testing.T) {
+		for _, p := range []string{"/p/paypal", "/p/sns", "/p/pubsub", "/p/plaid"} {
+			r := byPath[p]
+			d, err := cli.BuildDelivery(cli.SignParams{Provider: r.provider, Secret: r.signing, URL: r.url, EventIDFrom: r.idFrom})
+			require.NoError(t, err)
+			keyURL := d.Header.Get("Paypal-Cert-Url")
+			switch r.provider {
+			case "sns":
+				keyURL = gjson.GetBytes(d.Body, "SigningCertURL").Str
+			case "pubsub":
+				keyURL = "https://www.googleapis.com/oauth2/v3/certs"
+			case "plaid":
+				keyURL = "https://sandbox.plaid.com/webhook_verification_key/get"
+			}
+			require.NotEmpty(t, keyURL)
+			keys.SetFailing(keyURL, true)
+			before := len(up.got(p))
+			st, rh, body := doReq(t, http.MethodPost, p, d.Body, d.Header)
+			keys.SetFailing(keyURL, false)
+			require.Equal(t, http.StatusServiceUnavailable, st, body)
+			require.JSONEq(t, `{"error":"provider key unavailable"}`, body)
+			require.NotEmpty(t, rh.Get("Retry-After"))
+			require.Len(t, up.got(p), before, "not forwarded")
+			// Nothing was recorded: the provider's retry is forwarded once,
+			// and its next retry is a duplicate.
+			st, rh, body = doReq(t, http.MethodPost, p, d.Body, d.Header)
+			require.Equal(t, http.StatusOK, st, body)
+			require.Equal(t, "yes", rh.Get("X-Upstream"))
+			st, rh, body = doReq(t, http.MethodPost, p, d.Body, d.Header)
+			require.Equal(t, http.StatusOK, st, body)
+			require.Equal(t, "true", rh.Get("Idempotent-Replayed"))
+			require.Len(t, up.got(p), before+1)
+		}
 	})
 
 	t.Run("asana's learned secret survives a config reload", func(t *testing.T) {

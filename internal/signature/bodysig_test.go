@@ -28,12 +28,16 @@ func TestBodySigned(t *testing.T) {
 		"adyen":     {adyenKey, adyenKeyOld},
 		"midtrans":  {"SB-Mid-server-current", "SB-Mid-server-previous"},
 		"braintree": {"bt_public:bt_private_current", "bt_public:bt_private_previous"},
+		"sns":       {signingSecret("sns", snsTopic), signingSecret("sns", "arn:aws:sns:eu-west-1:123456789012:previous")},
+		"appstore":  {signingSecret("appstore", appBundle), signingSecret("appstore", "com.example.previous")},
 	}
 	bodies := map[string]string{
 		"mailgun":   `{"event-data":{"id":"CPgfbmQMTCKtHW6uIWtuVe","event":"delivered"}}`,
 		"msgraph":   `{"value":[{"subscriptionId":"s1","changeType":"created","resource":"Users/1"},{"subscriptionId":"s1","changeType":"updated","resource":"Users/2"}]}`,
 		"adyen":     adyenBody,
 		"midtrans":  midtransBody,
+		"sns":       snsBody,
+		"appstore":  appstoreBody,
 		"braintree": "bt_payload=" + url.QueryEscape(base64.StdEncoding.EncodeToString([]byte(braintreeXML))),
 	}
 	require.Len(t, secrets, len(bodySigned))
@@ -292,6 +296,8 @@ func TestSignDeliveryEveryPreset(t *testing.T) {
 	for _, name := range bodySigned {
 		secretFor[name] = [2]string{"body-secret", "body-secret"}
 	}
+	secretFor["sns"] = [2]string{signingSecret("sns", snsTopic), snsTopic}
+	secretFor["appstore"] = [2]string{signingSecret("appstore", appBundle), appBundle}
 	secretFor["adyen"] = [2]string{adyenKey, adyenKey}
 	secretFor["midtrans"] = [2]string{"SB-Mid-server-rt", "SB-Mid-server-rt"}
 	secretFor["braintree"] = [2]string{"bt_public:bt_private", "bt_public:bt_private"}

@@ -175,6 +175,7 @@ var sentinels = []error{
 	signature.ErrTimestampOutOfTolerance,
 	signature.ErrBodyNotJSON,
 	signature.ErrBodyNotForm,
+	signature.ErrKeyUnavailable,
 }
 
 // requireOneSentinel checks err wraps exactly one of the package's reasons.

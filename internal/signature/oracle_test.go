@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/keyfetch"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
 )
 
@@ -31,6 +32,12 @@ type oracleFile struct {
 		Headers map[string]string `json:"headers"`
 		Body    string            `json:"body"`
 		Valid   bool              `json:"valid"`
+		// Publish is what the local key server serves while the vector is
+		// verified (keyfetch.Publish's key and body).
+		Publish []struct {
+			Key  string `json:"key"`
+			Body string `json:"body"`
+		} `json:"publish"`
 	} `json:"vectors"`
 }
 
@@ -53,6 +60,9 @@ func TestOracles(t *testing.T) {
 		t.Run(v.Preset+"/"+v.Library+"/"+v.Case, func(t *testing.T) {
 			t.Parallel()
 			require.Equal(t, f.Libraries[v.Library], v.Version)
+			for _, p := range v.Publish {
+				keyfetch.Publish(p.Key, []byte(p.Body))
+			}
 			h := http.Header{}
 			for k, val := range v.Headers {
 				h.Set(k, val)

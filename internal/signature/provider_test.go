@@ -495,8 +495,8 @@ func TestPresetData(t *testing.T) {
 			require.True(t, strings.HasPrefix(p.Doc, "https://"), p.Doc)
 			require.NotEmpty(t, p.SignatureHeader)
 			require.NotEmpty(t, p.Signed)
-			require.Contains(t, []string{"sha1", "sha256", "sha512", "ed25519", "ecdsa-p256", ""}, p.Algorithm)
-			require.Contains(t, []string{"hex", "base64", "base64url", ""}, p.Encoding)
+			require.Contains(t, []string{"sha1", "sha256", "sha512", "ed25519", "ecdsa-p256", "rsa-sha256", "rsa-sha1|rsa-sha256", "ecdsa-p256-sha256", ""}, p.Algorithm)
+			require.Contains(t, []string{"hex", "base64", "base64url", "jwt", ""}, p.Encoding)
 			if want, ok := defaults[name]; ok {
 				require.Equal(t, want, p.EventID)
 			}

@@ -186,6 +186,10 @@ func (v *pubkeyVerifier) sign(body []byte, h http.Header, ts time.Time) error {
 // publicKeySecret maps a private signing key of a pubkeyVerifier preset to
 // the public key the gateway is configured with.
 func publicKeySecret(provider, s string) (string, bool, error) {
+	if _, ok := fetchedKeyAlg[provider]; ok {
+		pub, err := fetchedPublicSecret(provider, s)
+		return pub, true, err
+	}
 	switch provider {
 	case "sendgrid":
 		der, err := base64.StdEncoding.DecodeString(s)

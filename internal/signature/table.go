@@ -86,6 +86,8 @@ func algorithmText(p Preset) string {
 		return "none: Ed25519 " + p.Encoding + " (public key)"
 	case p.Algorithm == "ecdsa-p256":
 		return "none: ECDSA P-256 " + p.Encoding + " DER (public key)"
+	case strings.HasPrefix(p.Algorithm, "rsa-") || p.Algorithm == "ecdsa-p256-sha256":
+		return "none: " + strings.ToUpper(strings.ReplaceAll(p.Algorithm, "|", " or ")) + " " + p.Encoding + " (provider's key)"
 	}
 	return "HMAC-" + strings.ToUpper(p.Algorithm) + " " + p.Encoding
 }
