@@ -4,7 +4,7 @@ GO    ?= go
 BIN   := bin/caddy
 export STRIPE_WEBHOOK_SECRET ?= whsec_demo_not_a_real_secret
 
-.PHONY: run demo test test-short failover build accept fuzz soak bench bench-growth bench-memory bench-micro vet lint xcaddy-check clean
+.PHONY: run demo test test-short failover pgbouncer build accept fuzz soak bench bench-growth bench-sweep bench-memory bench-micro vet lint xcaddy-check clean
 
 ## build: the custom Caddy binary (what xcaddy builds) into bin/caddy
 build:
@@ -28,6 +28,10 @@ test:
 failover:
 	@bash scripts/failover.sh
 
+## pgbouncer: the gateway behind a real PgBouncer in transaction pooling (installed when missing; part of make test)
+pgbouncer:
+	@bash scripts/pgbouncer.sh
+
 ## test-short: the fast loop, no PostgreSQL, no in-process Caddy
 test-short:
 	$(GO) test -race -short ./...
@@ -47,6 +51,10 @@ bench: build
 ## bench-growth: claim latency on an empty vs a 10M-row table, and during a retention sweep (needs ~6 GB of disk)
 bench-growth:
 	@DSN=$$(bash scripts/postgres.sh) && BENCH_DATABASE_URL="$$DSN" $(GO) run ./bench -mode growth $(BENCHFLAGS)
+
+## bench-sweep: claim p99 during the retention sweep of 1M expired rows vs idle; rows of a route at 1,000 events/s, retention 1m
+bench-sweep:
+	@DSN=$$(bash scripts/postgres.sh) && BENCH_DATABASE_URL="$$DSN" $(GO) run ./bench -mode sweep $(BENCHFLAGS)
 
 ## bench-memory: the gateway's peak RSS under 200 concurrent 1 MiB deliveries, and RSS over a soak of small ones
 bench-memory: build

@@ -4,6 +4,7 @@
 //	go build -o bin/caddy ./xcaddy && go run ./bench            # make bench
 //	go run ./bench -mode growth                                 # make bench-growth
 //	go run ./bench -mode memory                                 # make bench-memory
+//	go run ./bench -mode sweep                                  # make bench-sweep
 //
 // Mode load starts a fast upstream (this program, re-executed) and, for each
 // scenario, a Caddy process of bin/caddy with one site, then drives it with
@@ -58,6 +59,12 @@ type config struct {
 	growthWorkers  int
 	retentionMax   time.Duration
 
+	sweepRows      int
+	sweepClaimRate int
+	sweepEvents    int
+	sweepRetention time.Duration
+	sweepSteady    time.Duration
+
 	memBig      int
 	memBigSize  int
 	memBigTime  time.Duration
@@ -73,7 +80,7 @@ func main() {
 	}
 	var c config
 	var only string
-	flag.StringVar(&c.mode, "mode", "load", "load | growth | memory")
+	flag.StringVar(&c.mode, "mode", "load", "load | growth | memory | sweep")
 	flag.StringVar(&c.caddyBin, "caddy", "bin/caddy", "the custom Caddy binary (go build -o bin/caddy ./xcaddy)")
 	flag.StringVar(&c.caddyBefore, "caddy-before", "", "a second binary (say, of the commit before a change): its gateways run as <scenario>@before, interleaved with the others")
 	flag.StringVar(&c.dsn, "dsn", envOr("BENCH_DATABASE_URL", envOr("TEST_DATABASE_URL",
@@ -92,6 +99,11 @@ func main() {
 	flag.DurationVar(&c.growthDuration, "growth-duration", 20*time.Second, "claim measurement per growth phase")
 	flag.IntVar(&c.growthWorkers, "growth-workers", 32, "concurrent claimers in the growth run")
 	flag.DurationVar(&c.retentionMax, "retention-max", 3*time.Minute, "upper bound of the retention phase")
+	flag.IntVar(&c.sweepRows, "sweep-rows", 1_000_000, "expired rows the sweep run deletes under claim load")
+	flag.IntVar(&c.sweepClaimRate, "sweep-claim-rate", 200, "claims per second (open loop) measured in the sweep run")
+	flag.IntVar(&c.sweepEvents, "sweep-events", 1000, "new events per second of the sweep run's steady phase")
+	flag.DurationVar(&c.sweepRetention, "sweep-retention", time.Minute, "retention of the sweep run's steady phase")
+	flag.DurationVar(&c.sweepSteady, "sweep-steady", 10*time.Minute, "duration of the sweep run's steady phase")
 	flag.IntVar(&c.memBig, "mem-big", 200, "concurrent large deliveries in the memory run")
 	flag.IntVar(&c.memBigSize, "mem-big-size", 1<<20, "size of a large delivery in bytes")
 	flag.DurationVar(&c.memBigTime, "mem-big-time", 15*time.Second, "duration of the large-delivery phase")
@@ -146,8 +158,10 @@ func main() {
 		report, err = runGrowth(ctx, c)
 	case "memory":
 		report, err = runMemory(ctx, c)
+	case "sweep":
+		report, err = runSweep(ctx, c)
 	default:
-		err = fmt.Errorf("unknown -mode %q (load, growth, memory)", c.mode)
+		err = fmt.Errorf("unknown -mode %q (load, growth, memory, sweep)", c.mode)
 	}
 	if report != nil {
 		if werr := writeJSON(c.out, report); werr != nil {

@@ -25,6 +25,7 @@ import (
 //	caddy_webhook_idempotency_cache_misses_total{scope}
 //	caddy_webhook_idempotency_body_mismatch_total{scope}
 //	caddy_webhook_idempotency_store_batch_size{op}
+//	caddy_webhook_idempotency_store_retries_total{reason}
 var metrics = struct {
 	once         sync.Once
 	deliveries   *prometheus.CounterVec
@@ -116,8 +117,20 @@ func initMetrics(reg *prometheus.Registry) error {
 		}
 	})
 	return register(reg, metrics.deliveries, metrics.store, metrics.upstream,
-		metrics.inFlight, metrics.cacheHits, metrics.cacheMiss, metrics.bodyMismatch, batchSizes)
+		metrics.inFlight, metrics.cacheHits, metrics.cacheMiss, metrics.bodyMismatch, batchSizes, storeRetries)
 }
+
+// storeRetries counts store operations run again, by reason (the
+// store.Retry* constants): serialization_failure and deadlock (a
+// transaction the database rolled back, run again), connection_lost (a
+// claim or settle whose connection was lost, tried once more on another). Like batchSizes, it exists
+// before any handler.
+var storeRetries = newCounterVec("store_retries_total",
+	"Store operations run again, by reason: serialization_failure, deadlock (transactions PostgreSQL rolled back), connection_lost (a claim or settle whose connection was lost, tried once more on another).",
+	"reason")
+
+// observeRetry is the stores' postgres.Options.Retried.
+func observeRetry(reason string) { storeRetries.WithLabelValues(reason).Inc() }
 
 // batchSizes is the store's group commit: operations per batch written,
 // by op (claim, complete, release, and transaction: all of a batch of the

@@ -79,7 +79,7 @@ var backendKinds = []backendKind{
 		queue: true,
 		open: func(ctx context.Context, c Storage) (opened, error) {
 			s, err := postgres.New(ctx, postgres.Options{DSN: c.DSN, Table: c.Table,
-				Batch: store.BatchOptions{Observe: observeBatch}})
+				Batch: store.BatchOptions{Observe: observeBatch}, Retried: observeRetry})
 			if err != nil {
 				return opened{}, err
 			}

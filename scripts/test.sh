@@ -38,5 +38,10 @@ go test -race -count=1 -timeout 20m ./...
 echo "== go test: PostgreSQL restart and failover under load (temporary clusters)"
 bash scripts/failover.sh
 
+# Behind a real PgBouncer in transaction pooling (installed when missing),
+# started by the tests on free ports (scripts/pgbouncer.sh).
+echo "== go test: behind PgBouncer in transaction pooling"
+bash scripts/pgbouncer.sh
+
 echo "== short fuzz runs"
 bash scripts/fuzz.sh 1500x

@@ -198,8 +198,13 @@ func TestSettleLeaseLost(t *testing.T) {
 // expired, and returns once stopped.
 func TestKeepRenews(t *testing.T) {
 	t.Parallel()
-	b := setup(t, claim.Options{Lease: 150 * time.Millisecond})
+	// A lease long enough that a loaded machine's scheduling cannot let it
+	// lapse between renewals (every third of it); the test waits for a
+	// renewal instead of sleeping a fixed time.
+	b := setup(t, claim.Options{Lease: 3 * time.Second})
 	c, err := b.keeper.Claim(t.Context(), "s", "evt_keep", "")
+	require.NoError(t, err)
+	first, err := b.store.Get(t.Context(), "s", "evt_keep")
 	require.NoError(t, err)
 	stop := make(chan struct{})
 	kept := make(chan struct{})
@@ -207,10 +212,16 @@ func TestKeepRenews(t *testing.T) {
 		b.keeper.Keep(t.Context(), []claim.Ref{{Scope: "s", ID: "evt_keep", Token: c.Token}}, stop)
 		close(kept)
 	}()
-	time.Sleep(500 * time.Millisecond) // three leases: renewed every 50 ms
+	renewed := false
+	for deadline := time.Now().Add(10 * time.Second); !renewed && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		e, err := b.store.Get(t.Context(), "s", "evt_keep")
+		require.NoError(t, err)
+		renewed = e.LeaseUntil.After(first.LeaseUntil)
+	}
+	require.True(t, renewed, "the lease was renewed")
 	again, err := b.keeper.Claim(t.Context(), "s", "evt_keep", "")
 	require.NoError(t, err)
-	require.Equal(t, store.InFlight, again.Outcome, "the lease was renewed")
+	require.Equal(t, store.InFlight, again.Outcome, "a renewed claim is in flight")
 	close(stop)
 	<-kept
 }

@@ -13,10 +13,9 @@ import (
 // Defaults of a Sweeper.
 const (
 	// DefaultSweepBatch is the most rows one retention statement deletes.
+	// A sweep runs as many statements as it takes to leave nothing expired
+	// (store.Sweep).
 	DefaultSweepBatch = 1000
-	// DefaultSweepBatches is the most statements one sweep runs per kind of
-	// row.
-	DefaultSweepBatches = 100
 )
 
 // Sweeper deletes a route's expired rows: events older than their
@@ -30,10 +29,10 @@ type Sweeper struct {
 	Expiries func(now time.Time) []store.Expiry
 	// Every is how often Run sweeps. Required.
 	Every time.Duration
-	// Batch, Batches and StoreTimeout: DefaultSweepBatch,
-	// DefaultSweepBatches and DefaultStoreTimeout when zero.
-	Batch, Batches int
-	StoreTimeout   time.Duration
+	// Batch and StoreTimeout: DefaultSweepBatch and DefaultStoreTimeout
+	// when zero.
+	Batch        int
+	StoreTimeout time.Duration
 	// Logger receives failed sweeps. Default: zap.NewNop().
 	Logger *zap.Logger
 }
@@ -54,8 +53,9 @@ func (s *Sweeper) Run(ctx context.Context) {
 	}
 }
 
-// Once runs one sweep as of now and returns how many rows it deleted.
+// Once runs one sweep as of now, in batches until nothing expired is left
+// (store.Sweep), and returns how many rows it deleted.
 func (s *Sweeper) Once(ctx context.Context, now time.Time) (int, error) {
 	return store.Sweep(ctx, s.Store, s.Expiries(now), cmp.Or(s.Batch, DefaultSweepBatch),
-		cmp.Or(s.Batches, DefaultSweepBatches), cmp.Or(s.StoreTimeout, DefaultStoreTimeout))
+		cmp.Or(s.StoreTimeout, DefaultStoreTimeout))
 }

@@ -375,6 +375,16 @@ func BuildDelivery(p SignParams) (Delivery, error) {
 			}
 		case kind == "json":
 			id = gjson.GetBytes(body, name).String()
+		case kind == "jws":
+			// The signer makes the body's members the JWS payload's
+			// (appstore): the ID goes into the body at its payload path.
+			_, inner, _ := strings.Cut(name, "#")
+			if id == "" {
+				id = "evt_test_" + randomID()
+			}
+			if body, err = setJSON(body, inner, id); err != nil {
+				return Delivery{}, fmt.Errorf("setting the event ID at %s: %w", inner, err)
+			}
 		case kind == "form_sha256":
 			// The ID is the hash of a field the signing writes (Braintree's
 			// bt_payload): read after signing; an example gets a fresh body.

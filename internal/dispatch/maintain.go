@@ -7,6 +7,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
 
 // maintain refreshes the queue gauges and applies retention and keep_body
@@ -56,11 +57,14 @@ func (rt *route) dropGauges() {
 }
 
 // sweep deletes delivered and dead events older than retention and drops
-// bodies older than keep_body, in bounded batches.
+// bodies older than keep_body, in bounded batches until none is left (no
+// cap per tick: the sweep keeps up with any rate), resting between them
+// as store.Sweep does.
 func (rt *route) sweep() {
 	cfg := rt.cfg.Load()
 	batch := rt.d.opts.SweepBatch
-	for range 100 { // at most 100 batches a tick
+	for { // until nothing expired is left, resting between batches (store.Sweep)
+		t0 := time.Now()
 		ctx, cancel := context.WithTimeout(rt.lctx, rt.d.opts.StoreTimeout)
 		deleted, stripped, err := rt.d.q.Sweep(ctx, queue.SweepParams{
 			Scope: cfg.Scope, Retention: cfg.Retention, KeepBody: cfg.KeepBody, Limit: batch,
@@ -73,6 +77,9 @@ func (rt *route) sweep() {
 			return
 		}
 		if deleted < batch && stripped < batch {
+			return
+		}
+		if !store.Sleep(rt.lctx, store.SweepRest(time.Since(t0))) {
 			return
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/url"
 	"sync"
+	"sync/atomic"
 )
 
 // Link is a TCP relay on 127.0.0.1 in front of a server (PostgreSQL), that
@@ -17,6 +18,15 @@ type Link struct {
 	mu    sync.Mutex
 	cut   bool
 	conns map[net.Conn]struct{}
+	flows map[*flow]struct{}
+}
+
+// flow is one relayed connection's two directions, each of which the link
+// may black-hole: what arrives is read and dropped, nothing is closed or
+// reset, so neither end learns anything (as behind a NAT or load balancer
+// that forgot the flow).
+type flow struct {
+	dropUp, dropDown atomic.Bool // client to server, server to client
 }
 
 // NewLink listens on a free port of 127.0.0.1 and relays to target.
@@ -25,7 +35,7 @@ func NewLink(target string) (*Link, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Link{target: target, ln: ln, conns: map[net.Conn]struct{}{}}
+	l := &Link{target: target, ln: ln, conns: map[net.Conn]struct{}{}, flows: map[*flow]struct{}{}}
 	go l.serve()
 	return l, nil
 }
@@ -64,13 +74,58 @@ func (l *Link) relay(c net.Conn) {
 		return
 	}
 	l.conns[s] = struct{}{}
+	f := &flow{}
+	l.flows[f] = struct{}{}
 	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		delete(l.flows, f)
+		l.mu.Unlock()
+	}()
 	defer l.forget(s)
 	go func() {
-		_, _ = io.Copy(s, c)
+		_ = pump(s, c, &f.dropUp)
 		_ = s.Close()
 	}()
-	_, _ = io.Copy(c, s)
+	_ = pump(c, s, &f.dropDown)
+}
+
+// pump copies src to dst until either fails, dropping what it reads while
+// drop is set.
+func pump(dst io.Writer, src io.Reader, drop *atomic.Bool) error {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 && !drop.Load() {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return werr
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// BlackHole silently drops everything on the flows open now, both ways,
+// for good; new flows are relayed as usual. The ends of an old flow see
+// neither an answer nor a reset: their next statement hangs.
+func (l *Link) BlackHole() { l.blackHole(true) }
+
+// DropReplies is BlackHole for the answers only: what the clients send on
+// the flows open now still reaches the server (a statement runs, commits),
+// but nothing comes back.
+func (l *Link) DropReplies() { l.blackHole(false) }
+
+func (l *Link) blackHole(up bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for f := range l.flows {
+		f.dropDown.Store(true)
+		if up {
+			f.dropUp.Store(true)
+		}
+	}
 }
 
 func (l *Link) forget(c net.Conn) {

@@ -7,6 +7,7 @@ package eventid
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -48,6 +49,11 @@ const (
 	// only per-notification value is too long to be an ID (Braintree's
 	// bt_payload, the whole notification).
 	FormSHA256 Kind = "form_sha256"
+	// JWSPayload reads a JSON path inside the payload of a compact JWS
+	// carried by a JSON member: Name is "<member path>#<payload path>",
+	// e.g. Apple's "signedPayload#notificationUUID". The verifier has
+	// checked the JWS before the ID is read; this only decodes it.
+	JWSPayload Kind = "jws"
 )
 
 // Source is one place an ID part is read from.
@@ -69,9 +75,9 @@ func (s Source) String() string { return string(s.Kind) + " " + s.Name }
 func ParseSource(kind, name string) (Source, error) {
 	s := Source{Kind: Kind(kind), Name: name}
 	switch s.Kind {
-	case Header, JSON, Form, FormSHA256:
+	case Header, JSON, Form, FormSHA256, JWSPayload:
 	default:
-		return Source{}, fmt.Errorf("unknown event id source %q (want header, json, form or form_sha256)", kind)
+		return Source{}, fmt.Errorf("unknown event id source %q (want header, json, form, form_sha256 or jws)", kind)
 	}
 	if name == "" {
 		return Source{}, fmt.Errorf("event id source %s needs a name", kind)
@@ -79,6 +85,17 @@ func ParseSource(kind, name string) (Source, error) {
 	if s.Kind == JSON {
 		if _, err := parseJSONPath(name); err != nil {
 			return Source{}, err
+		}
+	}
+	if s.Kind == JWSPayload {
+		member, inner, ok := strings.Cut(name, "#")
+		if !ok {
+			return Source{}, fmt.Errorf("event id source jws %q: want <member>#<payload path>", name)
+		}
+		for _, p := range []string{member, inner} {
+			if _, err := parseJSONPath(p); err != nil {
+				return Source{}, err
+			}
 		}
 	}
 	return s, nil
@@ -220,6 +237,8 @@ func extractOne(s Source, path []string, body []byte, h http.Header, form *url.V
 		default:
 			return "", fmt.Errorf("json %s: %w", s.Name, ErrNotScalar)
 		}
+	case JWSPayload:
+		return jwsPayloadID(s, body)
 	case Form, FormSHA256:
 		if *form == nil {
 			f, err := url.ParseQuery(string(bytes.TrimSpace(body)))
@@ -327,4 +346,45 @@ func hex4(s string) (rune, bool) {
 		}
 	}
 	return r, true
+}
+
+// jwsPayloadID reads a JWSPayload source: the member's compact JWS, its
+// payload (base64url JSON), then the path in it, with json's rules (one
+// string or number; a repeated member name on either path is ErrAmbiguous).
+func jwsPayloadID(s Source, body []byte) (string, error) {
+	member, inner, _ := strings.Cut(s.Name, "#")
+	outer, _ := parseJSONPath(member)
+	names, _ := parseJSONPath(inner)
+	if !gjson.ValidBytes(body) {
+		return "", fmt.Errorf("jws %s: %w: not JSON", s.Name, ErrBadBody)
+	}
+	r, err := lookupJSON(body, outer)
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("jws %s: %w", s.Name, err)
+	case !r.Exists():
+		return "", fmt.Errorf("jws %s: %w", s.Name, ErrMissing)
+	case r.Type != gjson.String:
+		return "", fmt.Errorf("jws %s: %w", s.Name, ErrNotScalar)
+	}
+	parts := strings.Split(r.Str, ".")
+	if len(parts) != 3 {
+		return "", fmt.Errorf("jws %s: %w: not a compact JWS", s.Name, ErrBadBody)
+	}
+	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil || !gjson.ValidBytes(payload) {
+		return "", fmt.Errorf("jws %s: %w: payload is not base64url JSON", s.Name, ErrBadBody)
+	}
+	v, err := lookupJSON(payload, names)
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("jws %s: %w", s.Name, err)
+	case !v.Exists():
+		return "", fmt.Errorf("jws %s: %w", s.Name, ErrMissing)
+	case v.Type == gjson.String:
+		return cloned(checkValue(s, v.Str))
+	case v.Type == gjson.Number:
+		return cloned(checkValue(s, v.Raw))
+	}
+	return "", fmt.Errorf("jws %s: %w", s.Name, ErrNotScalar)
 }

@@ -43,10 +43,10 @@ const resetEvery = time.Second
 //     host that is primary now.
 //
 // The statement that met the error still fails (the caller answers 503);
-// nothing is retried here. Call the returned attach with the pool built from
-// cfg.
-func PrepareFailover(cfg *pgxpool.Config, dsn string) (attach func(*pgxpool.Pool)) {
-	w := &failoverWatch{}
+// nothing is retried here. Call the returned Watch's Attach with the pool
+// built from cfg.
+func PrepareFailover(cfg *pgxpool.Config, dsn string) *Watch {
+	w := &Watch{}
 	cc := cfg.ConnConfig
 	if cc.ValidateConnect == nil && !strings.Contains(dsn, "target_session_attrs") && multiHost(cc) {
 		cc.ValidateConnect = pgconn.ValidateConnectTargetSessionAttrsReadWrite
@@ -65,7 +65,7 @@ func PrepareFailover(cfg *pgxpool.Config, dsn string) (attach func(*pgxpool.Pool
 	if cc.Tracer == nil {
 		cc.Tracer = w
 	}
-	return func(p *pgxpool.Pool) { w.pool.Store(p) }
+	return w
 }
 
 // multiHost reports whether the config names more than one host (pgx keeps
@@ -80,34 +80,55 @@ func multiHost(cc *pgx.ConnConfig) bool {
 	return false
 }
 
-// failoverWatch resets its pool when a connection meets a failover.
-type failoverWatch struct {
+// Watch resets its pool when a connection meets a failover or is found
+// dead (see PrepareFailover and PrepareLiveness).
+type Watch struct {
 	pool atomic.Pointer[pgxpool.Pool]
 	last atomic.Int64 // UnixNano of the last reset
 }
 
-func (w *failoverWatch) reset() {
+// Attach gives w the pool built from the config it prepared.
+func (w *Watch) Attach(p *pgxpool.Pool) { w.pool.Store(p) }
+
+// Lost drops every connection of the pool now (at most once a second),
+// for a caller that holds none: a statement found its connection dead,
+// and the others, idle as long, are presumed dead too (a NAT or load
+// balancer that dropped its flows drops them all).
+func (w *Watch) Lost() {
+	if p := w.due(); p != nil {
+		p.Reset()
+	}
+}
+
+// reset is Lost for a caller that holds a connection of the pool.
+func (w *Watch) reset() {
+	if p := w.due(); p != nil {
+		go p.Reset()
+	}
+}
+
+// due returns the pool when a reset is due, nil otherwise.
+func (w *Watch) due() *pgxpool.Pool {
 	p := w.pool.Load()
 	if p == nil {
-		return
+		return nil
 	}
 	now, last := time.Now().UnixNano(), w.last.Load()
 	if now-last < int64(resetEvery) || !w.last.CompareAndSwap(last, now) {
-		return
+		return nil
 	}
-	// Not on the caller's goroutine: it holds a connection of the pool.
-	go p.Reset()
+	return p
 }
 
 // TraceQueryStart implements pgx.QueryTracer.
-func (w *failoverWatch) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+func (w *Watch) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
 	return ctx
 }
 
 // TraceQueryEnd implements pgx.QueryTracer: a statement that left its
 // connection closed (a reset, an EOF, a FATAL from the server), other than
 // by the caller's deadline or cancellation, resets the pool.
-func (w *failoverWatch) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
+func (w *Watch) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
 	if data.Err == nil || ctx.Err() != nil || !conn.IsClosed() {
 		return
 	}

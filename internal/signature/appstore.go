@@ -43,10 +43,8 @@ import (
 // https://developer.apple.com/documentation/appstoreservernotifications/signedpayload);
 // Apple's app-store-server-library (SignedDataVerifier) is the oracle.
 //
-// The notification's ID (notificationUUID) is inside the signed payload,
-// where no event_id source reads today: deliveries are deduplicated by
-// body hash (dedupe_body), which holds as long as Apple's retries resend
-// the same signedPayload.
+// The notification's ID (notificationUUID) is inside the signed payload:
+// the event_id source jws reads it there once the JWS is verified.
 func init() {
 	register(Preset{ //nolint:gosec // G101: SecretFormat describes a secret, holds none
 		Name:         "appstore",
@@ -60,8 +58,10 @@ func init() {
 		},
 		Doc:             "https://developer.apple.com/documentation/appstoreservernotifications/app-store-server-notifications-v2",
 		SignatureHeader: "none: body signedPayload = JWS (ES256) with its x5c chain to Apple Root CA - G3",
-		DedupeBody:      true,
-		Oracle:          "@apple/app-store-server-library",
+		// notificationUUID: "a unique identifier for the notification"; a
+		// retry carries the same one (responseBodyV2DecodedPayload).
+		EventID: ids("jws signedPayload#notificationUUID"),
+		Oracle:  "@apple/app-store-server-library",
 		Scheme: Scheme{
 			Signed:    "the JWS signedPayload in the body, chain verified to Apple's root (no fetch)",
 			Algorithm: "ecdsa-p256-sha256",

@@ -503,8 +503,8 @@ func TestPresetData(t *testing.T) {
 			signedID := false
 			for _, src := range p.EventID {
 				kind, rest, ok := strings.Cut(src, " ")
-				require.True(t, ok && rest != "" && (kind == "json" || kind == "header" || kind == "form_sha256"), src)
-				if kind == "form_sha256" && p.Algorithm != "" {
+				require.True(t, ok && rest != "" && (kind == "json" || kind == "header" || kind == "form_sha256" || kind == "jws"), src)
+				if (kind == "form_sha256" || kind == "jws") && p.Algorithm != "" {
 					signedID = true // the hash of a signed form field (braintree's bt_payload)
 				}
 				if kind == "json" && p.Algorithm != "" && p.Name != "mailgun" {

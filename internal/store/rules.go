@@ -19,6 +19,9 @@ type Rules struct {
 	// b is the coalescer of claims and settles; nil writes each operation
 	// on its own.
 	b *batcher
+	// retried is told of a claim or settle tried again after
+	// ErrConnectionLost.
+	retried RetryObserver
 }
 
 var _ Store = Rules{}
@@ -38,6 +41,13 @@ func NewBatchedRules(d Driver, opts BatchOptions) Rules {
 	return Rules{d: d, b: newBatcher(bd, opts)}
 }
 
+// WithRetryObserver returns r telling f of each claim or settle it tries
+// again after ErrConnectionLost (RetryConnection).
+func (r Rules) WithRetryObserver(f RetryObserver) Rules {
+	r.retried = f
+	return r
+}
+
 // Claim claims (p.Scope, p.EventID) with the driver's one claim statement;
 // when the row is not claimable it reads the row to report Duplicate (with
 // Status), InFlight (with RetryAfter, the lease left by the database clock,
@@ -54,16 +64,36 @@ func NewBatchedRules(d Driver, opts BatchOptions) Rules {
 // read). A claim the batch could not decide (the row changed between the
 // read and the write, or an expired claim to hold) takes the one-statement
 // path below.
+//
+// A claim that failed with ErrConnectionLost (its statement or batch may
+// or may not have committed) is tried once more, unbatched, with the same
+// token, on another connection (the driver has dropped the dead ones): a
+// row found processing under that token is this claim's own, committed by
+// the first try, and is answered Claimed, never InFlight; any other row is
+// judged as usual. So a retried claim never claims an event twice.
 func (r Rules) Claim(ctx context.Context, p ClaimParams) (Claim, error) {
 	if p.Lease <= 0 {
 		return Claim{}, fmt.Errorf("claiming event: lease must be positive, got %s", p.Lease)
 	}
+	token := NewToken()
+	c, err := r.claim(ctx, p, token)
+	if err == nil || !errors.Is(err, ErrConnectionLost) || ctx.Err() != nil {
+		return c, err
+	}
+	if r.retried != nil {
+		r.retried(RetryConnection)
+	}
+	return r.claimOne(ctx, p, token)
+}
+
+// claim is one try of Claim with token.
+func (r Rules) claim(ctx context.Context, p ClaimParams, token string) (Claim, error) {
 	// A claim with a request fingerprint (Idempotency-Key mode) records it
 	// and reads the holder's back to compare: the one-row statements do
 	// both; the batch statements carry neither, so such claims are not
 	// batched.
 	if r.b != nil && p.Fingerprint == "" {
-		c, ok, err := r.claimBatched(ctx, p)
+		c, ok, err := r.claimBatched(ctx, p, token)
 		if err != nil {
 			return Claim{}, fmt.Errorf("claiming event: %w", err)
 		}
@@ -71,13 +101,13 @@ func (r Rules) Claim(ctx context.Context, p ClaimParams) (Claim, error) {
 			return c, nil
 		}
 	}
-	return r.claimOne(ctx, p)
+	return r.claimOne(ctx, p, token)
 }
 
 // claimBatched claims through the coalescer; ok is false when the batch
 // did not decide the claim.
-func (r Rules) claimBatched(ctx context.Context, p ClaimParams) (c Claim, ok bool, err error) {
-	bc := &BatchClaim{Scope: p.Scope, EventID: p.EventID, Token: NewToken(), Lease: p.Lease, Hold: p.HoldOnExpiry}
+func (r Rules) claimBatched(ctx context.Context, p ClaimParams, token string) (c Claim, ok bool, err error) {
+	bc := &BatchClaim{Scope: p.Scope, EventID: p.EventID, Token: token, Lease: p.Lease, Hold: p.HoldOnExpiry}
 	o := &op{claim: bc}
 	if err := r.b.do(ctx, o); err != nil {
 		return Claim{}, false, err
@@ -105,10 +135,10 @@ func (r Rules) claimBatched(ctx context.Context, p ClaimParams) (c Claim, ok boo
 }
 
 // claimOne claims with the one-statement algorithm: the claim statement,
-// then the read that explains a refusal.
-func (r Rules) claimOne(ctx context.Context, p ClaimParams) (Claim, error) {
+// then the read that explains a refusal. Every round uses token, unique to
+// this Claim call: a row processing under it is this call's own.
+func (r Rules) claimOne(ctx context.Context, p ClaimParams, token string) (Claim, error) {
 	for range maxClaimRounds {
-		token := NewToken()
 		attempts, err := r.d.ClaimRow(ctx, ClaimArgs{Scope: p.Scope, EventID: p.EventID, Token: token, Lease: p.Lease,
 			Hold: p.HoldOnExpiry, Fingerprint: p.Fingerprint})
 		if err == nil {
@@ -117,7 +147,7 @@ func (r Rules) claimOne(ctx context.Context, p ClaimParams) (Claim, error) {
 		if !errors.Is(err, ErrNotFound) {
 			return Claim{}, fmt.Errorf("claiming event: %w", err)
 		}
-		c, ok, err := r.explain(ctx, p)
+		c, ok, err := r.explain(ctx, p, token)
 		if err != nil {
 			return Claim{}, fmt.Errorf("claiming event: %w", err)
 		}
@@ -131,8 +161,9 @@ func (r Rules) claimOne(ctx context.Context, p ClaimParams) (Claim, error) {
 // explain reads the row a claim was refused on, the mirror of
 // ClaimableSQL. ok is false when the row became claimable in between
 // (deleted, released, lease just expired) and the claim should be tried
-// again.
-func (r Rules) explain(ctx context.Context, p ClaimParams) (c Claim, ok bool, err error) {
+// again. A row processing under own (the claim's token) was claimed by
+// an earlier try of the same claim, whose answer was lost: it is Claimed.
+func (r Rules) explain(ctx context.Context, p ClaimParams, own string) (c Claim, ok bool, err error) {
 	row, err := r.d.InspectRow(ctx, p.Scope, p.EventID)
 	if err != nil {
 		return Claim{}, false, gone(err) // deleted in between: try again
@@ -146,6 +177,9 @@ func (r Rules) explain(ctx context.Context, p ClaimParams) (c Claim, ok bool, er
 	case StateReleased:
 		return Claim{}, false, nil
 	case StateProcessing:
+		if row.Token == own {
+			return Claim{Outcome: Claimed, Token: own, Attempts: attempts}, true, nil
+		}
 		if row.LeaseLeft > 0 {
 			return Claim{Outcome: InFlight, Attempts: attempts, RetryAfter: RetryAfter(row.LeaseLeft), Fingerprint: fingerprint}, true, nil
 		}
@@ -181,31 +215,72 @@ func (r Rules) Heartbeat(ctx context.Context, scope, eventID, token string, leas
 // Complete marks the claimed event completed with the upstream's HTTP
 // status. It returns ErrLeaseLost if the row is not processing under token.
 func (r Rules) Complete(ctx context.Context, scope, eventID, token string, status int) error {
-	if r.b != nil {
-		return leaseHeld("completing event")(r.settleBatched(ctx,
-			BatchSettle{Stmt: StmtComplete, Scope: scope, EventID: eventID, Token: token, Status: status}))
-	}
-	return leaseHeld("completing event")(r.d.CompleteRow(ctx, scope, eventID, token, status))
+	return r.settle(ctx, "completing event", StateCompleted,
+		BatchSettle{Stmt: StmtComplete, Scope: scope, EventID: eventID, Token: token, Status: status})
 }
 
 // Release marks the claimed event released, so the next delivery claims it
 // again. It returns ErrLeaseLost if the row is not processing under token.
 func (r Rules) Release(ctx context.Context, scope, eventID, token string) error {
-	if r.b != nil {
-		return leaseHeld("releasing event")(r.settleBatched(ctx,
-			BatchSettle{Stmt: StmtRelease, Scope: scope, EventID: eventID, Token: token}))
-	}
-	return leaseHeld("releasing event")(r.d.ReleaseRow(ctx, scope, eventID, token))
+	return r.settle(ctx, "releasing event", StateReleased,
+		BatchSettle{Stmt: StmtRelease, Scope: scope, EventID: eventID, Token: token})
 }
 
 // Hold parks the claimed event in StateHeld at once, with reason (see
 // Store.Hold).
 func (r Rules) Hold(ctx context.Context, scope, eventID, token, reason string) error {
+	return r.settle(ctx, "holding event", StateHeld,
+		BatchSettle{Stmt: StmtHold, Scope: scope, EventID: eventID, Token: token, Reason: reason})
+}
+
+// settle writes s (batched when r batches) under the rule of leaseHeld. A
+// settle that failed with ErrConnectionLost (it may have committed) is
+// written once more, unbatched: when that changes no row, the row found in
+// the settle's state (to; for a completion, with its status) was settled
+// by the first try, and the settle succeeded.
+func (r Rules) settle(ctx context.Context, op string, to State, s BatchSettle) error {
+	var (
+		changed bool
+		err     error
+	)
 	if r.b != nil {
-		return leaseHeld("holding event")(r.settleBatched(ctx,
-			BatchSettle{Stmt: StmtHold, Scope: scope, EventID: eventID, Token: token, Reason: reason}))
+		changed, err = r.settleBatched(ctx, s)
+	} else {
+		changed, err = r.settleRow(ctx, s)
 	}
-	return leaseHeld("holding event")(r.d.HoldRow(ctx, scope, eventID, token, reason))
+	if err != nil && errors.Is(err, ErrConnectionLost) && ctx.Err() == nil {
+		if r.retried != nil {
+			r.retried(RetryConnection)
+		}
+		changed, err = r.settleRow(ctx, s)
+		if err == nil && !changed {
+			changed, err = r.settledBefore(ctx, s, to)
+		}
+	}
+	return leaseHeld(op)(changed, err)
+}
+
+// settleRow writes s with its own one-row statement, unbatched.
+func (r Rules) settleRow(ctx context.Context, s BatchSettle) (bool, error) {
+	switch s.Stmt {
+	case StmtComplete:
+		return r.d.CompleteRow(ctx, s.Scope, s.EventID, s.Token, s.Status)
+	case StmtRelease:
+		return r.d.ReleaseRow(ctx, s.Scope, s.EventID, s.Token)
+	case StmtHold:
+		return r.d.HoldRow(ctx, s.Scope, s.EventID, s.Token, s.Reason)
+	}
+	return false, fmt.Errorf("settling event: statement %d is not a settle", s.Stmt)
+}
+
+// settledBefore reports whether s's row reads as s left it (state to, and
+// s.Status for a completion): a settle whose first try's answer was lost.
+func (r Rules) settledBefore(ctx context.Context, s BatchSettle, to State) (bool, error) {
+	row, err := r.d.InspectRow(ctx, s.Scope, s.EventID)
+	if err != nil {
+		return false, gone(err)
+	}
+	return row.State == to && (to != StateCompleted || row.Status == s.Status), nil
 }
 
 // settleBatched writes s in the next batch and reports whether it changed

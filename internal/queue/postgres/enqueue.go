@@ -93,7 +93,12 @@ func (q *Queue) Enqueue(ctx context.Context, e queue.Entry) (queue.Enqueued, err
 		return queue.Enqueued{}, fmt.Errorf("enqueueing event: %w", err)
 	}
 	if q.batch == nil {
-		return q.enqueueOne(ctx, e, hjson)
+		var out queue.Enqueued
+		err := q.enqueueRun(ctx, func(ctx context.Context) (err error) {
+			out, err = q.enqueueOne(ctx, e, hjson)
+			return err
+		})
+		return out, err
 	}
 	o := &enqueueOp{ctx: ctx, e: e, hjson: hjson}
 	if err := q.batch.Do(ctx, o); err != nil {
@@ -136,6 +141,31 @@ func (q *Queue) Close() {
 	if q.batch != nil {
 		q.batch.Close(ErrClosed)
 	}
+}
+
+// enqueueRun runs f, one enqueue transaction, with runAgain: a first try
+// that committed is harmless, the second finds the event's claims
+// completed and its queue row there and answers Duplicate, which the
+// provider is told as a 2xx too; the event is queued once.
+func (q *Queue) enqueueRun(ctx context.Context, f func(ctx context.Context) error) error {
+	return q.runAgain(ctx, f)
+}
+
+// runAgain runs f, one transaction, with q.run, and once more when its
+// connection was lost (store.ErrConnectionLost: it may have committed; the
+// pool has dropped the dead connections). For transactions whose second
+// run after a committed first is harmless: enqueues, and the token-guarded
+// settles, releases and heartbeats (a second run finds the token gone and
+// reports the lease lost, the first run's state standing).
+func (q *Queue) runAgain(ctx context.Context, f func(ctx context.Context) error) error {
+	err := q.run.Run(ctx, f)
+	if err == nil || !errors.Is(err, store.ErrConnectionLost) || ctx.Err() != nil {
+		return err
+	}
+	if q.run.Retried != nil {
+		q.run.Retried(store.RetryConnection)
+	}
+	return q.run.Run(ctx, f)
 }
 
 func newBatcher(q *Queue, opts BatchOptions) *coalesce.Coalescer[*enqueueOp] {
@@ -187,14 +217,17 @@ func (q *Queue) writeBatch(ctx context.Context, ops []*enqueueOp) error {
 		q.observe("enqueue", len(ops))
 	}
 	entries := planRounds(ops)
-	err := q.writeRounds(ctx, entries)
+	err := q.enqueueRun(ctx, func(ctx context.Context) error { return q.writeRounds(ctx, entries) })
 	if errors.Is(err, errRaced) {
 		for _, o := range ops {
 			if err := o.ctx.Err(); err != nil {
 				o.err = fmt.Errorf("enqueueing event: %w", err)
 				continue
 			}
-			o.out, o.err = q.enqueueOne(o.ctx, o.e, o.hjson)
+			o.err = q.enqueueRun(o.ctx, func(ctx context.Context) (err error) {
+				o.out, err = q.enqueueOne(ctx, o.e, o.hjson)
+				return err
+			})
 		}
 		return nil
 	}
@@ -262,6 +295,9 @@ func (q *Queue) writeRounds(ctx context.Context, entries []*batchEntry) error {
 		locks  []int64
 		rounds int
 	)
+	for _, be := range entries {
+		be.id = 0 // a run again after a conflict reads every result anew
+	}
 	for _, be := range entries {
 		if e := be.o.e; e.OrderKey != "" {
 			locks = append(locks, lockKey("order", q.lockBase, e.Scope, e.OrderKey))

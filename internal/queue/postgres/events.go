@@ -23,7 +23,15 @@ const batch = 1000
 // advisory lock: takers of one scope queue up for a few milliseconds each,
 // and each counts the deliveries the previous ones committed, so the cap
 // holds across every instance.
-func (q *Queue) Take(ctx context.Context, p queue.TakeParams) (queue.Batch, error) {
+func (q *Queue) Take(ctx context.Context, p queue.TakeParams) (b queue.Batch, err error) {
+	err = q.run.Run(ctx, func(ctx context.Context) error {
+		b, err = q.take(ctx, p)
+		return err
+	})
+	return b, err
+}
+
+func (q *Queue) take(ctx context.Context, p queue.TakeParams) (queue.Batch, error) {
 	var b queue.Batch
 	if p.Limit <= 0 {
 		return b, nil
@@ -158,11 +166,16 @@ func (q *Queue) Heartbeat(ctx context.Context, id int64, token string, lease tim
 	if lease <= 0 {
 		return fmt.Errorf("renewing queue lease: lease must be positive, got %s", lease)
 	}
-	tag, err := q.pool.Exec(ctx, q.sql.heartbeat, id, token, micros(lease))
+	var n int64
+	err := q.runAgain(ctx, func(ctx context.Context) error {
+		tag, err := q.pool.Exec(ctx, q.sql.heartbeat, id, token, micros(lease))
+		n = tag.RowsAffected()
+		return interpretError(err)
+	})
 	if err != nil {
-		return fmt.Errorf("renewing queue lease: %w", interpretError(err))
+		return fmt.Errorf("renewing queue lease: %w", err)
 	}
-	if tag.RowsAffected() == 0 {
+	if n == 0 {
 		return queue.ErrLeaseLost
 	}
 	return nil
@@ -172,7 +185,15 @@ func (q *Queue) Heartbeat(ctx context.Context, id int64, token string, lease tim
 // transaction. When the token no longer holds the event the attempt is
 // still completed (its outcome stays lost if it was taken back) and
 // queue.ErrLeaseLost is returned.
-func (q *Queue) Settle(ctx context.Context, s queue.Settlement) (queue.State, error) {
+func (q *Queue) Settle(ctx context.Context, s queue.Settlement) (state queue.State, err error) {
+	err = q.runAgain(ctx, func(ctx context.Context) error {
+		state, err = q.settle(ctx, s)
+		return err
+	})
+	return state, err
+}
+
+func (q *Queue) settle(ctx context.Context, s queue.Settlement) (queue.State, error) {
 	tx, err := q.pool.Begin(ctx)
 	if err != nil {
 		return "", fmt.Errorf("settling event: %w", interpretError(err))
@@ -209,6 +230,10 @@ func (q *Queue) Settle(ctx context.Context, s queue.Settlement) (queue.State, er
 // Release queues a taken event again at once; the attempt does not count
 // against max_attempts.
 func (q *Queue) Release(ctx context.Context, id int64, token string, attempt int) error {
+	return q.runAgain(ctx, func(ctx context.Context) error { return q.release(ctx, id, token, attempt) })
+}
+
+func (q *Queue) release(ctx context.Context, id int64, token string, attempt int) error {
 	tx, err := q.pool.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("releasing event: %w", interpretError(err))

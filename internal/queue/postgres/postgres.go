@@ -58,6 +58,11 @@ type Queue struct {
 	// BatchOptions.Observe.
 	batch   *coalesce.Coalescer[*enqueueOp]
 	observe func(op string, n int)
+	// run runs the delivery path's transactions (enqueues, takes,
+	// settles, releases, heartbeats) within the store's statement
+	// deadline, and again when rolled back by a conflict (SQLSTATE 40001,
+	// 40P01): pgstore.Store.DeliveryRunner.
+	run pgschema.Runner
 }
 
 var _ queue.Queue = (*Queue)(nil)
@@ -90,7 +95,8 @@ func New(ctx context.Context, s *pgstore.Store, opts Options) (*Queue, error) {
 		attempts: pgschema.Ident(t.Suffixed("_attempts")),
 	}
 	pool := s.Pool()
-	q := &Queue{store: s, pool: pool, names: n, sql: buildQueries(n)}
+	q := &Queue{store: s, pool: pool, names: n, sql: buildQueries(n),
+		run: s.DeliveryRunner()}
 	if err := q.migrate(ctx, opts); err != nil {
 		return nil, fmt.Errorf("migrating queue tables of %s: %w", t, err)
 	}

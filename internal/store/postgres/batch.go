@@ -202,14 +202,20 @@ func keyColumns(idx []int, at func(n int) (scope, id, token string)) (scopes, id
 
 // WriteBatch sends b's statements (at most one claim statement per hold
 // value, one complete, one release, one hold) as one pipelined pgx batch: a single
-// round trip and one implicit transaction (one Sync), so one commit.
+// round trip and one implicit transaction (one Sync), so one commit. The
+// driver's run bounds it and runs it again when the database rolled it
+// back for a conflict (the claims keep their tokens).
 func (d driver) WriteBatch(ctx context.Context, b *store.Batch) error {
+	return d.run.Run(ctx, func(ctx context.Context) error { return d.writeBatch(ctx, b) })
+}
+
+func (d driver) writeBatch(ctx context.Context, b *store.Batch) error {
 	if len(b.Claims) == 0 && len(b.Settles) == 1 {
 		// A lone settle: the one-row statement, cheaper to plan and run.
 		s := &b.Settles[0]
-		changed, err := d.exec(ctx, s.Stmt, store.SettleArgs(s)...)
-		s.Changed = changed
-		return err
+		tag, err := d.db.Exec(ctx, d.q.stmts[s.Stmt], convert(store.SettleArgs(s))...)
+		s.Changed = tag.RowsAffected() > 0
+		return interpretError(err)
 	}
 	if len(b.Claims) == 1 && len(b.Settles) == 0 {
 		// A lone claim: the one-row statement, cheaper to plan and run.

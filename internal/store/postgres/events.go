@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/pgschema"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
 
@@ -109,17 +110,27 @@ type driver struct {
 	q  *queries
 	// pool is closed by Close; nil on a transaction.
 	pool *pgxpool.Pool
+	// run runs the statements of the delivery path (claims, settles,
+	// heartbeats, stored responses) within the statement deadline, slow
+	// the others (reads for operators, sweeps) within their caller's;
+	// both run a transaction rolled back by a conflict again. Zero on a
+	// transaction: its caller retries it whole.
+	run, slow pgschema.Runner
 }
 
 var _ store.Driver = driver{}
 
-func (d driver) GetRow(ctx context.Context, scope, eventID string) (store.Event, bool, error) {
-	rows, err := d.db.Query(ctx, d.q.get, scope, eventID)
-	if err != nil {
-		return store.Event{}, false, interpretError(err)
-	}
-	ev, err := pgx.CollectExactlyOneRow(rows, scanEvent)
-	return ev, err == nil, noRows(err)
+func (d driver) GetRow(ctx context.Context, scope, eventID string) (ev store.Event, ok bool, err error) {
+	err = d.slow.Run(ctx, func(ctx context.Context) error {
+		rows, err := d.db.Query(ctx, d.q.get, scope, eventID)
+		if err != nil {
+			return interpretError(err)
+		}
+		ev, err = pgx.CollectExactlyOneRow(rows, scanEvent)
+		ok = err == nil
+		return noRows(err)
+	})
+	return ev, ok, err
 }
 
 func (d driver) ListRows(ctx context.Context, q store.ListQuery) ([]store.Event, error) {
@@ -150,20 +161,25 @@ func (d driver) ListRows(ctx context.Context, q store.ListQuery) ([]store.Event,
 	}
 	query += " ORDER BY updated_at, scope, event_id LIMIT " + arg(q.Limit)
 
-	rows, err := d.db.Query(ctx, query, args...)
-	if err != nil {
-		return nil, interpretError(err)
-	}
-	events, err := pgx.CollectRows(rows, scanEvent)
-	return events, interpretError(err)
+	var events []store.Event
+	err := d.slow.Run(ctx, func(ctx context.Context) error {
+		rows, err := d.db.Query(ctx, query, args...)
+		if err != nil {
+			return interpretError(err)
+		}
+		events, err = pgx.CollectRows(rows, scanEvent)
+		return interpretError(err)
+	})
+	return events, err
 }
 
-func (d driver) DeleteRows(ctx context.Context, scopes []string, cutoff time.Time, limit int) (int, error) {
-	tag, err := d.db.Exec(ctx, d.q.deleteBatch, cutoff, limit, scopes)
-	if err != nil {
-		return 0, interpretError(err)
-	}
-	return int(tag.RowsAffected()), nil
+func (d driver) DeleteRows(ctx context.Context, scopes []string, cutoff time.Time, limit int) (n int, err error) {
+	err = d.slow.Run(ctx, func(ctx context.Context) error {
+		tag, err := d.db.Exec(ctx, d.q.deleteBatch, cutoff, limit, scopes)
+		n = int(tag.RowsAffected())
+		return interpretError(err)
+	})
+	return n, err
 }
 
 func (d driver) Close() error {
@@ -173,18 +189,21 @@ func (d driver) Close() error {
 	return nil
 }
 
-// queryRow runs a statement that returns one row; see args.
+// queryRow runs a statement that returns one row, when the row is
+// scanned; see args.
 func (d driver) queryRow(ctx context.Context, stmt store.Stmt, args ...any) store.Row {
-	return row{d.db.QueryRow(ctx, d.q.stmts[stmt], convert(args)...)}
+	return row{d: d, ctx: ctx, sql: d.q.stmts[stmt], args: convert(args)}
 }
 
 // exec runs a statement that changes one row; see args.
-func (d driver) exec(ctx context.Context, stmt store.Stmt, args ...any) (bool, error) {
-	tag, err := d.db.Exec(ctx, d.q.stmts[stmt], convert(args)...)
-	if err != nil {
-		return false, interpretError(err)
-	}
-	return tag.RowsAffected() > 0, nil
+func (d driver) exec(ctx context.Context, stmt store.Stmt, args ...any) (changed bool, err error) {
+	args = convert(args)
+	err = d.run.Run(ctx, func(ctx context.Context) error {
+		tag, err := d.db.Exec(ctx, d.q.stmts[stmt], args...)
+		changed = tag.RowsAffected() > 0
+		return interpretError(err)
+	})
+	return changed, err
 }
 
 // convert turns a statement's args into PostgreSQL's: a lease in
@@ -201,10 +220,20 @@ func convert(args []any) []any {
 	return args
 }
 
-// row maps the errors of a scanned row (no row: store.ErrNotFound).
-type row struct{ r pgx.Row }
+// row is a statement run when scanned (queryRow), by the driver's
+// run; its errors mapped (no row: store.ErrNotFound).
+type row struct {
+	d    driver
+	ctx  context.Context //nolint:containedctx // the statement's, used once by Scan
+	sql  string
+	args []any
+}
 
-func (r row) Scan(dest ...any) error { return interpretError(r.r.Scan(dest...)) }
+func (r row) Scan(dest ...any) error {
+	return r.d.run.Run(r.ctx, func(ctx context.Context) error {
+		return interpretError(r.d.db.QueryRow(ctx, r.sql, r.args...).Scan(dest...))
+	})
+}
 
 // noRows maps a single-row statement's error: no row is not an error
 // (the caller reports ok false), anything else is mapped.

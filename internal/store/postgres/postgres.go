@@ -70,8 +70,22 @@ type Options struct {
 	Logger *slog.Logger
 	// Batch configures group commit: concurrent claims, completes and
 	// releases are written together, one pipelined transaction (one
-	// commit, one WAL flush) per batch. See store.BatchOptions.
+	// commit, one WAL flush) per batch. See store.BatchOptions; its
+	// Timeout defaults to StatementTimeout here.
 	Batch store.BatchOptions
+	// StatementTimeout bounds each statement (or batch) of a claim, a
+	// settle, a heartbeat or a stored response: one that has no answer in
+	// that time is taken for a dead connection (a NAT or load balancer
+	// that dropped the flow silently), the pool's connections are dropped,
+	// and a claim tries once more on a new one (store.ErrConnectionLost).
+	// Defaults to pgschema.DefaultStatementTimeout (2s). Sweeps, listings
+	// and migrations have their own bounds.
+	StatementTimeout time.Duration
+	// Retried is told each time an operation is run again: a transaction
+	// the database rolled back for a conflict (SQLSTATE 40001 or 40P01,
+	// under SERIALIZABLE or in a deadlock), a claim whose connection was
+	// lost. See store.RetryObserver. Nil observes nothing.
+	Retried store.RetryObserver
 }
 
 // Store is a store.Store backed by PostgreSQL: store.Rules over this
@@ -83,6 +97,14 @@ type Store struct {
 	table store.Table
 	q     queries
 	sq    secretQueries
+	// slow runs the learned secrets' statements; retried is
+	// Options.Retried, for the queue on this store's pool.
+	slow    pgschema.Runner
+	retried store.RetryObserver
+	// stmtTimeout and lost are Options.StatementTimeout and the pool's
+	// Watch.Lost, for the queue's enqueues (DeliveryRunner).
+	stmtTimeout time.Duration
+	lost        func()
 }
 
 var _ store.Store = (*Store)(nil)
@@ -131,12 +153,16 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 		// CPU per delivery 3.6 ms instead of 0.3 ms.
 		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
 	}
-	attach := pgschema.PrepareFailover(cfg, opts.DSN)
+	if opts.StatementTimeout <= 0 {
+		opts.StatementTimeout = pgschema.DefaultStatementTimeout
+	}
+	watch := pgschema.PrepareFailover(cfg, opts.DSN)
+	pgschema.PrepareLiveness(cfg, watch, 0)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("creating postgres pool: %s", redact(opts.DSN, err.Error()))
 	}
-	attach(pool)
+	watch.Attach(pool)
 
 	pingCtx, cancel := context.WithTimeout(ctx, opts.ConnectTimeout)
 	err = pool.Ping(pingCtx)
@@ -147,8 +173,13 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 			redact(opts.DSN, describeTarget(cfg)), redact(opts.DSN, err.Error()))
 	}
 
-	s := &Store{pool: pool, table: table, q: buildQueries(ident), sq: buildSecretQueries(ident)}
-	d := driver{db: pool, q: &s.q, pool: pool}
+	s := &Store{pool: pool, table: table, q: buildQueries(ident), sq: buildSecretQueries(ident),
+		retried: opts.Retried, stmtTimeout: opts.StatementTimeout, lost: watch.Lost}
+	d := driver{db: pool, q: &s.q, pool: pool,
+		run: pgschema.Runner{Timeout: opts.StatementTimeout, Lost: watch.Lost,
+			Retries: store.MaxTxRetries, Retried: opts.Retried},
+		slow: pgschema.Runner{Retries: store.MaxTxRetries, Retried: opts.Retried}}
+	s.slow = d.slow
 	s.Rules = store.NewRules(d)
 	if err := s.migrate(ctx, ident, opts); err != nil {
 		pool.Close()
@@ -161,12 +192,29 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 	if opts.Batch.Writers <= 0 {
 		opts.Batch.Writers = DefaultBatchWriters
 	}
-	s.Rules = store.NewBatchedRules(d, opts.Batch)
+	if opts.Batch.Timeout <= 0 {
+		// The driver's deadline ends a batch on a dead connection first;
+		// this one only bounds the rest.
+		opts.Batch.Timeout = 2 * opts.StatementTimeout
+	}
+	s.Rules = store.NewBatchedRules(d, opts.Batch).WithRetryObserver(opts.Retried)
 	return s, nil
 }
 
 // Pool returns the store's connection pool, for tests and diagnostics.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Retried returns Options.Retried (nil when unset), so that the queue on
+// this store's pool reports its retries the same way.
+func (s *Store) Retried() store.RetryObserver { return s.retried }
+
+// DeliveryRunner is the Runner of the store's delivery path (claims,
+// settles): Options.StatementTimeout, a statement without an answer in
+// that time dropping the pool's connections, conflicts run again. The
+// queue's enqueues, the delivery path of async mode, use it too.
+func (s *Store) DeliveryRunner() pgschema.Runner {
+	return pgschema.Runner{Timeout: s.stmtTimeout, Lost: s.lost, Retries: store.MaxTxRetries, Retried: s.retried}
+}
 
 // Table returns the events table name, possibly schema-qualified.
 func (s *Store) Table() store.Table { return s.table }

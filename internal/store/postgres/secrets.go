@@ -85,7 +85,9 @@ func (s *Store) SetLearnedSecret(ctx context.Context, scope, secret string, repl
 		return errors.New("storing learned secret: the secret is empty")
 	}
 	var one int
-	err := interpretError(s.pool.QueryRow(ctx, s.sq.set, scope, secret, replace).Scan(&one))
+	err := s.slow.Run(ctx, func(ctx context.Context) error {
+		return interpretError(s.pool.QueryRow(ctx, s.sq.set, scope, secret, replace).Scan(&one))
+	})
 	if errors.Is(err, store.ErrNotFound) {
 		return store.ErrSecretExists
 	}
@@ -95,7 +97,9 @@ func (s *Store) SetLearnedSecret(ctx context.Context, scope, secret string, repl
 // LearnedSecret implements store.Secrets.
 func (s *Store) LearnedSecret(ctx context.Context, scope string) (store.LearnedSecret, error) {
 	var ls store.LearnedSecret
-	err := interpretError(s.pool.QueryRow(ctx, s.sq.get, scope).Scan(&ls.Scope, &ls.Secret, &ls.LearnedAt))
+	err := s.slow.Run(ctx, func(ctx context.Context) error {
+		return interpretError(s.pool.QueryRow(ctx, s.sq.get, scope).Scan(&ls.Scope, &ls.Secret, &ls.LearnedAt))
+	})
 	if err != nil {
 		return store.LearnedSecret{}, err
 	}
@@ -105,11 +109,16 @@ func (s *Store) LearnedSecret(ctx context.Context, scope string) (store.LearnedS
 
 // ForgetLearnedSecret implements store.Secrets.
 func (s *Store) ForgetLearnedSecret(ctx context.Context, scope string) error {
-	tag, err := s.pool.Exec(ctx, s.sq.forget, scope)
-	if err != nil {
+	var n int64
+	err := s.slow.Run(ctx, func(ctx context.Context) error {
+		tag, err := s.pool.Exec(ctx, s.sq.forget, scope)
+		n = tag.RowsAffected()
 		return interpretError(err)
+	})
+	if err != nil {
+		return err
 	}
-	if tag.RowsAffected() == 0 {
+	if n == 0 {
 		return store.ErrNotFound
 	}
 	return nil

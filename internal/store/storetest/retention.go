@@ -49,20 +49,22 @@ func exerciseRetention(t *testing.T, newStore func(t *testing.T) store.Store) {
 			{at: now.Add(replayWindow + time.Hour), deleted: 7, ev: 0, bod: 0},
 		} {
 			// Batches of 3: several statements per expiry.
-			n, err := store.Sweep(ctx, s, expiries(tc.at), 3, 100, 5*time.Second)
+			n, err := store.Sweep(ctx, s, expiries(tc.at), 3, 5*time.Second)
 			require.NoError(t, err)
 			require.Equal(t, tc.deleted, n, "at now+%s", tc.at.Sub(now))
 			require.Equal(t, tc.ev, count("s"), "event rows at now+%s", tc.at.Sub(now))
 			require.Equal(t, tc.bod, count("s#body"), "body-hash rows at now+%s", tc.at.Sub(now))
 		}
-		// maxBatches bounds one sweep.
-		for i := range 7 {
+		// No cap: one sweep deletes every expired row, in as many batches
+		// as it takes (40 rows, batches of 3: 14 statements).
+		for i := range 40 {
 			c := claimed(t, s, "s", fmt.Sprintf("late_%d", i))
 			require.NoError(t, s.Complete(ctx, "s", fmt.Sprintf("late_%d", i), c.Token, 200))
 		}
-		n, err := store.Sweep(ctx, s, expiries(now.Add(replayWindow+time.Hour)), 3, 2, 5*time.Second)
+		n, err := store.Sweep(ctx, s, expiries(now.Add(replayWindow+time.Hour)), 3, 5*time.Second)
 		require.NoError(t, err)
-		require.Equal(t, 6, n)
+		require.Equal(t, 40, n)
+		require.Zero(t, count("s"), "nothing expired is left")
 	})
 
 	t.Run("DeleteBefore", func(t *testing.T) {
