@@ -324,6 +324,9 @@ func (m asyncMode) serve(w http.ResponseWriter, _ caddyhttp.Handler, d *delivery
 	observe(metrics.storeTime.enqueue, t0)
 	cancel()
 	if err != nil {
+		if h.providerGone(d, false) {
+			return nil
+		}
 		h.logger.Warn("enqueueing event failed; answered 503, nothing stored",
 			zap.String("scope", h.Scope), zap.String("event_id", id), zap.Error(err))
 		h.answer(w, d, ansStoreUnavailable, say{})

@@ -203,6 +203,7 @@ func (m splitMode) serve(w http.ResponseWriter, next caddyhttp.Handler, d *deliv
 		}
 		h.answer(w, d, ansItemsRefused, say{reason: d.reason + "; the other items are forwarded once"})
 		d.status = h.RefuseStatus
+	case failed > 0 && h.providerGone(d, false):
 	case failed > 0:
 		d.reason = fmt.Sprintf("%d of %d items not completed", failed, len(items))
 		h.answer(w, d, worst, say{reason: d.reason + "; items already completed are skipped on retry", retryAfter: retry})
@@ -258,6 +259,9 @@ func (h *Handler) forwardItem(r *http.Request, it signature.BatchItem, i, n int,
 	}
 	cl, err := h.claims.Claim(r.Context(), h.Scope, it.ID, "")
 	if err != nil {
+		if r.Context().Err() != nil {
+			return outcomeProviderGone, 0, 0 // not a store failure (see providerGone)
+		}
 		h.logger.Warn("claiming batch item failed; nothing forwarded",
 			zap.String("scope", h.Scope), zap.String("event_id", it.ID), zap.Error(err))
 		return outcomeStoreError, 0, unavailableRetryAfter

@@ -78,6 +78,7 @@ func (h *Handler) applyDefaults() {
 	h.asyncDefaults()
 	h.protocolDefaults()
 	h.replayDefaults()
+	h.spoolDefaults()
 }
 
 // checkConfig reports the first rule the config breaks, naming the field
@@ -156,6 +157,9 @@ func (h *Handler) checkCommon() error {
 	}
 	if h.Cache != nil && *h.Cache < 0 {
 		return errors.New("cache: must be 0 or more")
+	}
+	if err := h.checkSpool(); err != nil {
+		return err
 	}
 	return h.checkAsync()
 }

@@ -41,11 +41,10 @@ func (m syncMode) serve(w http.ResponseWriter, next caddyhttp.Handler, d *delive
 	}
 	cl, err := h.claims.Claim(d.r.Context(), h.Scope, d.eventID, d.fingerprint)
 	if err != nil {
-		h.logger.Warn("claiming event failed; answered 503, nothing forwarded",
-			zap.String("scope", h.Scope), zap.String("event_id", d.eventID), zap.Error(err))
-		h.answer(w, d, ansStoreUnavailable, say{})
+		h.claimFailed(w, d, err)
 		return nil
 	}
+	h.storeAnswered()
 	d.attempt = cl.Attempts
 	if cl.Outcome != store.Claimed {
 		return h.answerClaim(w, d, cl)
@@ -181,9 +180,7 @@ func (h *Handler) claimBody(w http.ResponseWriter, d *delivery, idClaim claim.Re
 	h.claims.Settle(ctx, []claim.Ref{idClaim}, 0, claim.Release)
 	switch {
 	case err != nil:
-		h.logger.Warn("claiming body hash failed; answered 503, nothing forwarded",
-			zap.String("scope", h.Scope), zap.String("event_id", idClaim.ID), zap.Error(err))
-		h.answer(w, d, ansStoreUnavailable, say{})
+		h.claimFailed(w, d, err)
 	case bc.Outcome == store.Duplicate:
 		h.logger.Warn(replayedMessage(h.dedupeBody, "forwarded"), zap.String("scope", h.Scope), zap.String("event_id", idClaim.ID))
 		h.answer(w, d, ansBodyReplay, say{})

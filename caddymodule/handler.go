@@ -180,6 +180,9 @@ type Handler struct {
 	// ReplayConfig holds replay, replay_max, replay_headers and the
 	// Idempotency-Key mode's fields (replay.go, idemkey.go).
 	ReplayConfig
+	// SpoolConfig holds spool and spool_max: where deliveries go while
+	// the store is unreachable (spool.go).
+	SpoolConfig
 
 	// replayWindowSet: replay_window was configured, not defaulted
 	// (checkConfig: it applies only with dedupe_body on).
@@ -291,7 +294,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.provisionClaims(ctx)
-	return h.provisionMode(ctx)
+	if err := h.provisionMode(ctx); err != nil {
+		return err
+	}
+	return h.provisionSpool(ctx)
 }
 
 // provisionClaims sets up the route's claims (internal/claim) on the open
@@ -357,6 +363,7 @@ func (h *Handler) Cleanup() error {
 		h.scopeUsed = false
 	}
 	h.cleanupAsync() // before the store: the dispatcher uses its pool
+	h.cleanupSpool()
 	if h.sweepDone != nil {
 		h.stopSweep()
 		<-h.sweepDone
@@ -397,6 +404,9 @@ func (h *Handler) Cleanup() error {
 // it works" table. Whatever is answered at the edge is answered from the
 // one outcome table (answer.go).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	if rp := replayOf(r); rp != nil {
+		return h.serveReplay(w, r, rp, next)
+	}
 	d := takeDelivery(h, r)
 	defer d.done()
 	ok, err := h.intake.take(w, next, d)

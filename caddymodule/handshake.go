@@ -220,6 +220,9 @@ func (h *Handler) serveHandshake(w http.ResponseWriter, a signature.HandshakeAns
 			h.answer(w, d, ansRefused, say{reason: "a different secret was learned before (learned_secret keep)"})
 			return nil
 		case err != nil:
+			if h.providerGone(d, false) {
+				return nil
+			}
 			h.logger.Warn("storing the learned secret failed; answered 503",
 				zap.String("scope", h.Scope), zap.String("handshake", a.Challenge.Name), zap.Error(err))
 			h.answer(w, d, ansStoreUnavailable, say{})

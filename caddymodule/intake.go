@@ -190,6 +190,9 @@ func (in webhookIntake) take(w http.ResponseWriter, next caddyhttp.Handler, d *d
 // while reading a learned secret is a 503, not a refusal.
 func (h *Handler) refuse(w http.ResponseWriter, d *delivery, err error) {
 	if errors.Is(err, errSecretStore) {
+		if h.providerGone(d, false) {
+			return
+		}
 		h.logger.Warn("reading the learned secret failed; answered 503, nothing forwarded", zap.String("scope", h.Scope), zap.Error(err))
 		h.answer(w, d, ansStoreUnavailable, say{})
 		return
