@@ -33,6 +33,7 @@ func init() {
 //	DELETE /webhook_idempotency/events/{scope}/{id}           forget the event: the provider's next delivery is forwarded again
 //	POST   /webhook_idempotency/events/{scope}/{id}/release   a held event, or a claim whose lease expired: the next delivery is forwarded
 //	POST   /webhook_idempotency/events/{scope}/{id}/complete  the same, but later deliveries are answered as duplicates
+//	GET    /webhook_idempotency/spool                         each open spool: waiting deliveries, bytes, oldest age, counts, the first 100 waiting
 //
 // Scope and ID are path segments, percent-encoded as needed; the body-hash
 // rows of dedupe_body live in scope "<scope>#body" ("%23body" in a path).
@@ -202,6 +203,8 @@ func (a *Admin) serve(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 		return a.listScopes(w)
+	case parts[0] == "secrets":
+		return a.serveSecrets(ctx, w, r, parts) // secretsadmin.go
 	case parts[0] == "event" && len(parts) <= 2:
 		// The event named by query parameters: any ID, also one that
 		// cannot be a path segment ("." or "..", or one with "/" or "//",
@@ -213,8 +216,13 @@ func (a *Admin) serve(w http.ResponseWriter, r *http.Request) error {
 		}
 		q := r.URL.Query()
 		return a.one(ctx, w, r, q.Get("scope"), q.Get("id"), action)
+	case parts[0] == "spool" && len(parts) == 1:
+		if err := allow(w, r, http.MethodGet); err != nil {
+			return err
+		}
+		return listSpools(w)
 	case parts[0] != "events":
-		return apiErr(http.StatusNotFound, "unknown admin path; see /webhook_idempotency/events and /webhook_idempotency/scopes")
+		return apiErr(http.StatusNotFound, "unknown admin path; see /webhook_idempotency/events, /webhook_idempotency/scopes and /webhook_idempotency/spool")
 	case len(parts) == 1 || (len(parts) == 2 && parts[1] == ""):
 		if err := allow(w, r, http.MethodGet); err != nil {
 			return err

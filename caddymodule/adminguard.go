@@ -19,6 +19,7 @@ import (
 // see the README's security section. On top of that, guardAdmin makes the
 // destructive calls explicit and every change attributable:
 //
+//   - DELETE of a learned secret needs ?confirm=<the scope>.
 //   - DELETE of one event (forget) or one queued event (purge) needs
 //     ?confirm=<the event ID>; DELETE of a queue state needs ?confirm=<the
 //     state>. Without it: 428 and nothing changes. A mistyped or replayed
@@ -83,6 +84,9 @@ func confirmationFor(r *http.Request) (want, what string) {
 			return r.URL.Query().Get("state"), "state"
 		}
 		return "", ""
+	}
+	if path == adminPrefix+"secrets" {
+		return r.URL.Query().Get("scope"), "scope"
 	}
 	if path == adminPrefix+"event" {
 		return r.URL.Query().Get("id"), "event id"

@@ -52,6 +52,11 @@ const (
 	ansItemsRefused                          // batch split: items failed their own signature (refuse_status)
 	ansAccepted                              // the provider's literal success answer (Adyen's "[accepted]"; body: the call's)
 	ansAcceptedDuplicate                     // the same, for a delivery whose every item was a duplicate
+	ansTokenReused                           // a single-use signature value came before with another body
+	ansSpooled                               // the store failed: kept in the spool, forwarded once it is back
+	ansSpooledAccepted                       // the same, with the provider's literal success answer (body: the call's)
+	ansSpoolFull                             // the store failed and the spool is full: nothing kept
+	ansSpoolError                            // the store failed and writing the spool failed: nothing kept
 )
 
 // statusRefuse in a row's status means the route's refuse_status.
@@ -89,6 +94,7 @@ type answerRow struct {
 var (
 	duplicateBody = []byte(`{"received":true,"duplicate":true}` + "\n")
 	queuedBody    = []byte(`{"received":true,"queued":true}` + "\n")
+	spooledBody   = []byte(`{"received":true,"spooled":true}` + "\n")
 )
 
 // answers is the table.
@@ -144,6 +150,14 @@ var answers = [...]answerRow{
 	ansAccepted:         {outcome: outcomeCompleted, status: http.StatusOK, contentType: textPlain},
 	ansAcceptedDuplicate: {outcome: outcomeDuplicate, status: http.StatusOK, contentType: textPlain,
 		replayed: true},
+	ansTokenReused: {outcome: outcomeInvalidSignature, status: http.StatusBadRequest,
+		reason: "signature token already used", logged: true},
+	ansSpooled:         {outcome: outcomeSpooled, status: http.StatusOK, body: spooledBody},
+	ansSpooledAccepted: {outcome: outcomeSpooled, status: http.StatusOK, contentType: textPlain},
+	ansSpoolFull: {outcome: outcomeSpoolFull, status: http.StatusServiceUnavailable,
+		reason: "event store unavailable and spool full", retry: unavailableRetryAfter},
+	ansSpoolError: {outcome: outcomeSpoolError, status: http.StatusServiceUnavailable,
+		reason: "event store unavailable", retry: unavailableRetryAfter},
 }
 
 // textPlain is the Content-Type of a provider's literal answer.

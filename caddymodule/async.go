@@ -309,8 +309,8 @@ func (m asyncMode) serve(w http.ResponseWriter, _ caddyhttp.Handler, d *delivery
 		ClaimStatus:  queuedStatus,
 		HoldOnExpiry: h.OnAmbiguous == "hold",
 	}
-	if h.dedupeBody {
-		e.Claims = append(e.Claims, queue.Key{Scope: h.bodyScope(), EventID: bodyKey(d.signed)})
+	if h.replayRecord { // replayguard.go
+		e.Claims = append(e.Claims, queue.Key{Scope: h.bodyScope(), EventID: h.replayKey(id, d.signed)})
 	}
 	if h.async.orderKey != nil {
 		k, err := h.async.orderKey.Extract(d.signed, r.Header)
@@ -327,6 +327,9 @@ func (m asyncMode) serve(w http.ResponseWriter, _ caddyhttp.Handler, d *delivery
 	observe(metrics.storeTime.enqueue, t0)
 	cancel()
 	if err != nil {
+		if h.providerGone(d, false) {
+			return nil
+		}
 		h.logger.Warn("enqueueing event failed; answered 503, nothing stored",
 			zap.String("scope", h.Scope), zap.String("event_id", id), zap.Error(err))
 		h.answer(w, d, ansStoreUnavailable, say{})
@@ -341,8 +344,7 @@ func (m asyncMode) serve(w http.ResponseWriter, _ caddyhttp.Handler, d *delivery
 	case queue.Duplicate:
 		d.status = queuedStatus
 		if out.Refused == 1 {
-			h.logger.Warn("body already accepted under another event id; answered as a duplicate, not queued (dedupe_body)",
-				zap.String("scope", h.Scope), zap.String("event_id", id))
+			h.logger.Warn(replayedMessage(h.dedupeBody, "queued"), zap.String("scope", h.Scope), zap.String("event_id", id))
 			h.answer(w, d, ansBodyReplay, say{})
 			return nil
 		}

@@ -203,6 +203,7 @@ func (m splitMode) serve(w http.ResponseWriter, next caddyhttp.Handler, d *deliv
 		}
 		h.answer(w, d, ansItemsRefused, say{reason: d.reason + "; the other items are forwarded once"})
 		d.status = h.RefuseStatus
+	case failed > 0 && h.providerGone(d, false):
 	case failed > 0:
 		d.reason = fmt.Sprintf("%d of %d items not completed", failed, len(items))
 		h.answer(w, d, worst, say{reason: d.reason + "; items already completed are skipped on retry", retryAfter: retry})
@@ -258,6 +259,9 @@ func (h *Handler) forwardItem(r *http.Request, it signature.BatchItem, i, n int,
 	}
 	cl, err := h.claims.Claim(r.Context(), h.Scope, it.ID, "")
 	if err != nil {
+		if r.Context().Err() != nil {
+			return outcomeProviderGone, 0, 0 // not a store failure (see providerGone)
+		}
 		h.logger.Warn("claiming batch item failed; nothing forwarded",
 			zap.String("scope", h.Scope), zap.String("event_id", it.ID), zap.Error(err))
 		return outcomeStoreError, 0, unavailableRetryAfter
@@ -276,6 +280,14 @@ func (h *Handler) forwardItem(r *http.Request, it signature.BatchItem, i, n int,
 	default:
 		return outcomeStoreError, 0, unavailableRetryAfter
 	}
+	refs := []claim.Ref{{Scope: h.Scope, ID: it.ID, Token: cl.Token, ByUpstream: h.byUpstream()}}
+	if h.replayRecord { // replayguard.go
+		rec, outcome, after := h.claimItemRecord(r.Context(), it, refs[0])
+		if outcome != "" {
+			return outcome, 0, after
+		}
+		refs = append(refs, rec)
+	}
 	ir := r.Clone(r.Context())
 	sendonce.SetBody(ir, it.Body)
 	ir.Header.Del("Content-Length")
@@ -284,8 +296,7 @@ func (h *Handler) forwardItem(r *http.Request, it signature.BatchItem, i, n int,
 	ir.Header.Set("Webhook-Batch-Item", strconv.Itoa(i+1)+"/"+strconv.Itoa(n))
 	cw := &itemWriter{header: http.Header{}}
 	id := delivery{h: h, r: ir, start: time.Now(), eventID: it.ID, attempt: cl.Attempts, ambiguousBefore: cl.Ambiguous}
-	ref := claim.Ref{Scope: h.Scope, ID: it.ID, Token: cl.Token, ByUpstream: h.byUpstream()}
-	_ = h.forward(cw, h.withClaim(ir, ref), next, []claim.Ref{ref}, &id)
+	_ = h.forward(cw, h.withClaim(ir, refs[0]), next, refs, &id)
 	return id.outcome, id.status, 0
 }
 

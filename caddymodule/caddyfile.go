@@ -60,9 +60,12 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		rate      <n>/<duration>         # async: attempts per window across all instances; default no cap
 //		order_key json <path> | header <name>  # async: one at a time, in order, per key
 //		keep_body <duration>             # async: drop delivered bodies this long after delivery
+//		spool     <dir> | on | off       # sync: keep deliveries the store cannot claim on disk, forward them later; default on where the provider does not retry
+//		spool_max <size>                 # bytes of deliveries the spool may hold; default 1GB
 //		handshake edge | forward         # who answers the provider's endpoint handshakes; default edge
 //		verify_token <token>             # repeatable; the verify token of a handshake (meta)
 //		learned_secret keep | replace    # a handshake bringing a different secret (asana, notion); default keep
+//		enroll_window <duration> | off   # asana, notion: how long after the first load a handshake may teach the secret; default 10m
 //		batch     set | split            # batching providers (sendgrid, gocardless, okta, hubspot); default per provider
 //		replay    short | response       # how duplicates are answered; default per provider
 //		replay_max <size>                # largest body stored for replay; default 64KiB
@@ -290,10 +293,12 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, seen map[string]
 		return eachSub(d, "hmac", func(sub string) error { return h.unmarshalScheme(d, sub) })
 	case "max_attempts", "retry_schedule", "max_concurrency", "rate", "order_key":
 		return h.unmarshalAsync(d, name)
-	case "handshake", "verify_token", "learned_secret", "batch":
+	case "handshake", "verify_token", "learned_secret", "enroll_window", "batch":
 		return h.unmarshalProtocol(d, name)
 	case "replay", "replay_max", "replay_headers", "idempotency_key":
 		return h.unmarshalReplay(d, name)
+	case "spool", "spool_max":
+		return h.unmarshalSpool(d, name)
 	default:
 		return d.Errf("unknown subdirective %q", name)
 	}

@@ -37,6 +37,7 @@ func (h *Handler) applyDefaults() {
 	if h.DedupeBody != nil {
 		h.dedupeBody = *h.DedupeBody
 	}
+	h.replayRecord = h.keepsReplayRecord()
 	if h.Scope == "" {
 		h.Scope = h.Provider
 	}
@@ -80,6 +81,7 @@ func (h *Handler) applyDefaults() {
 	h.asyncDefaults()
 	h.protocolDefaults()
 	h.replayDefaults()
+	h.spoolDefaults()
 }
 
 // checkConfig reports the first rule the config breaks, naming the field
@@ -113,8 +115,8 @@ func (h *Handler) checkConfig() error {
 	if h.Retention < caddy.Duration(minRetention) {
 		return fmt.Errorf("retention: must be at least %s (providers retry for days), got %s", minRetention, time.Duration(h.Retention))
 	}
-	if h.replayWindowSet && !h.dedupeBody {
-		return fmt.Errorf("replay_window: applies only with dedupe_body on (provider %s has it off by default)", h.Provider)
+	if h.replayWindowSet && !h.replayRecord {
+		return fmt.Errorf("replay_window: applies only with dedupe_body on or to a provider without a signed timestamp (provider %s signs one: its tolerance stops replays)", h.Provider)
 	}
 	if _, err := h.expandedSecrets(); err != nil {
 		return err
@@ -161,6 +163,9 @@ func (h *Handler) checkCommon() error {
 	}
 	if h.Cache != nil && *h.Cache < 0 {
 		return errors.New("cache: must be 0 or more")
+	}
+	if err := h.checkSpool(); err != nil {
+		return err
 	}
 	return h.checkAsync()
 }

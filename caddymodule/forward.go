@@ -41,11 +41,10 @@ func (m syncMode) serve(w http.ResponseWriter, next caddyhttp.Handler, d *delive
 	}
 	cl, err := h.claims.Claim(d.r.Context(), h.Scope, d.eventID, d.fingerprint)
 	if err != nil {
-		h.logger.Warn("claiming event failed; answered 503, nothing forwarded",
-			zap.String("scope", h.Scope), zap.String("event_id", d.eventID), zap.Error(err))
-		h.answer(w, d, ansStoreUnavailable, say{})
+		h.claimFailed(w, d, err)
 		return nil
 	}
+	h.storeAnswered()
 	d.attempt = cl.Attempts
 	if cl.Outcome != store.Claimed {
 		return h.answerClaim(w, d, cl)
@@ -54,7 +53,7 @@ func (m syncMode) serve(w http.ResponseWriter, next caddyhttp.Handler, d *delive
 	h.noteReforward(d.eventID, cl)
 	refs := []claim.Ref{{Scope: h.Scope, ID: d.eventID, Token: cl.Token, ByUpstream: h.byUpstream()}}
 	noteClaim(d.r, cl.Attempts)
-	if h.dedupeBody {
+	if h.replayRecord { // replayguard.go
 		bc, ok := h.claimBody(w, d, refs[0])
 		if !ok {
 			return nil
@@ -174,7 +173,7 @@ func bodyKey(body []byte) string {
 // so a replayed body under a fresh, unsigned ID is not forwarded again. When
 // it returns false it has answered the delivery and released idClaim.
 func (h *Handler) claimBody(w http.ResponseWriter, d *delivery, idClaim claim.Ref) (claim.Ref, bool) {
-	ctx, key := d.r.Context(), bodyKey(d.signed)
+	ctx, key := d.r.Context(), h.replayKey(idClaim.ID, d.signed)
 	bc, err := h.claims.Claim(ctx, h.bodyScope(), key, "")
 	if err == nil && bc.Outcome == store.Claimed {
 		return claim.Ref{Scope: h.bodyScope(), ID: key, Token: bc.Token}, true
@@ -182,12 +181,9 @@ func (h *Handler) claimBody(w http.ResponseWriter, d *delivery, idClaim claim.Re
 	h.claims.Settle(ctx, []claim.Ref{idClaim}, 0, claim.Release)
 	switch {
 	case err != nil:
-		h.logger.Warn("claiming body hash failed; answered 503, nothing forwarded",
-			zap.String("scope", h.Scope), zap.String("event_id", idClaim.ID), zap.Error(err))
-		h.answer(w, d, ansStoreUnavailable, say{})
+		h.claimFailed(w, d, err)
 	case bc.Outcome == store.Duplicate:
-		h.logger.Warn("body already delivered under another event id; answered as a duplicate, not forwarded (dedupe_body)",
-			zap.String("scope", h.Scope), zap.String("event_id", idClaim.ID))
+		h.logger.Warn(replayedMessage(h.dedupeBody, "forwarded"), zap.String("scope", h.Scope), zap.String("event_id", idClaim.ID))
 		h.answer(w, d, ansBodyReplay, say{})
 	case bc.Outcome == store.InFlight:
 		h.answer(w, d, ansBodyInFlight, say{retryAfter: bc.RetryAfter})

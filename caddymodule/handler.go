@@ -97,14 +97,17 @@ type Handler struct {
 	// retry window of the providers. Default: 30 days.
 	Retention caddy.Duration `json:"retention,omitempty"`
 
-	// ReplayWindow is how long the body hashes of dedupe_body are kept,
-	// counted from the delivery's first arrival. A provider that signs no
-	// timestamp (github, shopify, gitlab, ...) makes a captured delivery
-	// valid forever: while its body hash is kept, a replay is answered as
-	// a duplicate even after retention deleted the event's row. A body-hash
-	// row is a SHA-256 and its times: about 470 bytes in PostgreSQL with its
-	// indexes, 330 in SQLite (measured; see docs/operations.md, Retention), so about 470 MB
-	// per million deliveries kept. Must be at least retention; only with
+	// ReplayWindow is how long replay records are kept, counted from the
+	// delivery's first arrival. A provider that signs no timestamp (github,
+	// shopify, intercom, ...) makes a captured delivery valid forever: every
+	// such route claims a replay record next to the event ID (the body's
+	// SHA-256 under dedupe_body, else the SHA-256 of the event ID and the
+	// body; replayguard.go), and while it is kept a replay is answered as a
+	// duplicate even after retention deleted the event's row. A record is a
+	// SHA-256 and its times: about 470 bytes in PostgreSQL with its
+	// indexes, 330 in SQLite (measured; see docs/operations.md, Retention),
+	// so about 470 MB per million deliveries kept. Must be at least
+	// retention; only for providers without a signed timestamp or with
 	// dedupe_body. Default: 400 days, or retention when that is longer.
 	ReplayWindow caddy.Duration `json:"replay_window,omitempty"`
 
@@ -187,6 +190,9 @@ type Handler struct {
 	// ReplayConfig holds replay, replay_max, replay_headers and the
 	// Idempotency-Key mode's fields (replay.go, idemkey.go).
 	ReplayConfig
+	// SpoolConfig holds spool and spool_max: where deliveries go while
+	// the store is unreachable (spool.go).
+	SpoolConfig
 
 	// replayWindowSet: replay_window was configured, not defaulted
 	// (checkConfig: it applies only with dedupe_body on).
@@ -198,16 +204,23 @@ type Handler struct {
 	mode   mode
 
 	dedupeBody bool
-	verifier   signature.Verifier
-	preset     signature.Preset
-	extractor  *eventid.Extractor
-	backend    *backend
-	completed  *cache.Completed // nil when Cache is 0
-	poolKey    string
-	logger     *zap.Logger
-	counters   map[string]prometheus.Counter
-	cacheHit   prometheus.Counter // cache_hits_total of the scope
-	cacheMiss  prometheus.Counter // cache_misses_total of the scope
+	// replayRecord: deliveries claim a replay record next to the event ID
+	// (replayguard.go); singleUse reads the preset's single-use value.
+	replayRecord bool
+	singleUse    *eventid.Extractor
+	// singleUseBlock is the JSON object carrying the single-use value
+	// ("signature"), left out of its fingerprint.
+	singleUseBlock string
+	verifier       signature.Verifier
+	preset         signature.Preset
+	extractor      *eventid.Extractor
+	backend        *backend
+	completed      *cache.Completed // nil when Cache is 0
+	poolKey        string
+	logger         *zap.Logger
+	counters       map[string]prometheus.Counter
+	cacheHit       prometheus.Counter // cache_hits_total of the scope
+	cacheMiss      prometheus.Counter // cache_misses_total of the scope
 	// bodyMismatch is the scope's body_mismatch_total.
 	bodyMismatch prometheus.Counter
 	// ambiguousReforwards is the scope's ambiguous_reforwards_total.
@@ -287,6 +300,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.backend, h.poolKey = b, st.poolKey()
 	scopes.add(h.Scope, b)
 	scopeTrusts.add(h.Scope, h.trust)
+	h.provisionLearned(ctx)
 	if entries > 0 {
 		h.completed = b.completed
 	}
@@ -294,7 +308,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.provisionClaims(ctx)
-	return h.provisionMode(ctx)
+	if err := h.provisionMode(ctx); err != nil {
+		return err
+	}
+	return h.provisionSpool(ctx)
 }
 
 // provisionClaims sets up the route's claims (internal/claim) on the open
@@ -311,6 +328,7 @@ func (h *Handler) provisionClaims(ctx caddy.Context) {
 			return []store.Expiry{
 				{Scopes: []string{h.Scope}, Cutoff: now.Add(-time.Duration(h.Retention))},
 				{Scopes: []string{h.bodyScope()}, Cutoff: now.Add(-time.Duration(h.ReplayWindow))},
+				{Scopes: []string{h.onceScope()}, Cutoff: now.Add(-h.onceKeep())},
 			}
 		},
 	}
@@ -359,6 +377,7 @@ func (h *Handler) Cleanup() error {
 		h.scopeUsed = false
 	}
 	h.cleanupAsync() // before the store: the dispatcher uses its pool
+	h.cleanupSpool()
 	if h.sweepDone != nil {
 		h.stopSweep()
 		<-h.sweepDone
@@ -367,6 +386,9 @@ func (h *Handler) Cleanup() error {
 		if h.backend != nil {
 			scopes.remove(h.Scope, h.backend)
 			scopeTrusts.remove(h.Scope, h.trust)
+			if h.learned != nil && h.backend.secrets != nil {
+				learningScopes.remove(h.Scope, h.backend)
+			}
 		}
 		if h.poolKey != "" {
 			_, err := backends.Delete(h.poolKey)
@@ -398,6 +420,9 @@ func (h *Handler) Cleanup() error {
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	stripClaimHeader(r)
 	setPlaceholders(r, h.Scope)
+	if rp := replayOf(r); rp != nil {
+		return h.serveReplay(w, r, rp, next)
+	}
 	d := takeDelivery(h, r)
 	defer d.done()
 	ok, err := h.intake.take(w, next, d)

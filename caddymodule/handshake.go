@@ -49,10 +49,24 @@ type ProtocolConfig struct {
 	// secret was already learned for the scope. Neither provider
 	// authenticates such a handshake, so "keep" (default) refuses it with
 	// the refusal status and the learned secret stays; "replace" lets it
-	// replace the learned secret (anyone who can reach the route can then
-	// replace it: enable it only while re-registering the webhook). The
-	// first handshake of a scope is always accepted.
+	// replace the learned secret within an enrollment window. Either way a
+	// handshake teaches a secret only while the scope's enrollment window
+	// is open (EnrollWindow, `secrets enroll`); the secret already learned
+	// is accepted again at any time.
 	LearnedSecret string `json:"learned_secret,omitempty"`
+
+	// EnrollWindow is how long after a route of the scope is first loaded
+	// (ever: recorded in the store, shared by every instance) a handshake
+	// may teach the scope its secret, for providers that teach one (asana,
+	// notion): register the webhook at the provider within it. Neither
+	// provider authenticates its handshake, so outside an enrollment window
+	// a handshake bringing a new secret is refused and logged; the operator
+	// opens one with `caddy webhook-idempotency secrets enroll --scope S
+	// --for 10m` (admin API POST /webhook_idempotency/secrets/enroll). The
+	// first load opens none when a secret is already stored; learning a
+	// secret closes the window. Nil: 10m; 0 (Caddyfile "off"): none, only
+	// the operator opens windows. At most 24h.
+	EnrollWindow *caddy.Duration `json:"enroll_window,omitempty"`
 
 	// Batch is how deliveries carrying several events are deduplicated,
 	// for providers that batch (sendgrid, gocardless, okta, hubspot):
@@ -100,6 +114,12 @@ func (h *Handler) checkProtocol(preset signature.Preset) error {
 	}
 	if h.LearnedSecret == "replace" && !learnsSecret(h.Provider) {
 		return fmt.Errorf("learned_secret: provider %s learns no secret in a handshake", h.Provider)
+	}
+	if h.EnrollWindow != nil && !learnsSecret(h.Provider) {
+		return fmt.Errorf("enroll_window: provider %s learns no secret in a handshake", h.Provider)
+	}
+	if w := h.enrollWindow(); w < 0 || w > maxEnrollWindow {
+		return fmt.Errorf("enroll_window: want off or a duration up to %s, got %s", maxEnrollWindow, w)
 	}
 	return h.checkBatch(preset)
 }
@@ -167,7 +187,7 @@ func (h *Handler) serveHandshake(w http.ResponseWriter, a signature.HandshakeAns
 	if a.Forward || h.Handshake == "forward" {
 		err := h.passOn(w, d.forwardable(), next, d)
 		if a.Secret != "" && d.status >= 200 && d.status < 300 {
-			if serr := h.learnSecret(ctx, a.Secret); serr != nil {
+			if serr := h.learnSecret(ctx, d.r, a.Secret); serr != nil {
 				h.logger.Warn("the upstream accepted a handshake whose secret the gateway could not store",
 					zap.String("scope", h.Scope), zap.String("handshake", a.Challenge.Name), zap.Error(serr))
 			}
@@ -186,14 +206,23 @@ func (h *Handler) serveHandshake(w http.ResponseWriter, a signature.HandshakeAns
 		return nil
 	}
 	if a.Secret != "" {
-		err := h.learnSecret(ctx, a.Secret)
+		err := h.learnSecret(ctx, d.r, a.Secret)
 		switch {
+		case errors.Is(err, store.ErrEnrollmentClosed):
+			h.logger.Warn("handshake refused: it brings a secret the scope has not learned and no enrollment window is open; "+
+				"to register the webhook, open one with `caddy webhook-idempotency secrets enroll --scope "+h.Scope+" --for 10m`",
+				zap.String("scope", h.Scope), zap.String("handshake", a.Challenge.Name), zap.String("client", clientAddr(d.r)))
+			h.answer(w, d, ansRefused, say{reason: "no enrollment window is open for a new secret"})
+			return nil
 		case errors.Is(err, store.ErrSecretExists):
 			h.logger.Warn("handshake refused: it brings a new secret and the route keeps the one it learned (learned_secret keep)",
 				zap.String("scope", h.Scope), zap.String("handshake", a.Challenge.Name))
 			h.answer(w, d, ansRefused, say{reason: "a different secret was learned before (learned_secret keep)"})
 			return nil
 		case err != nil:
+			if h.providerGone(d, false) {
+				return nil
+			}
 			h.logger.Warn("storing the learned secret failed; answered 503",
 				zap.String("scope", h.Scope), zap.String("handshake", a.Challenge.Name), zap.Error(err))
 			h.answer(w, d, ansStoreUnavailable, say{})
@@ -238,6 +267,16 @@ func (h *Handler) unmarshalProtocol(d *caddyfile.Dispenser, name string) error {
 			return d.Errf("learned_secret: want keep or replace, got %q", v)
 		}
 		h.LearnedSecret = v
+	case "enroll_window":
+		var w caddy.Duration
+		if v != "off" {
+			dur, err := caddy.ParseDuration(v)
+			if err != nil {
+				return d.Errf("enroll_window: want off or a duration, got %q", v)
+			}
+			w = caddy.Duration(dur)
+		}
+		h.EnrollWindow = &w
 	case "batch":
 		if v != string(signature.BatchSet) && v != string(signature.BatchSplit) {
 			return d.Errf("batch: want set or split, got %q", v)

@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"strconv"
@@ -68,13 +69,18 @@ func asanaDelivery(t *testing.T, secret, id string) *http.Request {
 
 func TestLearnedSecretReplace(t *testing.T) {
 	t.Parallel()
-	g := newGateway(t, "webhook_idempotency {\n provider asana\n event_id json id\n learned_secret replace\n scope "+uniqueScope("asana")+"\n}")
+	scope := uniqueScope("asana")
+	g := newGateway(t, "webhook_idempotency {\n provider asana\n event_id json id\n learned_secret replace\n scope "+scope+"\n}")
 	a := g.serve(asanaHandshake("first-secret"))
 	require.Equal(t, http.StatusOK, a.status)
 	require.Equal(t, "first-secret", a.header.Get("X-Hook-Secret"))
 	requireRelayed(t, g.serve(asanaDelivery(t, "first-secret", "e1")))
 
-	// The webhook is registered again: the new secret replaces the old.
+	// The webhook is registered again, within a window the operator
+	// opened (learning the first closed the first load's): the new secret
+	// replaces the old.
+	requireRefused(t, g.serve(asanaHandshake("second-secret")), http.StatusBadRequest, "no enrollment window is open")
+	require.NoError(t, g.h.backend.secrets.Enroll(context.Background(), scope, g.clock.Now().Add(time.Minute)))
 	a = g.serve(asanaHandshake("second-secret"))
 	require.Equal(t, http.StatusOK, a.status)
 	require.Equal(t, "second-secret", a.header.Get("X-Hook-Secret"))
@@ -104,6 +110,9 @@ func TestLearnedSecretKeepRefusesReplacement(t *testing.T) {
 	require.Equal(t, http.StatusOK, hs("secret_first").status)
 	// The same token again (a repeated handshake) is accepted.
 	require.Equal(t, http.StatusOK, hs("secret_first").status)
+	requireRefused(t, hs("secret_forged"), http.StatusBadRequest, "no enrollment window is open")
+	// Within a window, keep still refuses a different secret.
+	require.NoError(t, g.h.backend.secrets.Enroll(context.Background(), g.h.Scope, g.clock.Now().Add(time.Minute)))
 	requireRefused(t, hs("secret_forged"), http.StatusBadRequest, "a different secret was learned before")
 	require.Zero(t, g.up.count())
 	// Deliveries verify with the first token only.
@@ -116,7 +125,7 @@ func TestLearnedSecretKeepRefusesReplacement(t *testing.T) {
 	}
 	requireRelayed(t, g.serve(sign("secret_first", "n1")))
 	requireRefused(t, g.serve(sign("secret_forged", "n2")), http.StatusBadRequest, "no matching signature")
-	require.Equal(t, 2.0, g.outcomes(outcomeInvalidSignature), "the forged handshake and the forged delivery")
+	require.Equal(t, 3.0, g.outcomes(outcomeInvalidSignature), "the forged handshakes and the forged delivery")
 }
 
 func TestHandshakeForwardLearnsOnUpstream2xx(t *testing.T) {

@@ -94,6 +94,9 @@ func (h *Handler) provisionVerifier(repl *caddy.Replacer) error {
 	}
 	h.verifier = v
 	h.trust = h.trustOf(secrets)
+	if err := h.provisionSingleUse(); err != nil {
+		return err
+	}
 	if u, err := url.Parse(opts.URL); err == nil && opts.URL != "" {
 		h.signedURL = u.Redacted()
 	}
@@ -154,6 +157,9 @@ func (in webhookIntake) take(w http.ResponseWriter, next caddyhttp.Handler, d *d
 	if handshake {
 		return false, h.serveHandshake(w, hs, next, d)
 	}
+	if !h.spendSingleUse(w, d) {
+		return false, nil
+	}
 	if h.batch != nil && h.splitting(d.signed) { // a batching provider (batch.go)
 		items, refused, err := h.batchItemsChecked(d.signed)
 		if err != nil {
@@ -184,6 +190,9 @@ func (in webhookIntake) take(w http.ResponseWriter, next caddyhttp.Handler, d *d
 // while reading a learned secret is a 503, not a refusal.
 func (h *Handler) refuse(w http.ResponseWriter, d *delivery, err error) {
 	if errors.Is(err, errSecretStore) {
+		if h.providerGone(d, false) {
+			return
+		}
 		h.logger.Warn("reading the learned secret failed; answered 503, nothing forwarded", zap.String("scope", h.Scope), zap.Error(err))
 		h.answer(w, d, ansStoreUnavailable, say{})
 		return

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -31,6 +33,71 @@ const (
 	learnedRetry   = time.Second
 )
 
+// defaultEnrollWindow is enroll_window's default: long enough to register
+// the webhook at the provider right after deploying, short enough that an
+// attacker watching for a new route has little time; maxEnrollWindow bounds
+// it and `secrets enroll --for`.
+const (
+	defaultEnrollWindow = 10 * time.Minute
+	maxEnrollWindow     = 24 * time.Hour
+)
+
+// enrollWindow is the route's enroll_window: its default or what is set
+// (0: off).
+func (h *Handler) enrollWindow() time.Duration {
+	if h.EnrollWindow == nil {
+		return defaultEnrollWindow
+	}
+	return time.Duration(*h.EnrollWindow)
+}
+
+// clock is the handler's clock (tests inject one).
+func (h *Handler) clock() time.Time {
+	if h.now != nil {
+		return h.now()
+	}
+	return time.Now()
+}
+
+// instanceName names this gateway instance in a learned secret's record.
+var instanceName = sync.OnceValue(func() string {
+	name, err := os.Hostname()
+	if err != nil {
+		return "unknown"
+	}
+	return name
+})
+
+// clientAddr is the request's client address as Caddy determined it
+// (trusted_proxies), else the connection's peer.
+func clientAddr(r *http.Request) string {
+	if ip := clientIP(r); ip != "" {
+		return ip
+	}
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		return host
+	}
+	return r.RemoteAddr
+}
+
+// provisionLearned records the route's load for a provider that teaches
+// its secret: the scope's first load ever opens the enrollment window for
+// enroll_window (store.Secrets.RouteLoaded). A store failure is logged,
+// not fatal: no window is opened, and the operator can open one.
+func (h *Handler) provisionLearned(ctx context.Context) {
+	ss := h.backend.secrets
+	if h.learned == nil || ss == nil {
+		return
+	}
+	learningScopes.add(h.Scope, h.backend)
+	sctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	defer cancel()
+	if err := ss.RouteLoaded(sctx, h.Scope, h.clock(), h.enrollWindow()); err != nil {
+		h.logger.Warn("recording the route's first load failed: no enrollment window opened; open one with `caddy webhook-idempotency secrets enroll`",
+			zap.String("scope", h.Scope), zap.Error(err))
+	}
+}
+
 // learnedSecret is a route's secret learned in a handshake, cached.
 type learnedSecret struct {
 	provider string
@@ -41,6 +108,10 @@ type learnedSecret struct {
 	verifier signature.Verifier // configured + learned secrets; nil when there are none
 	read     time.Time          // when the store was last read
 }
+
+// learningScopes maps each scope of a provisioned route whose provider
+// teaches its secret to its backends, for the secrets admin API.
+var learningScopes = newScopeIndex[*backend]()
 
 // errSecretStore marks a failure to read the learned secret: 503, not a
 // refusal.
@@ -162,19 +233,24 @@ func (l *learnedSecret) set(secret string) error {
 	return nil
 }
 
-// learnSecret stores a secret learned in a handshake (learned_secret keep
-// refuses a different one: store.ErrSecretExists) and uses it at once.
-func (h *Handler) learnSecret(parent context.Context, secret string) error {
+// learnSecret stores a secret learned in a handshake of r and uses it at
+// once. Outside an enrollment window a new secret is refused
+// (store.ErrEnrollmentClosed); learned_secret keep refuses a different one
+// (store.ErrSecretExists).
+func (h *Handler) learnSecret(parent context.Context, r *http.Request, secret string) error {
 	ss := h.backend.secrets
 	if ss == nil || h.learned == nil {
 		return errors.New("the store keeps no learned secrets")
 	}
 	ctx, cancel := context.WithTimeout(parent, storeTimeout)
 	defer cancel()
-	if err := ss.SetLearnedSecret(ctx, h.Scope, secret, h.LearnedSecret == "replace"); err != nil {
+	err := ss.LearnSecret(ctx, store.Learn{Scope: h.Scope, Secret: secret, Replace: h.LearnedSecret == "replace",
+		Now: h.clock(), From: clientAddr(r), By: instanceName()})
+	if err != nil {
 		return err
 	}
 	h.logger.Info("learned the route's signing secret from the provider's handshake",
-		zap.String("scope", h.Scope), zap.String("provider", h.Provider))
+		zap.String("scope", h.Scope), zap.String("provider", h.Provider), zap.String("client", clientAddr(r)),
+		zap.String("fingerprint", secretFingerprint(secret)))
 	return h.learned.set(secret)
 }

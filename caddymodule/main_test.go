@@ -28,9 +28,19 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "caddymodule tests: lock:", err)
 		os.Exit(1)
 	}
+	// Caddy's data directory of its own: the default SQLite store and the
+	// default spools (on for github routes) must not carry a run's
+	// records into the next one, or into the user's Caddy.
+	data, err := os.MkdirTemp("", "caddymodule-data-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "caddymodule tests: data directory:", err)
+		os.Exit(1)
+	}
+	_ = os.Setenv("XDG_DATA_HOME", data)
 	keys = keyfetchtest.Start()
 	code := m.Run()
 	keys.Close()
+	_ = os.RemoveAll(data)
 	_ = f.Close() // releases the lock
 	os.Exit(code)
 }

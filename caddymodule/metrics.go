@@ -63,6 +63,14 @@ const (
 	outcomeQueued            = "queued"          // async: stored for delivery, 200 at once
 	outcomeReadTimeout       = "read_timeout"    // the body did not arrive within read_timeout: 408
 	outcomeKeyUnavailable    = "key_unavailable" // the provider's key could not be fetched: 503, nothing recorded
+	outcomeSpooled           = "spooled"         // store unreachable: kept in the spool, 200; forwarded once the store is back
+	outcomeSpoolFull         = "spool_full"      // store unreachable and the spool full: 503, nothing kept
+	outcomeSpoolError        = "spool_error"     // store unreachable and the spool's disk failing: 503, nothing kept
+	// outcomeProviderGone: the provider hung up while its claim waited on
+	// the store (its own timeout); no answer reaches it, a claim committed
+	// for it is released, and with a spool the delivery is kept. Not a
+	// store failure.
+	outcomeProviderGone = "provider_gone"
 	// complete_by upstream: a 2xx whose upstream did not commit its claim
 	// (completed all the same); a claim whose upstream transaction still
 	// held it when the wait ran out (left to its lease).
@@ -73,7 +81,8 @@ const (
 var allOutcomes = []string{outcomeCompleted, outcomeReleased, outcomeAmbiguous, outcomeAmbiguousReleased, outcomeDuplicate,
 	outcomeInFlight, outcomeHeld, outcomeInvalidSignature, outcomeBadRequest, outcomeTooLarge,
 	outcomeUnsupported, outcomeStoreError, outcomeHandshake, outcomeForwardedNoID, outcomeBodyReplay,
-	outcomeQueued, outcomeReadTimeout, outcomeKeyReused, outcomeKeyUnavailable, outcomeUncommitted, outcomePending}
+	outcomeQueued, outcomeReadTimeout, outcomeKeyReused, outcomeKeyUnavailable, outcomeSpooled, outcomeSpoolFull,
+	outcomeSpoolError, outcomeProviderGone, outcomeUncommitted, outcomePending}
 
 // storeTimes are the store_duration_seconds series, one per operation,
 // resolved once so no store call does a label lookup.

@@ -458,12 +458,13 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 		require.Equal(t, http.StatusOK, st)
 		require.Empty(t, h.Get("X-Upstream"))
 		require.Len(t, up.got(r.path), before)
-		// A second handshake with another secret is refused (learned_secret
-		// keep) and the first secret stays in use.
+		// A second handshake with another secret is refused (learning the
+		// first closed the enrollment window) and the first secret stays in
+		// use.
 		st, h, body = doReq(t, http.MethodPost, r.path, nil, http.Header{"X-Hook-Secret": {"forged-" + randomHex(4)}})
 		require.Equal(t, http.StatusBadRequest, st)
 		require.Empty(t, h.Get("X-Hook-Secret"))
-		require.Contains(t, body, "a different secret was learned before")
+		require.Contains(t, body, "no enrollment window is open")
 		requireDelivers(t, r, asanaSecret)
 	})
 

@@ -49,7 +49,7 @@ const (
 func Configure(cmd *cobra.Command) {
 	cmd.Args = cobra.NoArgs
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
-	cmd.AddCommand(signCommand(), eventCommand(), queueCommand(), logFilterCommand())
+	cmd.AddCommand(signCommand(), eventCommand(), queueCommand(), secretsCommand(), logFilterCommand())
 }
 
 func signCommand() *cobra.Command {

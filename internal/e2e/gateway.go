@@ -54,6 +54,7 @@ type Gateway struct {
 	AdminAddr string
 
 	cmd     *exec.Cmd
+	home    string // its HOME, with XDG_DATA_HOME in home/data
 	logPath string
 	exited  chan struct{}
 	waitErr error
@@ -125,7 +126,7 @@ func startGateway(cfg GatewayConfig, port int) (*Gateway, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("e2e: starting caddy %s: %w", cfg.Name, err)
 	}
-	g := &Gateway{Name: cfg.Name, Addr: addr, AdminAddr: adminAddr, cmd: cmd, logPath: logPath, exited: make(chan struct{})}
+	g := &Gateway{Name: cfg.Name, Addr: addr, AdminAddr: adminAddr, cmd: cmd, home: home, logPath: logPath, exited: make(chan struct{})}
 	go func() {
 		g.waitErr = cmd.Wait()
 		close(g.exited)
@@ -202,6 +203,12 @@ func (cfg GatewayConfig) caddyfile(addr, adminAddr, filter string) string {
 
 // URL is the address deliveries are posted to.
 func (g *Gateway) URL() string { return "http://" + g.Addr + "/webhooks/stripe" }
+
+// SpoolDir is the default spool directory of scope in the gateway's Caddy
+// data directory. A gateway started again with the same Name uses it again.
+func (g *Gateway) SpoolDir(scope string) string {
+	return filepath.Join(g.home, "data", "caddy", "webhook_idempotency", "spool", scope)
+}
 
 // PID is the process ID of Caddy.
 func (g *Gateway) PID() int { return g.cmd.Process.Pid }

@@ -75,6 +75,16 @@ func init() {
 				Note:   "a 2xx such as 200 or 202 accepts; the gateway also sends the [accepted] body older integrations required",
 				Source: "https://docs.adyen.com/development-resources/webhooks/handle-webhook-events",
 			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{
+				Duration: 10 * time.Second,
+				Note:     "a slower answer queues every webhook of the endpoint",
+				Source:   "https://help.adyen.com/knowledge/ecommerce-integrations/webhooks/how-do-i-set-up-webhooks",
+			},
+			Refusal: Refusal{
+				Note:   "any non-2xx is a failure: the webhook goes to the endpoint's retry queue, which holds the webhooks behind it",
+				Source: "https://docs.adyen.com/development-resources/webhooks/troubleshoot",
+			},
 		},
 		Scheme: Scheme{
 			Signed:    "pspReference:originalReference:merchantAccountCode:merchantReference:value:currency:eventCode:success of each item",

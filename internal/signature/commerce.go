@@ -1,5 +1,7 @@
 package signature
 
+import "time"
+
 // Commerce and payment providers beyond the first group: an HMAC of the body
 // in one header, no timestamp. Checked against the providers'
 // documentation; no conformance vectors yet. Where the default event ID is
@@ -38,7 +40,18 @@ func init() {
 	})
 	// Lemon Squeezy events carry no event ID; configure one per route.
 	register(Preset{
-		Name:            "lemonsqueezy",
+		Name: "lemonsqueezy",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, Attempts: 4,
+				Note:   "any status but 200 is retried up to three more times with exponential back-off (e.g. 5 s, 25 s, 125 s), then given up",
+				Source: "https://docs.lemonsqueezy.com/help/webhooks/webhook-requests",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Source: Undocumented},
+			Answer:  Answer{Status: 200, Source: "https://docs.lemonsqueezy.com/help/webhooks/webhook-requests"},
+			Refusal: Refusal{Note: "retried like any answer other than 200", Source: "https://docs.lemonsqueezy.com/help/webhooks/webhook-requests"},
+		},
 		Doc:             "https://docs.lemonsqueezy.com/help/webhooks/signing-requests",
 		SignatureHeader: "X-Signature: <hex>",
 		DedupeBody:      true,
@@ -50,7 +63,18 @@ func init() {
 		},
 	})
 	register(Preset{
-		Name:            "coinbase",
+		Name: "coinbase",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 3 * 24 * time.Hour,
+				Note:   "exponential back-off, at most 1 hour apart",
+				Source: "https://docs.cdp.coinbase.com/commerce/api-arcitecture/webhooks-overview",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Source: Undocumented},
+			Answer:  Answer{Status: 200, Source: "https://docs.cdp.coinbase.com/commerce/api-arcitecture/webhooks-overview"},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:             "https://docs.cdp.coinbase.com/commerce/api-arcitecture/webhooks-security",
 		SignatureHeader: "X-CC-Webhook-Signature: <hex>",
 		Oracle:          "coinbase-commerce-node",
@@ -63,7 +87,18 @@ func init() {
 		},
 	})
 	register(Preset{
-		Name:            "checkout",
+		Name: "checkout",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, Attempts: 8,
+				Note:   "best-effort retries after 5 min, 15 min, 30 min, 1 h, 2 h, 4 h and 8 h, then an email; an event type that keeps failing is unsubscribed from the endpoint",
+				Source: "https://checkoutdocs.readme.io/docs/webhooks",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 10 * time.Second, Note: "an unacknowledged webhook times out and fails", Source: "https://www.checkout.com/docs/business-operations/use-the-dashboard/developers/webhooks"},
+			Answer:  Answer{Note: "acknowledge within 10 seconds", Source: "https://www.checkout.com/docs/business-operations/use-the-dashboard/developers/webhooks"},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:             "https://www.checkout.com/docs/developer-resources/webhooks/manage-webhooks/receive-webhooks",
 		SignatureHeader: "Cko-Signature: <hex>",
 		EventID:         ids(jsonID("id")),

@@ -151,25 +151,29 @@ func (d Delivery) Researched() bool {
 		d.Answer.Source != "" && d.Refusal.Source != ""
 }
 
-// ReplayGuard says what stops a captured delivery from being replayed
-// under this preset's defaults, strongest first: a signed timestamp within
-// the tolerance, the signed event ID claimed by the gateway, a hash of the
-// signed body claimed by the gateway (dedupe_body), or nothing but the
-// claim of an unsigned ID. The source is the preset's Doc.
+// ReplayGuard says what stops a captured delivery from being accepted
+// again under this preset's defaults, as the gateway enforces it: a signed
+// timestamp within the tolerance (and, where the signature does not cover
+// the event data, its single-use token spent once: SingleUse), else a
+// replay record the gateway keeps for replay_window (400 days by default),
+// longer than the event's row: the body's hash under dedupe_body, else the
+// hash of the event ID and the body. The source is the preset's Doc.
 func (p Preset) ReplayGuard() string {
+	const window = " kept for `replay_window` (400 days)"
 	switch {
+	case p.DefaultTolerance > 0 && p.SingleUse != "":
+		return "signed timestamp (±" + shortDuration(p.DefaultTolerance) + "); its token (`" +
+			strings.TrimPrefix(p.SingleUse, "json ") + "`) refused with other event data for " + shortDuration(2*p.DefaultTolerance+time.Minute)
 	case p.DefaultTolerance > 0:
 		return "signed timestamp (±" + shortDuration(p.DefaultTolerance) + ")"
 	case p.DedupeBody:
-		return "body hash claimed (dedupe_body)"
-	case len(p.EventID) > 0 && strings.HasPrefix(p.EventID[0], "json "):
-		return "signed event ID claimed"
+		return "body hash" + window
 	case p.Batch != nil && len(p.EventID) == 0:
-		return "signed item IDs claimed"
+		return "item IDs and body hash" + window
 	case len(p.EventID) > 0:
-		return "unsigned ID header claimed"
+		return "event ID and body hash" + window
 	}
-	return "none: configure event_id or dedupe_body"
+	return "configured event ID and body hash" + window
 }
 
 // deliveryRefuseStatus reconciles Preset.RefuseStatus with a documented

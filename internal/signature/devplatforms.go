@@ -60,7 +60,19 @@ func init() {
 			Encoding:  "hex",
 		},
 	})
-	register(standardBased("replicate", "https://replicate.com/docs/topics/webhooks/verify-webhook", "whsec", "replicate"))
+	replicate := standardBased("replicate", "https://replicate.com/docs/topics/webhooks/verify-webhook", "whsec", "replicate")
+	replicate.Delivery = Delivery{
+		Retry: Retry{
+			Retries: true,
+			Note:    "only the final webhook (succeeded, failed, canceled) is retried, on exponential back-off, the last about 1 minute after the prediction completed; intermediate ones are not",
+			Source:  "https://replicate.com/docs/topics/webhooks/receive-webhook",
+		},
+		MaxBody: MaxBody{Source: Undocumented},
+		Timeout: Timeout{Note: "a few seconds (no figure)", Source: "https://replicate.com/docs/topics/webhooks/receive-webhook"},
+		Answer:  Answer{Note: "a 2xx within a few seconds", Source: "https://replicate.com/docs/topics/webhooks/receive-webhook"},
+		Refusal: Refusal{Note: "a 4xx to the final webhook is retried like a 5xx", Source: "https://replicate.com/docs/topics/webhooks/receive-webhook"},
+	}
+	register(replicate)
 	register(standardBased("openai", "https://platform.openai.com/docs/guides/webhooks", "whsec", "openai"))
 	// Polar follows Standard Webhooks but keys the HMAC with the bytes of
 	// the secret as displayed (its SDK base64-encodes it before handing it

@@ -1,5 +1,7 @@
 package signature
 
+import "time"
+
 // Code forges other than GitHub and GitLab: an HMAC-SHA256 of the body in
 // one header, no timestamp, delivery IDs in unsigned headers (hence
 // DedupeBody). Checked against the providers' documentation; no conformance
@@ -8,7 +10,18 @@ package signature
 // (FormPayload).
 func init() {
 	register(Preset{
-		Name:            "bitbucket",
+		Name: "bitbucket",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, Attempts: 3,
+				Note:   "only an answer in 500-599 is resent, up to two more times; X-Attempt-Number counts the attempts",
+				Source: "https://support.atlassian.com/bitbucket-cloud/docs/troubleshoot-webhooks/",
+			},
+			MaxBody: MaxBody{Bytes: 256 << 10, Note: "a larger payload may silently not be sent", Source: "https://support.atlassian.com/bitbucket-cloud/docs/troubleshoot-webhooks/"},
+			Timeout: Timeout{Duration: 10 * time.Second, Source: "https://support.atlassian.com/bitbucket-cloud/docs/troubleshoot-webhooks/"},
+			Answer:  Answer{Note: "answer before any expensive processing", Source: "https://support.atlassian.com/bitbucket-cloud/docs/troubleshoot-webhooks/"},
+			Refusal: Refusal{Note: "a 4xx refusal is not resent (only 5xx answers are)", Source: "https://support.atlassian.com/bitbucket-cloud/docs/troubleshoot-webhooks/"},
+		},
 		Doc:             "https://support.atlassian.com/bitbucket-cloud/docs/manage-webhooks/#Secure-webhooks",
 		SignatureHeader: "X-Hub-Signature: sha256=<hex>",
 		EventID:         ids(headerID("X-Request-UUID"), headerID("X-Request-Id")),

@@ -17,6 +17,7 @@ func init() {
 			MaxBody: MaxBody{Bytes: 25_000_000, Note: "a larger event is not delivered", Source: "https://docs.github.com/en/webhooks/webhook-events-and-payloads#payload-cap"},
 			Timeout: Timeout{Duration: 10 * time.Second, Source: "https://docs.github.com/en/webhooks/using-webhooks/best-practices-for-using-webhooks#respond-within-10-seconds"},
 			Answer:  Answer{Note: "within 10 seconds", Source: "https://docs.github.com/en/webhooks/using-webhooks/best-practices-for-using-webhooks#respond-within-10-seconds"},
+			Refusal: Refusal{Source: Undocumented},
 		},
 		Doc:             "https://docs.github.com/en/webhooks/using-webhooks/validating-webhook-deliveries",
 		SignatureHeader: "X-Hub-Signature-256: sha256=<hex> (X-Hub-Signature: sha1=<hex> with allow_sha1)",

@@ -63,7 +63,11 @@ func init() {
 	})
 	// Persona: "t=<ts>,v1=<hex>" over "<t>.<body>".
 	register(Preset{
-		Name:             "persona",
+		Name: "persona",
+		Delivery: Delivery{
+			Retry:  Retry{Retries: true, Note: "each delivery carries Persona-Webhook-Attempts-Made, -Attempts-Left and -First-Attempted-At", Source: "https://docs.withpersona.com/api-reference/webhooks/webhooks-account-events/webhook-account-created"},
+			Answer: Answer{Status: 200, Source: "https://docs.withpersona.com/api-reference/webhooks/webhooks-account-events/webhook-account-created"},
+		},
 		Doc:              "https://docs.withpersona.com/docs/webhooks-best-practices#checking-signatures",
 		SignatureHeader:  "Persona-Signature: t=<ts>,v1=<hex>",
 		DefaultTolerance: 5 * time.Minute,

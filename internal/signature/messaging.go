@@ -79,7 +79,22 @@ func init() {
 	// is a POST ?validationToken=… answered 200 text/plain with the token
 	// within 10 s. Notifications have no per-event ID: configure one.
 	register(Preset{
-		Name:            "msgraph",
+		Name: "msgraph",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 4 * time.Hour,
+				Note:   "any answer but a 2xx, given within 10 s, is retried with exponential back-off for up to 4 hours",
+				Source: "https://learn.microsoft.com/en-us/graph/change-notifications-delivery-webhooks",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{
+				Duration: 10 * time.Second,
+				Note:     "more than 10% of answers over 10 s in 10 minutes delay notifications; more than 15% drop them for up to 10 minutes, unrecoverably",
+				Source:   "https://learn.microsoft.com/en-us/graph/change-notifications-delivery-webhooks",
+			},
+			Answer:  Answer{Note: "200 when handled within 3 s; 202 Accepted when queued for longer work", Source: "https://learn.microsoft.com/en-us/graph/change-notifications-delivery-webhooks"},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:             "https://learn.microsoft.com/en-us/graph/change-notifications-delivery-webhooks",
 		SignatureHeader: "none: value[].clientState in the body",
 		DedupeBody:      true,
@@ -93,7 +108,11 @@ func init() {
 	// Telnyx: Ed25519 over "<timestamp>|<body>", verified with the account's
 	// public key (base64, from the portal); telnyx-node allows 300 s.
 	register(Preset{
-		Name:             "telnyx",
+		Name: "telnyx",
+		Delivery: Delivery{
+			Retry:  Retry{Retries: true, Note: "an answer other than 200 makes Telnyx deliver to the failover URL", Source: "https://developers.telnyx.com/api-reference/callbacks/number-order-status-update"},
+			Answer: Answer{Status: 200, Source: "https://developers.telnyx.com/api-reference/callbacks/number-order-status-update"},
+		},
 		SecretFormat:     "the public key (base64 Ed25519)",
 		Doc:              "https://developers.telnyx.com/docs/messaging/messages/receiving-webhooks",
 		SignatureHeader:  "telnyx-signature-ed25519: <base64> (with telnyx-timestamp)",
@@ -110,7 +129,18 @@ func init() {
 	})
 	// Customer.io reporting webhooks.
 	register(Preset{
-		Name:             "customerio",
+		Name: "customerio",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 7 * 24 * time.Hour,
+				Note:   "exponential back-off for seven days; later webhooks are held back until the failing one succeeds or expires",
+				Source: "https://docs.customer.io/api/webhooks/",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 4 * time.Second, Source: "https://docs.customer.io/api/webhooks/"},
+			Answer:  Answer{Note: "any 2xx within 4 seconds", Source: "https://docs.customer.io/api/webhooks/"},
+			Refusal: Refusal{Note: "400, 401, 403 and the like wait an hour before the same back-off; later webhooks are held back meanwhile", Source: "https://docs.customer.io/api/webhooks/"},
+		},
 		Doc:              "https://docs.customer.io/journeys/webhooks/#securely-verify-requests",
 		SignatureHeader:  "X-CIO-Signature: <hex> (with X-CIO-Timestamp)",
 		DefaultTolerance: 5 * time.Minute,
@@ -140,6 +170,10 @@ func init() {
 		DefaultTolerance: 5 * time.Minute,
 		EventID:          ids(jsonID("event-data.id")),
 		IDStability:      StabilityStable,
+		// Mailgun's documentation asks receivers to cache the token and
+		// refuse a request whose token was used before: the only stop for
+		// a signature pasted onto other event data within the tolerance.
+		SingleUse: "json signature.token",
 		Scheme: Scheme{
 			Signed:    "body fields signature.timestamp + signature.token (event-data not signed)",
 			Algorithm: "sha256",
@@ -151,7 +185,16 @@ func init() {
 	// with the verification key SendGrid displays (base64 DER). The body is
 	// an array of events, each with its own sg_event_id.
 	register(Preset{
-		Name:             "sendgrid",
+		Name: "sendgrid",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 24 * time.Hour,
+				Note:   "any answer but a 2xx is retried at increasing intervals for up to 24 hours after the event",
+				Source: "https://docs.sendgrid.com/for-developers/tracking-events/troubleshooting",
+			},
+			Answer:  Answer{Note: "any 2xx", Source: "https://docs.sendgrid.com/for-developers/tracking-events/troubleshooting"},
+			Refusal: Refusal{Note: "retried like any answer but a 2xx", Source: "https://docs.sendgrid.com/for-developers/tracking-events/troubleshooting"},
+		},
 		SecretFormat:     "the verification key (base64 DER ECDSA P-256)",
 		Doc:              "https://www.twilio.com/docs/sendgrid/for-developers/tracking-events/getting-started-event-webhook-security-features",
 		SignatureHeader:  "X-Twilio-Email-Event-Webhook-Signature: <base64 DER ECDSA> (with X-Twilio-Email-Event-Webhook-Timestamp)",
@@ -170,7 +213,15 @@ func init() {
 		build: buildPubkey(algECDSAP256, ""),
 	})
 	// Resend delivers through Svix.
-	register(svixBased("resend", "https://resend.com/docs/dashboard/webhooks/verify-webhooks-requests", "resend"))
+	resend := svixBased("resend", "https://resend.com/docs/dashboard/webhooks/verify-webhooks-requests", "resend")
+	resend.Delivery = Delivery{
+		Retry: Retry{
+			Retries: true, For: 27*time.Hour + 35*time.Minute + 5*time.Second, Attempts: 8,
+			Note:   "at once, then after 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h; a removed or disabled endpoint stops them",
+			Source: "https://resend.com/docs/webhooks/retries-and-replays",
+		},
+	}
+	register(resend)
 }
 
 // svixBased is a provider that delivers through Svix: the svix preset's

@@ -13,6 +13,8 @@ func init() {
 			Retry:   Retry{Retries: true, For: 3 * 24 * time.Hour, Note: "live: up to 60 retries with exponential backoff; sandbox: 3 retries within 15 minutes", Source: "https://developer.paddle.com/webhooks/respond-to-webhooks"},
 			Timeout: Timeout{Duration: 5 * time.Second, Source: "https://developer.paddle.com/webhooks/respond-to-webhooks"},
 			Answer:  Answer{Status: 200, Note: "within 5 seconds, before processing", Source: "https://developer.paddle.com/webhooks/respond-to-webhooks"},
+			MaxBody: MaxBody{Source: Undocumented},
+			Refusal: Refusal{Source: Undocumented},
 		},
 		Doc:              "https://developer.paddle.com/webhooks/signature-verification",
 		SignatureHeader:  "Paddle-Signature: ts=<ts>;h1=<hex>",

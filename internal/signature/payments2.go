@@ -35,7 +35,16 @@ func init() {
 	// GoCardless batches events; each has an id that stays the same when
 	// the delivery is retried.
 	register(Preset{
-		Name:            "gocardless",
+		Name: "gocardless",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, Attempts: 9,
+				Note:   "up to 8 retries at growing intervals (1 min, 2 min, 10 min, …); a timeout, a refused authorisation or a redirect is a failure",
+				Source: "https://support.gocardless.com/hc/en-nz/articles/360000989989-Webhook-retries-failures",
+			},
+			Timeout: Timeout{Duration: 10 * time.Second, Source: "https://support.gocardless.com/hc/en-nz/articles/360000989989-Webhook-retries-failures"},
+			Answer:  Answer{Note: "a 2xx within 10 seconds; redirects are not followed", Source: "https://support.gocardless.com/hc/en-nz/articles/360000989989-Webhook-retries-failures"},
+		},
 		Doc:             "https://developer.gocardless.com/getting-started/staying-up-to-date-with-webhooks",
 		SignatureHeader: "Webhook-Signature: <hex>",
 		DedupeBody:      true,

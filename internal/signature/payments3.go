@@ -69,6 +69,10 @@ func init() {
 				Note:   "any non-2xx; up to 10 retries, the n-th after about 10+n·2^(n+5) s, in creation order",
 				Source: "https://docs.recurly.com/recurly-subscriptions/v2021-02-25/docs/automatic-retries",
 			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 5 * time.Second, Source: "https://docs.recurly.com/recurly-subscriptions/docs/overview-webhooks"},
+			Answer:  Answer{Note: "any 2xx within 5 seconds; a redirect is not followed and counts as a failure", Source: "https://docs.recurly.com/recurly-subscriptions/docs/overview-webhooks"},
+			Refusal: Refusal{Note: "any non-2xx is a failure and is retried", Source: "https://docs.recurly.com/recurly-subscriptions/docs/overview-webhooks"},
 		},
 		Scheme: Scheme{
 			Headers:       []HeaderSet{{Signature: "recurly-signature"}},
@@ -113,7 +117,11 @@ func init() {
 				Note:   "anything but 200, or a timeout, is retried with exponential backoff",
 				Source: "https://www.airwallex.com/docs/developer-tools/webhooks/webhooks-overview",
 			},
-			Answer: Answer{Status: 200, Source: "https://www.airwallex.com/docs/developer-tools/webhooks/webhooks-overview"},
+			Answer:  Answer{Status: 200, Source: "https://www.airwallex.com/docs/developer-tools/webhooks/webhooks-overview"},
+			MaxBody: MaxBody{Source: Undocumented},
+			// A timeout counts as a failure; its length is not given.
+			Timeout: Timeout{Source: Undocumented},
+			Refusal: Refusal{Note: "anything but 200 is a failed delivery and is retried", Source: "https://www.airwallex.com/docs/developer-tools/webhooks/webhooks-overview"},
 		},
 		Scheme: Scheme{
 			Headers:       []HeaderSet{{Signature: "x-signature", Timestamp: "x-timestamp"}},
@@ -179,7 +187,15 @@ func init() {
 	// Xendit sends the account's verification token in x-callback-token
 	// and a webhook-id that names the event for deduplication.
 	register(Preset{ //nolint:gosec // G101: SecretFormat describes a secret, holds none
-		Name:            "xendit",
+		Name: "xendit",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, Attempts: 7,
+				Note:   "up to 6 retries with exponential back-off, the first 15 min and the second 1 h after the original",
+				Source: "https://docs.xendit.co/webhook/delivery-attempts-and-retries/",
+			},
+			Answer: Answer{Note: "any 2xx", Source: "https://docs.xendit.co/webhook/delivery-attempts-and-retries/"},
+		},
 		SecretFormat:    "the webhook verification token",
 		Doc:             "https://docs.xendit.co/docs/handling-webhooks",
 		SignatureHeader: "x-callback-token: <verification token>",
@@ -202,7 +218,12 @@ func init() {
 				Note:   "a timeout or error is retried up to 7 times on a growing schedule; the site's admins are mailed when all fail",
 				Source: "https://chargebee.com/docs/2.0/site-configuration/articles-and-faq/at-which-rate-can-we-expect-the-webhook-calls-in-chargebee-will-there-be-any-performance-disruption.html",
 			},
-			Answer: Answer{Status: 200, Source: "https://chargebee.com/docs/1.0/site-configuration/articles-and-faq/how-would-i-know-if-the-configured-webhook-url-in-my-chargebee-site-is-failing.html"},
+			Answer:  Answer{Status: 200, Source: "https://chargebee.com/docs/1.0/site-configuration/articles-and-faq/how-would-i-know-if-the-configured-webhook-url-in-my-chargebee-site-is-failing.html"},
+			MaxBody: MaxBody{Source: Undocumented},
+			// The page names a connection, a read and a total timeout but
+			// gives none of their values.
+			Timeout: Timeout{Source: Undocumented},
+			Refusal: Refusal{Source: Undocumented},
 		},
 		SecretFormat:    "`<user>:<password>`, the Basic credentials set on the webhook",
 		Doc:             "https://www.chargebee.com/docs/2.0/webhook_settings.html",
@@ -222,7 +243,10 @@ func init() {
 	// gets one notification per status: configure event_id (order_id and
 	// transaction_status, say).
 	register(Preset{
-		Name:            "midtrans",
+		Name: "midtrans",
+		Delivery: Delivery{
+			Answer: Answer{Status: 200, Note: "redirects (301, 302, 303) are not supported", Source: "https://docs.midtrans.com/docs/technical-faq"},
+		},
 		SecretFormat:    "the server key",
 		Doc:             "https://docs.midtrans.com/docs/https-notification-webhooks#verifying-notification-authenticity",
 		SignatureHeader: "none: body signature_key = <hex SHA-512>",
@@ -281,7 +305,18 @@ func init() {
 	// no ID outside the payload: the default event ID is the SHA-256 of
 	// bt_payload. The bt_challenge GET verifies the destination.
 	register(Preset{ //nolint:gosec // G101: SecretFormat describes a secret, holds none
-		Name:            "braintree",
+		Name: "braintree",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 24 * time.Hour,
+				Note:   "resent every hour until a 2xx within 30 s, for up to 24 hours in production (3 hours in sandbox)",
+				Source: "https://developer.paypal.com/braintree/docs/guides/webhooks/parse",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 30 * time.Second, Note: "a slower answer is a timeout and is retried", Source: "https://developer.paypal.com/braintree/docs/guides/webhooks/parse"},
+			Answer:  Answer{Note: "any 2xx within 30 seconds", Source: "https://developer.paypal.com/braintree/docs/guides/webhooks/parse"},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		SecretFormat:    "`<public key>:<private key>`, one per API key pair",
 		Doc:             "https://developer.paypal.com/braintree/docs/guides/webhooks/parse/node",
 		SignatureHeader: "none: form fields bt_signature (public key|hex) and bt_payload",

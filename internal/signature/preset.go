@@ -35,6 +35,13 @@ type Preset struct {
 	// the answer (Twilio's TwiML, Discord's interaction response), so a
 	// duplicate must get the upstream's stored answer, not the short one.
 	ReplayResponse bool
+	// SingleUse is the source ("json <path>", "header <Name>", as EventID's)
+	// of a value the signature covers that the provider sends once, when the
+	// signature does not cover the event data (Mailgun's signature.token,
+	// which its documentation asks receivers to accept once). The gateway remembers it for twice the
+	// tolerance and refuses it with other data (the body without the
+	// object carrying it). "": none.
+	SingleUse string
 	// RefuseStatus is the HTTP status the provider's documentation requires
 	// for a delivery that fails verification (a bad, missing or stale
 	// signature). 0 when registering means 400, the status every provider

@@ -13,7 +13,18 @@ func init() {
 	// Heartbeats are signed deliveries with an empty events array. Events
 	// carry no ID: configure one.
 	register(Preset{
-		Name:            "asana",
+		Name: "asana",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 24 * time.Hour,
+				Note:   "resent for up to 24 hours; the system is at-most-once, so an event can still be lost",
+				Source: "https://developers.asana.com/docs/webhooks-guide",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 10 * time.Second, Source: "https://developers.asana.com/docs/webhooks-guide"},
+			Answer:  Answer{Note: "a successful status within 10 seconds", Source: "https://developers.asana.com/docs/webhooks-guide"},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:             "https://developers.asana.com/docs/webhooks-guide",
 		SignatureHeader: "X-Hook-Signature: <hex> (secret learned from X-Hook-Secret)",
 		DedupeBody:      true,
@@ -97,7 +108,18 @@ func init() {
 	// non-ASCII characters or "/" is also checked in Box's escaped form
 	// (box.go).
 	register(Preset{
-		Name:             "box",
+		Name: "box",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 2 * time.Hour, Attempts: 13,
+				Note:   "up to 12 retries over 2 hours (the page says these may change); a retried payload keeps the body id, gets a new BOX-DELIVERY-ID",
+				Source: "https://developer.box.com/guides/webhooks/v2/",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 30 * time.Second, Source: "https://developer.box.com/guides/webhooks/v2/"},
+			Answer:  Answer{Note: "a status in 200-299 within 30 seconds", Source: "https://developer.box.com/guides/webhooks/v2/"},
+			Refusal: Refusal{Note: "any status outside 200-299 fails the delivery and is retried", Source: "https://developer.box.com/guides/webhooks/v2/"},
+		},
 		Doc:              "https://developer.box.com/guides/webhooks/v2/signatures-v2/",
 		SignatureHeader:  "BOX-SIGNATURE-PRIMARY: <base64> (with BOX-DELIVERY-TIMESTAMP)",
 		DefaultTolerance: 10 * time.Minute,
@@ -115,7 +137,18 @@ func init() {
 	// Calendly: "t=<ts>,v1=<hex>" over "<t>.<body>"; its guide uses a
 	// three-minute tolerance. Payloads carry no event ID: configure one.
 	register(Preset{
-		Name:             "calendly",
+		Name: "calendly",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 24 * time.Hour,
+				Note:   "a 3xx, 4xx or 5xx answer is retried with exponential back-off for 24 hours (or until 24 hours after the booked event); the webhook is then disabled",
+				Source: "https://developer.calendly.com/api-docs/overview/webhooks/webhook-errors",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 15 * time.Second, Note: "read timeout; 10 s to connect", Source: "https://developer.calendly.com/api-docs/overview/webhooks/webhook-timeouts"},
+			Answer:  Answer{Note: "a 2xx, promptly", Source: "https://developer.calendly.com/api-docs/overview/webhooks/webhook-errors"},
+			Refusal: Refusal{Note: "retried like any error answer, and counts towards disabling the webhook", Source: "https://developer.calendly.com/api-docs/overview/webhooks/webhook-errors"},
+		},
 		Doc:              "https://developer.calendly.com/api-docs/4c305798a61d3-webhook-signatures",
 		SignatureHeader:  "Calendly-Webhook-Signature: t=<ts>,v1=<hex>",
 		DefaultTolerance: 3 * time.Minute,
@@ -156,7 +189,19 @@ func init() {
 	})
 	// Webflow: HMAC-SHA256 of "<timestamp ms>:<body>", five minutes.
 	register(Preset{
-		Name:             "webflow",
+		Name: "webflow",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, Attempts: 4,
+				Note:   "up to three more attempts, 10 minutes apart; redirects, TLS failures and slow answers count as failures; repeated failures deactivate the webhook",
+				Source: "https://developers.webflow.com/data/v1.0.0/docs/limits-and-retries",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			// "Prolonged delays" fail the delivery; no figure is given.
+			Timeout: Timeout{Source: Undocumented},
+			Answer:  Answer{Status: 200, Note: "anything but a valid 200 is a failure", Source: "https://developers.webflow.com/data/reference/error-handling"},
+			Refusal: Refusal{Note: "retried like any failure; repeated failures deactivate the webhook", Source: "https://developers.webflow.com/data/reference/error-handling"},
+		},
 		Doc:              "https://developers.webflow.com/data/docs/working-with-webhooks#validating-request-signatures",
 		SignatureHeader:  "x-webflow-signature: <hex> (with x-webflow-timestamp, ms)",
 		Oracle:           "webflow-api",

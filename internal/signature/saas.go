@@ -12,7 +12,18 @@ func init() {
 	// its SDK (LinearWebhookClient) refuses a timestamp more than 60 s from
 	// the clock, and so does this preset, after the signature matched.
 	register(Preset{
-		Name:             "linear",
+		Name: "linear",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, Attempts: 4,
+				Note:   "at most 3 retries: after 1 minute, 1 hour and 6 hours",
+				Source: "https://developers.linear.app/docs/graphql/webhooks",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 5 * time.Second, Source: "https://developers.linear.app/docs/graphql/webhooks"},
+			Answer:  Answer{Status: 200, Source: "https://developers.linear.app/docs/graphql/webhooks"},
+			Refusal: Refusal{Note: "a non-200 answer is retried like any failure", Source: "https://developers.linear.app/docs/graphql/webhooks"},
+		},
 		Doc:              "https://linear.app/developers/webhooks#securing-webhooks",
 		SignatureHeader:  "Linear-Signature: <hex> (webhookTimestamp, ms, in the signed body)",
 		DefaultTolerance: time.Minute,
@@ -30,7 +41,18 @@ func init() {
 	})
 	// Zoom has no per-event ID; configure one (e.g. a composite) per route.
 	register(Preset{
-		Name:             "zoom",
+		Name: "zoom",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 85 * time.Minute, Attempts: 4,
+				Note:   "3 retries: 5 min after the first attempt, then 20 min and 60 min after the previous one",
+				Source: "https://developers.zoom.us/blog/webhook-delays/",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 3 * time.Second, Source: "https://developers.zoom.us/blog/webhook-delays/"},
+			Answer:  Answer{Note: "200 or 204 within 3 seconds", Source: "https://developers.zoom.us/blog/webhook-delays/"},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:              "https://developers.zoom.us/docs/api/webhooks/#verify-webhook-events",
 		SignatureHeader:  "x-zm-signature: v0=<hex> (with x-zm-request-timestamp)",
 		DefaultTolerance: 5 * time.Minute,
@@ -48,7 +70,18 @@ func init() {
 		},
 	})
 	register(Preset{
-		Name:            "typeform",
+		Name: "typeform",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true,
+				Note:    "404 or 410 disables the webhook at once; 429, 408, 503 and 423 are retried every 2-3 minutes for 10 hours; other failures on a back-off schedule",
+				Source:  "https://typeform.com/developers/webhooks",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 30 * time.Second, Note: "a slower answer is a failed delivery and is retried", Source: "https://typeform.com/developers/webhooks"},
+			Answer:  Answer{Note: "any 2xx", Source: "https://typeform.com/developers/webhooks"},
+			Refusal: Refusal{Note: "never 404 or 410: either disables the webhook", Source: "https://typeform.com/developers/webhooks"},
+		},
 		Doc:             "https://www.typeform.com/developers/webhooks/secure-your-webhooks/",
 		SignatureHeader: "Typeform-Signature: sha256=<base64>",
 		EventID:         ids(jsonID("event_id")),
@@ -109,7 +142,14 @@ func init() {
 	})
 	// Sentry-Hook-Timestamp is sent but not signed, so it is not checked.
 	register(Preset{
-		Name:            "sentry",
+		Name: "sentry",
+		Delivery: Delivery{
+			Timeout: Timeout{
+				Duration: time.Second,
+				Note:     "1000 timeouts within 24 hours unsubscribe the webhook (not for published partner integrations)",
+				Source:   "https://sentry.io/changelog/2023-10-3-change-to-integration-platform-webhook-handling",
+			},
+		},
 		Doc:             "https://docs.sentry.io/integrations/integration-platform/webhooks/",
 		SignatureHeader: "Sentry-Hook-Signature: <hex>",
 		EventID:         ids(headerID("Request-ID")),

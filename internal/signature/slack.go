@@ -18,6 +18,8 @@ func init() {
 			Retry:   Retry{Retries: true, Attempts: 4, Note: "3 retries: at once, after 1 minute, after 5 minutes; X-Slack-No-Retry: 1 on an error answer stops them", Source: "https://docs.slack.dev/apis/events-api/#retries"},
 			Timeout: Timeout{Duration: 3 * time.Second, Source: "https://docs.slack.dev/apis/events-api/#retries"},
 			Answer:  Answer{Note: "within 3 seconds", Source: "https://docs.slack.dev/apis/events-api/#retries"},
+			MaxBody: MaxBody{Source: Undocumented},
+			Refusal: Refusal{Source: Undocumented},
 		},
 		Doc:              "https://docs.slack.dev/authentication/verifying-requests-from-slack",
 		SignatureHeader:  "X-Slack-Signature: v0=<hex> (with X-Slack-Request-Timestamp)",

@@ -13,6 +13,8 @@ func init() {
 			Retry:   Retry{Retries: true, Note: "for 24 hours (copies of the page have also said 72 hours), then the notification is discarded", Source: "https://developer.squareup.com/docs/webhooks/troubleshooting"},
 			Timeout: Timeout{Duration: 10 * time.Second, Source: "https://developer.squareup.com/docs/webhooks/troubleshooting"},
 			Answer:  Answer{Note: "as soon as possible", Source: "https://developer.squareup.com/docs/webhooks/troubleshooting"},
+			MaxBody: MaxBody{Source: Undocumented},
+			Refusal: Refusal{Source: Undocumented},
 		},
 		Doc:             "https://developer.squareup.com/docs/webhooks/step3validate",
 		SignatureHeader: "x-square-hmacsha256-signature: <base64>",

@@ -42,6 +42,8 @@ func init() {
 			Retry:   Retry{Retries: true, For: 27*time.Hour + 35*time.Minute + 5*time.Second, Attempts: 8, Note: "at once, then after 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h; webhook-delivery: abort-message stops them", Source: "https://docs.svix.com/retries"},
 			Timeout: Timeout{Duration: 15 * time.Second, Source: "https://docs.svix.com/retries"},
 			Answer:  Answer{Note: "3xx counts as a failure", Source: "https://docs.svix.com/retries"},
+			MaxBody: MaxBody{Source: Undocumented},
+			Refusal: Refusal{Source: Undocumented},
 		},
 		Doc:              "https://docs.svix.com/receiving/verifying-payloads/how-manual",
 		SignatureHeader:  "svix-signature: v1,<base64> (with svix-id, svix-timestamp; webhook-* accepted)",

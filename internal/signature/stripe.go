@@ -12,8 +12,12 @@ func init() {
 	register(Preset{
 		Name: "stripe",
 		Delivery: Delivery{
-			Retry:  Retry{Retries: true, For: 3 * 24 * time.Hour, Note: "exponential backoff in live mode; a sandbox retries 3 times over a few hours", Source: "https://docs.stripe.com/webhooks#automatic-retries"},
-			Answer: Answer{Note: "return it before any complex logic", Source: "https://docs.stripe.com/webhooks#acknowledge-events-immediately"},
+			Retry:   Retry{Retries: true, For: 3 * 24 * time.Hour, Note: "exponential backoff in live mode; a sandbox retries 3 times over a few hours", Source: "https://docs.stripe.com/webhooks#automatic-retries"},
+			Answer:  Answer{Note: "return it before any complex logic", Source: "https://docs.stripe.com/webhooks#acknowledge-events-immediately"},
+			MaxBody: MaxBody{Source: Undocumented},
+			// "Timed out" is explained without a figure.
+			Timeout: Timeout{Source: Undocumented},
+			Refusal: Refusal{Source: Undocumented},
 		},
 		Doc:              "https://docs.stripe.com/webhooks#verify-manually",
 		SignatureHeader:  "Stripe-Signature: t=<ts>,v1=<hex>",

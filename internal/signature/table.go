@@ -165,8 +165,10 @@ error, or a status the provider does not count as success): a provider that does
 sends a refused or failed event again. "Refusal" is the status the gateway answers a delivery that
 fails verification with (` + "`refuse_status`" + `) and what the provider documents about it. "Replay stopped
 by" is what keeps a captured delivery from being accepted again under the preset's defaults: a
-signed timestamp within the tolerance, or the gateway's claim on a signed event ID or body hash
-(which lasts as long as the event's retention). "Proof": the official library whose vectors the
+signed timestamp within the tolerance (with Mailgun, whose signature does not cover the event
+data, its token spent once), or, for every preset without a signed timestamp, a replay record
+the gateway keeps for ` + "`replay_window`" + ` (400 days by default), longer than the event's row
+(` + "`retention`" + `): a replay is answered as a duplicate, never forwarded. "Proof": the official library whose vectors the
 preset passes, or *documentation only* where no official library on npm verifies the scheme.
 
 `

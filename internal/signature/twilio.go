@@ -38,6 +38,8 @@ func init() {
 			Retry:   Retry{Note: "a failed request goes to the fallback URL if one is set; connection retries only with a #rc= connection override", Source: "https://www.twilio.com/docs/errors/11205"},
 			Timeout: Timeout{Duration: 15 * time.Second, Note: "10 s to connect (two 5 s attempts) within it", Source: "https://www.twilio.com/docs/errors/11205"},
 			Answer:  Answer{Note: "TwiML for voice and messaging webhooks (the answer is read)", Source: "https://www.twilio.com/docs/usage/webhooks/getting-started-twilio-webhooks"},
+			MaxBody: MaxBody{Source: Undocumented},
+			Refusal: Refusal{Source: Undocumented},
 		},
 		Doc:             "https://www.twilio.com/docs/usage/webhooks/webhooks-security",
 		SignatureHeader: "X-Twilio-Signature: <base64>",

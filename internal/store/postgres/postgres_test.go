@@ -178,7 +178,7 @@ func TestSchemaQualifiedTable(t *testing.T) {
 	var n int
 	require.NoError(t, pool.QueryRow(ctx,
 		"SELECT count(*) FROM pg_tables WHERE schemaname = $1", schema).Scan(&n))
-	require.Equal(t, 4, n, "events table, learned secrets and their goose histories in the schema")
+	require.Equal(t, 5, n, "events table, learned secrets, enrollment windows and their goose histories in the schema")
 }
 
 func TestNewInvalidOptions(t *testing.T) {

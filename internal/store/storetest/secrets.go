@@ -4,6 +4,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -23,6 +24,14 @@ func RunSecrets(t *testing.T, newStore func(t *testing.T) store.Store, reopen fu
 		return ss
 	}
 
+	now := time.Now()
+	// learn stores secret within a window opened for the call.
+	learn := func(t *testing.T, s store.Secrets, scope, secret string, replace bool) error {
+		t.Helper()
+		require.NoError(t, s.Enroll(t.Context(), scope, now.Add(time.Minute)))
+		return s.LearnSecret(t.Context(), store.Learn{Scope: scope, Secret: secret, Replace: replace, Now: now})
+	}
+
 	t.Run("SecretNotFound", func(t *testing.T) {
 		t.Parallel()
 		s := secrets(t, newStore(t))
@@ -35,7 +44,7 @@ func RunSecrets(t *testing.T, newStore func(t *testing.T) store.Store, reopen fu
 		t.Parallel()
 		s := secrets(t, newStore(t))
 		ctx := t.Context()
-		require.NoError(t, s.SetLearnedSecret(ctx, "asana", "first", false))
+		require.NoError(t, learn(t, s, "asana", "first", false))
 		got, err := s.LearnedSecret(ctx, "asana")
 		require.NoError(t, err)
 		require.Equal(t, "asana", got.Scope)
@@ -44,19 +53,19 @@ func RunSecrets(t *testing.T, newStore func(t *testing.T) store.Store, reopen fu
 
 		// The same secret again (a repeated handshake) is accepted and
 		// keeps its time.
-		require.NoError(t, s.SetLearnedSecret(ctx, "asana", "first", false))
+		require.NoError(t, learn(t, s, "asana", "first", false))
 		again, err := s.LearnedSecret(ctx, "asana")
 		require.NoError(t, err)
 		require.Equal(t, got.LearnedAt, again.LearnedAt)
 
 		// A different one is refused without replace, and the first stays.
-		require.ErrorIs(t, s.SetLearnedSecret(ctx, "asana", "second", false), store.ErrSecretExists)
+		require.ErrorIs(t, learn(t, s, "asana", "second", false), store.ErrSecretExists)
 		got, err = s.LearnedSecret(ctx, "asana")
 		require.NoError(t, err)
 		require.Equal(t, "first", got.Secret)
 
 		// Scopes are apart.
-		require.NoError(t, s.SetLearnedSecret(ctx, "asana-2", "other", false))
+		require.NoError(t, learn(t, s, "asana-2", "other", false))
 		got, err = s.LearnedSecret(ctx, "asana")
 		require.NoError(t, err)
 		require.Equal(t, "first", got.Secret)
@@ -66,8 +75,8 @@ func RunSecrets(t *testing.T, newStore func(t *testing.T) store.Store, reopen fu
 		t.Parallel()
 		s := secrets(t, newStore(t))
 		ctx := t.Context()
-		require.NoError(t, s.SetLearnedSecret(ctx, "notion", "first", false))
-		require.NoError(t, s.SetLearnedSecret(ctx, "notion", "second", true))
+		require.NoError(t, learn(t, s, "notion", "first", false))
+		require.NoError(t, learn(t, s, "notion", "second", true))
 		got, err := s.LearnedSecret(ctx, "notion")
 		require.NoError(t, err)
 		require.Equal(t, "second", got.Secret)
@@ -75,13 +84,13 @@ func RunSecrets(t *testing.T, newStore func(t *testing.T) store.Store, reopen fu
 		require.NoError(t, s.ForgetLearnedSecret(ctx, "notion"))
 		_, err = s.LearnedSecret(ctx, "notion")
 		require.ErrorIs(t, err, store.ErrNotFound)
-		require.NoError(t, s.SetLearnedSecret(ctx, "notion", "third", false))
+		require.NoError(t, learn(t, s, "notion", "third", false))
 	})
 
 	t.Run("SecretEmptyRefused", func(t *testing.T) {
 		t.Parallel()
 		s := secrets(t, newStore(t))
-		require.Error(t, s.SetLearnedSecret(t.Context(), "asana", "", true))
+		require.Error(t, learn(t, s, "asana", "", true))
 		_, err := s.LearnedSecret(t.Context(), "asana")
 		require.ErrorIs(t, err, store.ErrNotFound)
 	})
@@ -90,6 +99,7 @@ func RunSecrets(t *testing.T, newStore func(t *testing.T) store.Store, reopen fu
 		t.Parallel()
 		s := secrets(t, newStore(t))
 		const n = 8
+		require.NoError(t, s.Enroll(t.Context(), "asana", now.Add(time.Minute)))
 		var (
 			wg  sync.WaitGroup
 			mu  sync.Mutex
@@ -98,14 +108,15 @@ func RunSecrets(t *testing.T, newStore func(t *testing.T) store.Store, reopen fu
 		for i := range n {
 			wg.Go(func() {
 				secret := string(rune('a' + i))
-				err := s.SetLearnedSecret(t.Context(), "asana", secret, false)
+				err := s.LearnSecret(t.Context(), store.Learn{Scope: "asana", Secret: secret, Now: now})
 				if err == nil {
 					mu.Lock()
 					won = append(won, secret)
 					mu.Unlock()
 					return
 				}
-				if !errors.Is(err, store.ErrSecretExists) {
+				// The winner closes the window.
+				if !errors.Is(err, store.ErrSecretExists) && !errors.Is(err, store.ErrEnrollmentClosed) {
 					t.Errorf("unexpected error: %v", err)
 				}
 			})
@@ -117,11 +128,66 @@ func RunSecrets(t *testing.T, newStore func(t *testing.T) store.Store, reopen fu
 		require.Equal(t, won[0], got.Secret)
 	})
 
+	t.Run("SecretEnrollmentWindow", func(t *testing.T) {
+		t.Parallel()
+		s := secrets(t, newStore(t))
+		ctx := t.Context()
+		at := func(d time.Duration) time.Time { return now.Add(d) }
+		learnAt := func(d time.Duration, secret string, replace bool) error {
+			return s.LearnSecret(ctx, store.Learn{Scope: "asana", Secret: secret, Replace: replace, Now: at(d), From: "192.0.2.7", By: "gw-1"})
+		}
+		// Nothing opened: refused.
+		require.ErrorIs(t, learnAt(0, "early", false), store.ErrEnrollmentClosed)
+		// The first load opens a window of 10m.
+		require.NoError(t, s.RouteLoaded(ctx, "asana", at(0), 10*time.Minute))
+		require.ErrorIs(t, learnAt(11*time.Minute, "late", false), store.ErrEnrollmentClosed)
+		require.NoError(t, learnAt(time.Minute, "real", false))
+		got, err := s.LearnedSecret(ctx, "asana")
+		require.NoError(t, err)
+		require.Equal(t, store.LearnedSecret{Scope: "asana", Secret: "real", LearnedAt: got.LearnedAt, From: "192.0.2.7", By: "gw-1"}, got)
+		// Learning closed the window: even replace is refused now; the
+		// same secret again is accepted.
+		require.ErrorIs(t, learnAt(2*time.Minute, "planted", true), store.ErrEnrollmentClosed)
+		require.NoError(t, learnAt(time.Hour, "real", false))
+		// A later load opens nothing, even once the secret is forgotten.
+		require.NoError(t, s.ForgetLearnedSecret(ctx, "asana"))
+		require.NoError(t, s.RouteLoaded(ctx, "asana", at(time.Hour), 10*time.Minute))
+		require.ErrorIs(t, learnAt(time.Hour+time.Minute, "planted", false), store.ErrEnrollmentClosed)
+		// The operator opens one.
+		require.NoError(t, s.Enroll(ctx, "asana", at(time.Hour+10*time.Minute)))
+		require.NoError(t, learnAt(time.Hour+time.Minute, "again", false))
+
+		list, err := s.LearnedSecrets(ctx)
+		require.NoError(t, err)
+		require.Len(t, list, 1)
+		require.Equal(t, "again", list[0].Secret)
+		require.Equal(t, at(0).UnixMilli(), list[0].FirstLoadedAt.UnixMilli())
+		require.Equal(t, at(time.Hour+time.Minute).UnixMilli(), list[0].EnrollUntil.UnixMilli(), "closed when learned")
+	})
+
+	t.Run("SecretEnrollmentListsScopesWithoutSecret", func(t *testing.T) {
+		t.Parallel()
+		s := secrets(t, newStore(t))
+		ctx := t.Context()
+		require.NoError(t, s.RouteLoaded(ctx, "notion", now, 0))
+		require.ErrorIs(t, s.LearnSecret(ctx, store.Learn{Scope: "notion", Secret: "x", Now: now}), store.ErrEnrollmentClosed)
+		require.NoError(t, s.RouteLoaded(ctx, "asana", now, time.Minute))
+		list, err := s.LearnedSecrets(ctx)
+		require.NoError(t, err)
+		require.Len(t, list, 2)
+		require.Equal(t, "asana", list[0].Scope)
+		require.Empty(t, list[0].Secret)
+		require.Equal(t, now.Add(time.Minute).UnixMilli(), list[0].EnrollUntil.UnixMilli())
+		require.Equal(t, "notion", list[1].Scope)
+		require.True(t, list[1].EnrollUntil.IsZero())
+		require.Equal(t, now.UnixMilli(), list[1].FirstLoadedAt.UnixMilli())
+	})
+
 	if reopen != nil {
 		t.Run("SecretSurvivesReopen", func(t *testing.T) {
 			t.Parallel()
 			first := newStore(t)
-			require.NoError(t, secrets(t, first).SetLearnedSecret(t.Context(), "asana", "kept", false))
+			require.NoError(t, learn(t, secrets(t, first), "asana", "kept", false))
 			second := secrets(t, reopen(t, first))
 			got, err := second.LearnedSecret(t.Context(), "asana")
 			require.NoError(t, err)

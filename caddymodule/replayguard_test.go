@@ -1,0 +1,234 @@
+package caddymodule
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
+)
+
+// mailgunDelivery signs body as Mailgun does at ts (the signature object
+// written into the body).
+func mailgunDelivery(t *testing.T, secret string, body []byte, ts time.Time) []byte {
+	t.Helper()
+	out, err := signature.SignDelivery("mailgun", signature.Options{Secrets: []string{secret}}, body, http.Header{}, ts)
+	require.NoError(t, err)
+	return out
+}
+
+func mailgunRequest(body []byte) *http.Request {
+	return newDelivery("http://gateway.test/mailgun", body, "Content-Type", "application/json")
+}
+
+// Issue 22, item 4 (a): Mailgun signs only timestamp + token, not the event
+// data. A genuine signature block pasted onto forged event data with new IDs,
+// 20 s later, twice, used to be forwarded both times; the token is now
+// remembered (scope "<scope>#once") and its reuse with another body refused
+// 400. The genuine delivery sent again is a duplicate, not a refusal, and
+// Mailgun's next delivery (a new token) is forwarded.
+func TestIssue22_MailgunTokenReuseRefused(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, backend gatewayOption) {
+		const secret = "key-mailgun-22"
+		scope := uniqueScope("mailgun")
+		g := newGateway(t, `webhook_idempotency {
+			provider mailgun
+			secret `+secret+`
+			scope `+scope+`
+			cache 0
+		}`, backend)
+
+		genuine := mailgunDelivery(t, secret, []byte(`{"event-data":{"id":"evt-genuine","event":"delivered","recipient":"a@example.com"}}`), g.clock.Now())
+		requireRelayed(t, g.serve(mailgunRequest(genuine)))
+		token := gjson.GetBytes(genuine, "signature.token").Str
+		require.NotEmpty(t, token)
+		g.requireRow(scope+"#once", token, store.StateCompleted)
+
+		// The attacker: the genuine signature object on forged event data
+		// with new IDs, 20 s later, twice.
+		g.clock.Advance(20 * time.Second)
+		for i, id := range []string{"evt-forged-1", "evt-forged-2"} {
+			forged, err := sjson.SetBytes(genuine, "event-data", map[string]string{"id": id, "event": "unsubscribed", "recipient": "ceo@example.com"})
+			require.NoError(t, err)
+			requireRefused(t, g.serve(mailgunRequest(forged)), http.StatusBadRequest, "signature token already used")
+			require.Equal(t, 1, g.up.count(), "upstream calls after forgery %d", i+1)
+			g.requireNoRow(scope, id)
+		}
+		require.Equal(t, 2.0, g.outcomes(outcomeInvalidSignature))
+
+		// The same event data with the same token, signed again with a new
+		// timestamp (a resend), is no forgery: it reaches the event's claim.
+		ts2 := strconv.FormatInt(g.clock.Now().Unix(), 10)
+		resent, err := sjson.SetBytes(genuine, "signature.timestamp", ts2)
+		require.NoError(t, err)
+		resent, err = sjson.SetBytes(resent, "signature.signature", hexOf(mac256([]byte(secret), []byte(ts2), []byte(token))))
+		require.NoError(t, err)
+		requireDuplicate(t, g.serve(mailgunRequest(resent)))
+
+		// The legitimate ones: the genuine delivery again is a duplicate;
+		// Mailgun's next delivery carries a new token and is forwarded.
+		requireDuplicate(t, g.serve(mailgunRequest(genuine)))
+		next := mailgunDelivery(t, secret, []byte(`{"event-data":{"id":"evt-next","event":"opened"}}`), g.clock.Now())
+		requireRelayed(t, g.serve(mailgunRequest(next)))
+		require.Equal(t, 2, g.up.count(), "upstream calls")
+		g.requireRow(scope, "evt-genuine", store.StateCompleted)
+		g.requireRow(scope, "evt-next", store.StateCompleted)
+
+		// Tokens are kept for twice the tolerance (and a minute): by then
+		// the signed timestamp is refused on its own.
+		ctx := context.Background()
+		_, err = g.h.sweeper.Once(ctx, g.clock.Now().Add(5*time.Minute))
+		require.NoError(t, err)
+		g.requireRow(scope+"#once", token, store.StateCompleted)
+		_, err = g.h.sweeper.Once(ctx, g.clock.Now().Add(12*time.Minute))
+		require.NoError(t, err)
+		g.requireNoRow(scope+"#once", token)
+		g.clock.Advance(12 * time.Minute)
+		forged, err := sjson.SetBytes(genuine, "event-data.id", "evt-forged-3")
+		require.NoError(t, err)
+		requireRefused(t, g.serve(mailgunRequest(forged)), http.StatusBadRequest, "timestamp outside tolerance")
+		require.Equal(t, 2, g.up.count())
+	})
+}
+
+// intercomDelivery signs body as Intercom does (X-Hub-Signature, HMAC-SHA1
+// of the body; no timestamp).
+func intercomDelivery(secret string, body []byte) *http.Request {
+	return newDelivery("http://gateway.test/intercom", body,
+		"Content-Type", "application/json",
+		"X-Hub-Signature", "sha1="+hexOf(mac1([]byte(secret), body)))
+}
+
+// Issue 22, item 4 (b): Intercom signs no timestamp and has dedupe_body off.
+// A captured delivery replayed after retention deleted its event row used to
+// be forwarded again; every preset without a signed timestamp now keeps a
+// replay record (the hash of the event ID and the body) for replay_window,
+// so the replay is answered as a duplicate.
+func TestIssue22_ReplayAfterRetentionWithoutDedupeBody(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, backend gatewayOption) {
+		const secret = "intercom_22"
+		scope := uniqueScope("intercom")
+		g := newGateway(t, `webhook_idempotency {
+			provider intercom
+			secret `+secret+`
+			scope `+scope+`
+			retention 3d
+			cache 0
+		}`, backend)
+		require.False(t, g.h.dedupeBody, "intercom has dedupe_body off")
+		body := []byte(`{"type":"notification_event","id":"notif_22","topic":"conversation.user.created"}`)
+		record := deliveryKey("notif_22", body)
+
+		requireRelayed(t, g.serve(intercomDelivery(secret, body)))
+		g.requireRow(scope+"#body", record, store.StateCompleted)
+		start := time.Now()
+
+		// Past retention the event row goes, the replay record stays.
+		ctx := context.Background()
+		_, err := g.h.sweeper.Once(ctx, start.Add(3*24*time.Hour+time.Hour))
+		require.NoError(t, err)
+		g.requireNoRow(scope, "notif_22")
+		g.requireRow(scope+"#body", record, store.StateCompleted)
+
+		// The attacker replays the captured delivery, twice.
+		requireDuplicate(t, g.serve(intercomDelivery(secret, body)))
+		requireDuplicate(t, g.serve(intercomDelivery(secret, body)))
+		require.Equal(t, 1, g.up.count(), "upstream calls")
+		require.Equal(t, 2.0, g.outcomes(outcomeBodyReplay))
+
+		// The legitimate ones: a new event is forwarded.
+		other := []byte(`{"type":"notification_event","id":"notif_23","topic":"conversation.user.created"}`)
+		requireRelayed(t, g.serve(intercomDelivery(secret, other)))
+		require.Equal(t, 2, g.up.count())
+
+		// replay_window (400 days by default) ends the record.
+		_, err = g.h.sweeper.Once(ctx, start.Add(401*24*time.Hour))
+		require.NoError(t, err)
+		g.requireNoRow(scope+"#body", record)
+	})
+}
+
+// With dedupe_body off written explicitly (github), the record is the
+// delivery's (event ID and body): the captured delivery replayed after
+// retention is a duplicate; the same body under another ID is forwarded, as
+// dedupe_body off asks.
+func TestIssue22_ReplayRecordWithDedupeBodyOff(t *testing.T) {
+	t.Parallel()
+	const secret = "gh_22"
+	scope := uniqueScope("gh")
+	g := newGateway(t, `webhook_idempotency {
+		provider github
+		secret `+secret+`
+		scope `+scope+`
+		dedupe_body off
+		retention 3d
+		cache 0
+	}`)
+	body := []byte(`{"action":"opened","number":22}`)
+	requireRelayed(t, g.serve(githubDelivery(secret, body, "guid-22")))
+	g.requireRow(scope+"#body", deliveryKey("guid-22", body), store.StateCompleted)
+	_, err := g.h.sweeper.Once(context.Background(), time.Now().Add(4*24*time.Hour))
+	require.NoError(t, err)
+	g.requireNoRow(scope, "guid-22")
+
+	requireDuplicate(t, g.serve(githubDelivery(secret, body, "guid-22")))
+	require.Equal(t, 1, g.up.count())
+	requireRelayed(t, g.serve(githubDelivery(secret, body, "guid-23")))
+	require.Equal(t, 2, g.up.count())
+}
+
+// Adyen signs each item and no timestamp, and its deliveries are split
+// (batch split): each forwarded item claims its own replay record, so a
+// captured delivery replayed after retention forwards none of its items.
+func TestIssue22_ReplayAfterRetentionBatchSplit(t *testing.T) {
+	t.Parallel()
+	secret := randomHex(32)
+	scope := uniqueScope("adyen")
+	g := newGateway(t, `webhook_idempotency {
+		provider adyen
+		secret `+secret+`
+		scope `+scope+`
+		retention 3d
+		cache 0
+	}`)
+	unsigned := []byte(`{"live":"false","notificationItems":[` +
+		`{"NotificationRequestItem":{"additionalData":{},"amount":{"currency":"EUR","value":1000},"eventCode":"AUTHORISATION","eventDate":"2025-12-01T00:00:00+01:00","merchantAccountCode":"TestMerchant","merchantReference":"order-1","paymentMethod":"visa","pspReference":"PSP22A","reason":"","success":"true"}},` +
+		`{"NotificationRequestItem":{"additionalData":{},"amount":{"currency":"EUR","value":2500},"eventCode":"AUTHORISATION","eventDate":"2025-12-01T00:00:01+01:00","merchantAccountCode":"TestMerchant","merchantReference":"order-2","paymentMethod":"mc","pspReference":"PSP22B","reason":"","success":"true"}}]}`)
+	h := http.Header{}
+	body, err := signature.SignDelivery("adyen", signature.Options{Secrets: []string{secret}}, unsigned, h, time.Now())
+	require.NoError(t, err)
+	deliver := func() answer {
+		req := newDelivery("http://gateway.test/adyen", body, "Content-Type", "application/json")
+		return g.serve(req)
+	}
+	a := deliver()
+	require.Equal(t, http.StatusOK, a.status, "body %s", a.body)
+	require.Equal(t, 2, g.up.count())
+	records := 0
+	for _, e := range g.rows() {
+		if e.Scope == scope+"#body" {
+			records++
+		}
+	}
+	require.Equal(t, 2, records, "one replay record per item")
+
+	_, err = g.h.sweeper.Once(context.Background(), time.Now().Add(4*24*time.Hour))
+	require.NoError(t, err)
+	require.Len(t, g.rows(), 2, "the items' event rows are gone, their records stay")
+
+	// The captured delivery, replayed twice: no item is forwarded again.
+	for range 2 {
+		a = deliver()
+		require.Equal(t, http.StatusOK, a.status, "body %s", a.body)
+	}
+	require.Equal(t, 2, g.up.count(), "upstream calls")
+}

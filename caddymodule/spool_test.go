@@ -1,0 +1,141 @@
+package caddymodule
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/stretchr/testify/require"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/spool"
+)
+
+// prepared parses a webhook_idempotency block and applies its defaults
+// and checks (no I/O).
+func prepared(t *testing.T, lines string) (*Handler, error) {
+	t.Helper()
+	h := new(Handler)
+	require.NoError(t, h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("webhook_idempotency {\n"+lines+"}")))
+	return h, h.prepareConfig()
+}
+
+// The spool is on by default where the provider does not redeliver a
+// failed delivery on its own (the preset's delivery facts: GitHub), off
+// where it does (Stripe); spool on|off|<dir> overrides it; routes it does
+// not apply to default to off.
+func TestSpoolDefaults(t *testing.T) {
+	t.Setenv("SPOOL_TEST_DIR", "/srv/spool/from-env")
+	def := func(scope string) string {
+		return filepath.Join(caddy.AppDataDir(), "webhook_idempotency", "spool", scope)
+	}
+	async := "mode async\ndeliver_to http://127.0.0.1:9\nstorage postgres postgres://u@127.0.0.1/db\n"
+	for _, tc := range []struct{ name, lines, want string }{
+		{"github: on", "provider github\nsecret s\n", def("github")},
+		{"github, its scope", "provider github\nsecret s\nscope gh-main\n", def("gh-main")},
+		{"stripe: off", "provider stripe\nsecret s\n", ""},
+		{"github spool off", "provider github\nsecret s\nspool off\n", ""},
+		{"stripe spool on", "provider stripe\nsecret s\nspool on\n", def("stripe")},
+		{"a directory", "provider stripe\nsecret s\nspool /var/spool/stripe\n", "/var/spool/stripe"},
+		{"a placeholder", "provider stripe\nsecret s\nspool {env.SPOOL_TEST_DIR}\n", "/srv/spool/from-env"},
+		{"github async: off", "provider github\nsecret s\n" + async, ""},
+		{"idempotency_key: off", "provider idempotency_key\n", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, err := prepared(t, tc.lines)
+			require.NoError(t, err)
+			require.Equal(t, tc.want, h.spoolDir)
+			require.EqualValues(t, defaultSpoolMax, h.SpoolMax)
+		})
+	}
+}
+
+// Spool settings that cannot work are refused at load, saying what to
+// write instead; a bad size is a Caddyfile error.
+func TestSpoolRefusedConfigs(t *testing.T) {
+	async := "mode async\ndeliver_to http://127.0.0.1:9\nstorage postgres postgres://u@127.0.0.1/db\n"
+	for _, tc := range []struct{ name, lines, want string }{
+		{"relative directory", "provider github\nsecret s\nspool spool/here\n", "absolute directory"},
+		{"async", "provider github\nsecret s\nspool on\n" + async, "only with mode sync"},
+		{"idempotency_key", "provider idempotency_key\nspool on\n", "not with provider idempotency_key"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := prepared(t, tc.lines)
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
+	for _, bad := range []string{"spool_max 0\n", "spool_max lots\n", "spool\n", "spool a b\n"} {
+		h := new(Handler)
+		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("webhook_idempotency {\nprovider github\nsecret s\n" + bad + "}"))
+		require.Error(t, err, bad)
+	}
+	h, err := prepared(t, "provider github\nsecret s\nspool_max 2GB\n")
+	require.NoError(t, err)
+	require.EqualValues(t, 2_000_000_000, h.SpoolMax)
+}
+
+// provisionSpooled provisions a GitHub route on an SQLite store in dir
+// with the given spool lines.
+func provisionSpooled(t *testing.T, ctx caddy.Context, dir, lines string) (*Handler, error) {
+	t.Helper()
+	h := new(Handler)
+	require.NoError(t, h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("webhook_idempotency {\nprovider github\nsecret s\nstorage sqlite "+
+		filepath.Join(dir, "events.db")+"\n"+lines+"}")))
+	err := h.Provision(ctx)
+	if err != nil {
+		_ = h.Cleanup()
+	}
+	return h, err
+}
+
+// Routes naming one spool directory share one open spool, which survives
+// a config reload (the new config provisions before the old one is
+// cleaned up); they must agree on spool_max. A directory another process
+// holds, or one that others can read, is refused with what to write.
+func TestSpoolProvision(t *testing.T) {
+	base := t.TempDir()
+	dir := filepath.Join(base, "spool")
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+
+	a, err := provisionSpooled(t, ctx, base, "spool "+dir+"\n")
+	require.NoError(t, err)
+	reload, err := provisionSpooled(t, ctx, base, "spool "+dir+"\n")
+	require.NoError(t, err)
+	require.Same(t, a.spooler.sp, reload.spooler.sp, "one spool per directory")
+	require.Equal(t, os.FileMode(0o700), mustMode(t, dir))
+
+	_, err = provisionSpooled(t, ctx, base, "spool "+dir+"\nspool_max 10MB\n")
+	require.ErrorContains(t, err, "must agree")
+
+	require.NoError(t, a.Cleanup())
+	_, used := spools.References(dir)
+	require.True(t, used, "the reloaded route still holds it")
+	require.NoError(t, reload.Cleanup())
+	_, used = spools.References(dir)
+	require.False(t, used, "closed with its last route")
+
+	// Another holder of the directory (here: this process, on another
+	// file description, as a second Caddy process would).
+	other, err := spool.Open(spool.Options{Dir: dir})
+	require.NoError(t, err)
+	_, err = provisionSpooled(t, ctx, base, "spool "+dir+"\n")
+	require.ErrorContains(t, err, "in use by another process")
+	require.ErrorContains(t, err, "spool off")
+	require.NoError(t, other.Close())
+
+	open := filepath.Join(base, "open")
+	require.NoError(t, os.Mkdir(open, 0o755))
+	require.NoError(t, os.Chmod(open, 0o755))
+	_, err = provisionSpooled(t, ctx, base, "spool "+open+"\n")
+	require.ErrorContains(t, err, "chmod 700")
+}
+
+func mustMode(t *testing.T, path string) os.FileMode {
+	t.Helper()
+	fi, err := os.Stat(path)
+	require.NoError(t, err)
+	return fi.Mode().Perm()
+}
