@@ -51,7 +51,9 @@ func TestShutdownSettlesCutForward(t *testing.T) {
 			require.True(t, ok)
 			require.Equal(t, 1, row.Ambiguous, "the cut forward counts as an ambiguous ending")
 			require.Equal(t, 1, logCount(a, `"msg":"forward ended with no known outcome`), "one warning for the cut forward")
-			require.Equal(t, 2, logCount(a, "Caddy stopped past its grace period while the forward ran"), "its warning and delivery line say why")
+			// The warning says why; the delivery line repeats it when the
+			// answer was written before Caddy closed the connection.
+			require.GreaterOrEqual(t, logCount(a, "Caddy stopped past its grace period while the forward ran"), 1, "its warning says why")
 
 			restarted := b.gateway("a2", "", extra...)
 			r2 := b.deliver(restarted, id)
