@@ -86,7 +86,7 @@ func init() {
 		},
 		MaxBody: MaxBody{Source: Undocumented},
 		Timeout: Timeout{Duration: 10 * time.Second, Note: "answering within 2 s is recommended; the limit may be lowered", Source: "https://docs.polar.sh/integrate/webhooks/delivery#delivery-timeouts"},
-		Answer:  Answer{Note: "any 2xx; a redirect is a failure, not followed", Source: "https://docs.polar.sh/integrate/webhooks/delivery#endpoint-disabling"},
+		Answer:  Answer{Note: "a redirect is a failure, not followed", Source: "https://docs.polar.sh/integrate/webhooks/delivery#endpoint-disabling"},
 		Refusal: Refusal{Note: "a failure like any non-2xx: retried, and counted towards disabling the endpoint", Source: "https://docs.polar.sh/integrate/webhooks/delivery#endpoint-disabling"},
 	}
 	register(polar)

@@ -19,7 +19,7 @@ func init() {
 			Retry:   Retry{Retries: true, Attempts: 2, Note: "at most one retry; a 4xx answer is not retried; delivery is best effort, at least once", Source: "https://developer.okta.com/docs/concepts/event-hooks/#timeout-and-retry"},
 			MaxBody: MaxBody{Source: Undocumented},
 			Timeout: Timeout{Duration: 3 * time.Second, Source: "https://developer.okta.com/docs/concepts/event-hooks/#timeout-and-retry"},
-			Answer:  Answer{Note: "200 or 204 with an empty body, at once, before processing", Source: "https://developer.okta.com/docs/concepts/event-hooks/#your-service-s-responses-to-event-delivery-requests"},
+			Answer:  Answer{Note: "Okta asks for 200 or 204 with an empty body, at once, before processing", Source: "https://developer.okta.com/docs/concepts/event-hooks/#your-service-s-responses-to-event-delivery-requests"},
 			Refusal: Refusal{Note: "a 4xx is not retried: the events are lost to the receiver", Source: "https://developer.okta.com/docs/concepts/event-hooks/#timeout-and-retry"},
 		},
 		Doc:                "https://developer.okta.com/docs/concepts/event-hooks/",
@@ -61,7 +61,7 @@ func init() {
 		},
 		MaxBody: MaxBody{Source: Undocumented},
 		Timeout: Timeout{Duration: 15 * time.Second, Note: "Svix's limit", Source: "https://docs.svix.com/retries"},
-		Answer:  Answer{Note: "any 2xx; 3xx counts as a failure (Svix)", Source: "https://docs.svix.com/retries"},
+		Answer:  Answer{Note: "3xx counts as a failure (Svix)", Source: "https://docs.svix.com/retries"},
 		Refusal: Refusal{Source: Undocumented},
 	}
 	register(clerk)

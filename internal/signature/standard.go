@@ -35,7 +35,7 @@ func init() {
 			},
 			MaxBody: MaxBody{Note: "no limit; payloads are recommended to stay under 20 kB", Source: "https://github.com/standard-webhooks/standard-webhooks/blob/main/spec/standard-webhooks.md#payload-size"},
 			Timeout: Timeout{Duration: 15 * time.Second, Note: "recommended between 15 and 30 s", Source: "https://github.com/standard-webhooks/standard-webhooks/blob/main/spec/standard-webhooks.md#request-timeouts"},
-			Answer:  Answer{Note: "any 2xx; 3xx is a failure (redirects not followed)", Source: "https://github.com/standard-webhooks/standard-webhooks/blob/main/spec/standard-webhooks.md#delivery-success-and-failure"},
+			Answer:  Answer{Note: "3xx is a failure (redirects not followed)", Source: "https://github.com/standard-webhooks/standard-webhooks/blob/main/spec/standard-webhooks.md#delivery-success-and-failure"},
 			Refusal: Refusal{Note: "a failure like any non-2xx; 410 Gone disables the endpoint, 429, 502 and 504 throttle", Source: "https://github.com/standard-webhooks/standard-webhooks/blob/main/spec/standard-webhooks.md#delivery-success-and-failure"},
 		},
 		Doc:              "https://github.com/standard-webhooks/standard-webhooks/blob/main/spec/standard-webhooks.md",
