@@ -37,7 +37,7 @@ func TestSpoolDefaults(t *testing.T) {
 		{"github, its scope", "provider github\nsecret s\nscope gh-main\n", def("gh-main")},
 		{"stripe: off", "provider stripe\nsecret s\n", ""},
 		{"standard: off (the specification recommends retries)", "provider standard\nsecret whsec_c2VjcmV0\n", ""},
-		{"okta: off (one retry)", "provider okta\nsecret s\n", ""},
+		{"okta: on (one retry cannot outlast an outage)", "provider okta\nsecret s\n", def("okta")},
 		{"hmac: on (generic, undocumented)", "provider hmac\nsecret s\nevent_id json id\nhmac {\nheader X-Signature\n}\n", def("hmac")},
 		{"gitea: on (no retry documented)", "provider gitea\nsecret s\n", def("gitea")},
 		{"github spool off", "provider github\nsecret s\nspool off\n", ""},
