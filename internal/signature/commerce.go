@@ -90,7 +90,7 @@ func init() {
 		Name: "checkout",
 		Delivery: Delivery{
 			Retry: Retry{
-				Retries: true, Attempts: 8,
+				Retries: true, For: 15*time.Hour + 50*time.Minute, Attempts: 8,
 				Note:   "best-effort retries after 5 min, 15 min, 30 min, 1 h, 2 h, 4 h and 8 h, then an email; an event type that keeps failing is unsubscribed from the endpoint",
 				Source: "https://checkoutdocs.readme.io/docs/webhooks",
 			},

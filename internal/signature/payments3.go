@@ -65,7 +65,7 @@ func init() {
 		EventID:          ids(jsonID("id")),
 		Delivery: Delivery{
 			Retry: Retry{
-				Retries: true, Attempts: 11,
+				Retries: true, For: 91 * time.Hour, Attempts: 11,
 				Note:   "any non-2xx; up to 10 retries, the n-th after about 10+n·2^(n+5) s, in creation order",
 				Source: "https://docs.recurly.com/recurly-subscriptions/v2021-02-25/docs/automatic-retries",
 			},
@@ -190,8 +190,8 @@ func init() {
 		Name: "xendit",
 		Delivery: Delivery{
 			Retry: Retry{
-				Retries: true, Attempts: 7,
-				Note:   "up to 6 retries with exponential back-off, the first 15 min and the second 1 h after the original",
+				Retries: true, For: time.Hour, Attempts: 7,
+				Note:   "up to 6 retries with exponential back-off, the first 15 min and the second 1 h after the original (For: at least that hour)",
 				Source: "https://docs.xendit.co/webhook/delivery-attempts-and-retries/",
 			},
 			Answer: Answer{Note: "any 2xx", Source: "https://docs.xendit.co/webhook/delivery-attempts-and-retries/"},

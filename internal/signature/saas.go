@@ -15,7 +15,7 @@ func init() {
 		Name: "linear",
 		Delivery: Delivery{
 			Retry: Retry{
-				Retries: true, Attempts: 4,
+				Retries: true, For: 6 * time.Hour, Attempts: 4,
 				Note:   "at most 3 retries: after 1 minute, 1 hour and 6 hours",
 				Source: "https://developers.linear.app/docs/graphql/webhooks",
 			},
@@ -73,9 +73,9 @@ func init() {
 		Name: "typeform",
 		Delivery: Delivery{
 			Retry: Retry{
-				Retries: true,
-				Note:    "404 or 410 disables the webhook at once; 429, 408, 503 and 423 are retried every 2-3 minutes for 10 hours; other failures on a back-off schedule",
-				Source:  "https://typeform.com/developers/webhooks",
+				Retries: true, For: 10 * time.Hour,
+				Note:   "404 or 410 disables the webhook at once; 429, 408, 503 and 423 are retried every 2-3 minutes for 10 hours; other failures on a back-off schedule",
+				Source: "https://typeform.com/developers/webhooks",
 			},
 			MaxBody: MaxBody{Source: Undocumented},
 			Timeout: Timeout{Duration: 30 * time.Second, Note: "a slower answer is a failed delivery and is retried", Source: "https://typeform.com/developers/webhooks"},
