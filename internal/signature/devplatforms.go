@@ -21,7 +21,11 @@ func init() {
 	register(Preset{
 		Name: "heroku",
 		Delivery: Delivery{
-			Retry: Retry{Retries: true, For: 72 * time.Hour, Source: "https://devcenter.heroku.com/changelog-items/1966"},
+			Retry: Retry{
+				Retries: true, For: 72 * time.Hour,
+				Note:   "subscriptions of level sync (level notify makes one attempt); once a webhook has failed for 72 hours, older events get one attempt",
+				Source: "https://devcenter.heroku.com/changelog-items/2525",
+			},
 		},
 		Doc:             "https://devcenter.heroku.com/articles/app-webhooks#securing-webhook-requests",
 		SignatureHeader: "Heroku-Webhook-Hmac-SHA256: <base64>",
