@@ -77,7 +77,19 @@ func init() {
 	// Polar follows Standard Webhooks but keys the HMAC with the bytes of
 	// the secret as displayed (its SDK base64-encodes it before handing it
 	// to the standardwebhooks library, in validateEvent).
-	register(standardBased("polar", "https://docs.polar.sh/integrate/webhooks/delivery", "raw", "@polar-sh/sdk"))
+	polar := standardBased("polar", "https://docs.polar.sh/integrate/webhooks/delivery", "raw", "@polar-sh/sdk")
+	polar.Delivery = Delivery{
+		Retry: Retry{
+			Retries: true, Attempts: 11,
+			Note:   "up to 10 retries with exponential back-off; 10 consecutive failed deliveries disable the endpoint",
+			Source: "https://docs.polar.sh/integrate/webhooks/delivery#delivery-retries",
+		},
+		MaxBody: MaxBody{Source: Undocumented},
+		Timeout: Timeout{Duration: 10 * time.Second, Note: "answering within 2 s is recommended; the limit may be lowered", Source: "https://docs.polar.sh/integrate/webhooks/delivery#delivery-timeouts"},
+		Answer:  Answer{Note: "a redirect is a failure, not followed", Source: "https://docs.polar.sh/integrate/webhooks/delivery#endpoint-disabling"},
+		Refusal: Refusal{Note: "a failure like any non-2xx: retried, and counted towards disabling the endpoint", Source: "https://docs.polar.sh/integrate/webhooks/delivery#endpoint-disabling"},
+	}
+	register(polar)
 	register(Preset{
 		Name:            "alchemy",
 		Doc:             "https://www.alchemy.com/docs/reference/notify-api-quickstart#webhook-signature--security",

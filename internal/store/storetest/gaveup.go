@@ -17,18 +17,33 @@ import (
 // context ends during the read) although the claim committed.
 type lateDriver struct {
 	store.Driver
-	committed chan struct{} // one send per ClaimRow, once it committed
-	answer    chan struct{} // one receive per ClaimRow
+	committed chan struct{} // one send per claim statement, once it ran
+	answer    chan struct{} // one receive per claim statement
 }
 
-func (d lateDriver) ClaimRow(ctx context.Context, a store.ClaimArgs) (store.ClaimedRow, error) {
-	row, err := d.Driver.ClaimRow(ctx, a)
-	d.committed <- struct{}{}
-	<-d.answer
-	if err == nil && ctx.Err() != nil {
-		return store.ClaimedRow{}, ctx.Err()
+func (d lateDriver) QueryStmt(ctx context.Context, stmt store.Stmt, args ...any) store.Row {
+	row := d.Driver.QueryStmt(ctx, stmt, args...)
+	if stmt != store.StmtClaim {
+		return row
 	}
-	return row, err
+	return lateRow{Row: row, ctx: ctx, d: d}
+}
+
+// lateRow is the claim statement's row: run when scanned.
+type lateRow struct {
+	store.Row
+	ctx context.Context //nolint:containedctx // the statement's, judged when its answer is let through
+	d   lateDriver
+}
+
+func (r lateRow) Scan(dest ...any) error {
+	err := r.Row.Scan(dest...)
+	r.d.committed <- struct{}{}
+	<-r.d.answer
+	if err == nil && r.ctx.Err() != nil {
+		return r.ctx.Err()
+	}
+	return err
 }
 
 // RunGaveUp checks the one-statement claim path (store.NewRules over d,
