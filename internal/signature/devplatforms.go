@@ -140,7 +140,18 @@ func init() {
 	})
 	// Mux: "t=<ts>,v1=<hex>" over "<t>.<body>"; @mux/mux-node allows 300 s.
 	register(Preset{
-		Name:             "mux",
+		Name: "mux",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 24 * time.Hour,
+				Note:   "anything but a 2xx is tried again for the next 24 hours with an increasing delay; duplicates may come even after a 2xx",
+				Source: "https://docs.mux.com/guides/system/listen-for-webhooks",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 5 * time.Second, Note: "a slower attempt fails and is tried again", Source: "https://docs.mux.com/docs/webhooks"},
+			Answer:  Answer{Source: "https://docs.mux.com/guides/system/listen-for-webhooks"},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:              "https://www.mux.com/docs/core/verify-webhook-signatures",
 		SignatureHeader:  "Mux-Signature: t=<ts>,v1=<hex>",
 		DefaultTolerance: 5 * time.Minute,

@@ -67,7 +67,19 @@ func init() {
 	register(clerk)
 	// WorkOS: "t=<ms>, v1=<hex>" over "<t>.<body>"; its SDK allows 180 s.
 	register(Preset{
-		Name:             "workos",
+		Name: "workos",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 3 * 24 * time.Hour,
+				Note:   "anything but a 2xx is retried with exponential back-off for up to 3 days in production; other environments retry for several minutes",
+				Source: "https://workos.com/docs/webhooks",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			// Slow answers "may cause requests to timeout": no figure.
+			Timeout: Timeout{Source: Undocumented},
+			Answer:  Answer{Note: "200 OK as quickly as possible, processing afterwards", Source: "https://workos.com/docs/webhooks"},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:              "https://workos.com/docs/events/data-syncing/webhooks",
 		SignatureHeader:  "WorkOS-Signature: t=<ms>, v1=<hex>",
 		Oracle:           "@workos-inc/node",
@@ -86,8 +98,15 @@ func init() {
 	register(Preset{
 		Name: "persona",
 		Delivery: Delivery{
-			Retry:  Retry{Retries: true, Note: "each delivery carries Persona-Webhook-Attempts-Made, -Attempts-Left and -First-Attempted-At", Source: "https://docs.withpersona.com/api-reference/webhooks/webhooks-account-events/webhook-account-created"},
-			Answer: Answer{Status: 200, Source: "https://docs.withpersona.com/api-reference/webhooks/webhooks-account-events/webhook-account-created"},
+			Retry: Retry{
+				Retries: true, For: 258 * time.Second, Attempts: 5,
+				Note:   "exponential back-off: attempts at 0, 3, 18, 83 and 258 s; each carries Persona-Webhook-Attempts-Made, -Attempts-Left and -First-Attempted-At",
+				Source: "https://docs.withpersona.com/docs/best-practices",
+			},
+			Answer:  Answer{Status: 200, Source: "https://docs.withpersona.com/api-reference/webhooks/webhooks-account-events/webhook-account-created"},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Source: Undocumented},
+			Refusal: Refusal{Source: Undocumented},
 		},
 		Doc:              "https://docs.withpersona.com/docs/webhooks-best-practices#checking-signatures",
 		SignatureHeader:  "Persona-Signature: t=<ts>,v1=<hex>",

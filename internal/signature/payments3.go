@@ -34,7 +34,20 @@ func init() {
 	// two X-Mollie-Signature headers for 24 hours; mollieHeaders joins
 	// them so either may match (mollie-api-typescript accepts a list).
 	register(Preset{
-		Name:            "mollie",
+		Name: "mollie",
+		Delivery: Delivery{
+			// The next-gen page refers to the retry schema of Mollie's
+			// webhook overview.
+			Retry: Retry{
+				Retries: true, For: 26 * time.Hour, Attempts: 10,
+				Note:   "anything but 200 or an answer later than 15 s is tried again after 1, 2, 4, 8, 16, 29 min, 1, 2 and 22 h",
+				Source: "https://docs.mollie.com/overview/webhooks#retry-schema",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 15 * time.Second, Source: "https://docs.mollie.com/reference/webhooks-new"},
+			Answer:  Answer{Note: "a success status such as 200, quickly; avoid complex logic in the handler", Source: "https://docs.mollie.com/reference/webhooks-new"},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:             "https://docs.mollie.com/reference/webhooks-new#manual-signature-verification",
 		SignatureHeader: "X-Mollie-Signature: sha256=<hex> (two headers during a rotation)",
 		EventID:         ids(jsonID("id")),
@@ -269,6 +282,18 @@ func init() {
 		Delivery: Delivery{
 			Answer:  Answer{Status: 200, Note: "redirects (301, 302, 303) are not supported", Source: "https://docs.midtrans.com/docs/technical-faq"},
 			Timeout: Timeout{Duration: 15 * time.Second, Note: "answer within 5 seconds", Source: "https://docs.midtrans.com/reference/best-practices-to-handle-notification"},
+			// Each retry comes at a random time up to its interval, and
+			// how many come depends on the status, so no span is certain.
+			Retry: Retry{
+				Retries: true, Attempts: 6,
+				Note:   "at most 5 retries, each at random up to 2, 10, 30, 90 and 210 min after the failure; a 500 is retried once, a 503 4 times, other failures 5 times; 301/302/303 never",
+				Source: "https://github.com/Midtrans/technical-documentation-site/blob/master/en/after-payment/http-notification.md#responding-http-notification-from-midtrans",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Refusal: Refusal{
+				Note:   "a 400 or 404 is retried twice",
+				Source: "https://github.com/Midtrans/technical-documentation-site/blob/master/en/after-payment/http-notification.md#responding-http-notification-from-midtrans",
+			},
 		},
 		SecretFormat:    "the server key",
 		Doc:             "https://docs.midtrans.com/docs/https-notification-webhooks#verifying-notification-authenticity",

@@ -43,8 +43,6 @@ var unresearched = map[string]bool{
 
 	"fastspring":  true,
 	"flutterwave": true,
-	"midtrans":    true,
-	"mollie":      true,
 	"rapyd":       true,
 
 	"alchemy":  true,
@@ -54,12 +52,9 @@ var unresearched = map[string]bool{
 	"heroku":   true,
 	"hubspot":  true,
 	"intercom": true,
-	"mux":      true,
 	"notion":   true,
-	"persona":  true,
 	"resend":   true,
 	"trello":   true,
 	"twitch":   true,
 	"vercel":   true,
-	"workos":   true,
 }
