@@ -5,7 +5,18 @@ import "time"
 // Developer platforms: hosting, CI, AI and blockchain APIs.
 func init() {
 	register(Preset{
-		Name:            "vercel",
+		Name: "vercel",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 24 * time.Hour,
+				Note:   "anything but a 2xx is tried again with exponential back-off for up to 24 hours, then discarded",
+				Source: "https://vercel.com/docs/webhooks/webhooks-api#delivery-attempts-and-retries",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 30 * time.Second, Source: "https://vercel.com/docs/webhooks/webhooks-api#http-response"},
+			Answer:  Answer{Note: "a 2xx; schedule the work, answer at once", Source: "https://vercel.com/docs/webhooks/webhooks-api#http-response"},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:             "https://vercel.com/docs/webhooks/webhooks-api#securing-webhooks",
 		SignatureHeader: "x-vercel-signature: <hex>",
 		EventID:         ids(jsonID("id")),

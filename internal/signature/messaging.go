@@ -248,6 +248,10 @@ func init() {
 			Note:   "at once, then after 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h; a removed or disabled endpoint stops them",
 			Source: "https://resend.com/docs/webhooks/retries-and-replays",
 		},
+		MaxBody: MaxBody{Source: Undocumented},
+		Timeout: Timeout{Source: Undocumented},
+		Answer:  Answer{Status: 200, Note: "200 OK signals the delivery succeeded", Source: "https://resend.com/docs/webhooks/create-webhook"},
+		Refusal: Refusal{Source: Undocumented},
 	}
 	register(resend)
 }

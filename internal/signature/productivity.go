@@ -97,7 +97,19 @@ func init() {
 	// Notion: the subscription's first POST carries verification_token,
 	// which the user confirms in Notion and which then signs every event.
 	register(Preset{
-		Name:            "notion",
+		Name: "notion",
+		Delivery: Delivery{
+			// Each event carries attempt_number, 1 to 8.
+			Retry: Retry{
+				Retries: true, For: 24 * time.Hour,
+				Note:   "an event not acknowledged is retried up to 8 times with exponential back-off, the last about 24 hours after the event",
+				Source: "https://developers.notion.com/reference/webhooks-events-delivery#delivery-retries",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Source: Undocumented},
+			Answer:  Answer{Source: Undocumented},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:             "https://developers.notion.com/reference/webhooks",
 		SignatureHeader: "X-Notion-Signature: sha256=<hex>",
 		EventID:         ids(jsonID("id")),

@@ -50,11 +50,6 @@ var unresearched = map[string]bool{
 	"docusign": true,
 	"easypost": true,
 	"heroku":   true,
-	"hubspot":  true,
-	"intercom": true,
-	"notion":   true,
-	"resend":   true,
 	"trello":   true,
 	"twitch":   true,
-	"vercel":   true,
 }

@@ -98,7 +98,18 @@ func init() {
 	// percent-escapes such as %3A and %2F in it). Bodies are batches of
 	// events, so there is no single default event ID.
 	register(Preset{
-		Name:             "hubspot",
+		Name: "hubspot",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 24 * time.Hour, Attempts: 11,
+				Note:   "a failed connection, an answer later than 5 s or any 4xx or 5xx is retried up to 10 times, spread at random over the next 24 hours",
+				Source: "https://developers.hubspot.com/docs/api/webhooks#retries",
+			},
+			MaxBody: MaxBody{Note: "up to 100 events a request (no size stated)", Source: "https://developers.hubspot.com/docs/api/webhooks#webhook-settings"},
+			Timeout: Timeout{Duration: 5 * time.Second, Source: "https://developers.hubspot.com/docs/api/webhooks#retries"},
+			Answer:  Answer{Note: "within 5 s, neither 4xx nor 5xx", Source: "https://developers.hubspot.com/docs/api/webhooks#retries"},
+			Refusal: Refusal{Note: "a 4xx is retried like any failure", Source: "https://developers.hubspot.com/docs/api/webhooks#retries"},
+		},
 		Doc:              "https://developers.hubspot.com/docs/apps/developer-platform/build-apps/authentication/request-validation",
 		SignatureHeader:  "X-HubSpot-Signature-v3: <base64> (with X-HubSpot-Request-Timestamp, ms)",
 		DefaultTolerance: 5 * time.Minute,
@@ -114,7 +125,21 @@ func init() {
 		},
 	})
 	register(Preset{
-		Name:            "intercom",
+		Name: "intercom",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true,
+				Note:    "a notification without a 200 within 5000 ms is sent again (how often is not stated); a 429 delays the next ones from 1 minute up to 2 hours, then they are dropped",
+				Source:  "https://developers.intercom.com/docs/webhooks/webhook-notifications#duplicate-notifications",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 5 * time.Second, Note: "answers within 500 ms keep their notifications' priority", Source: "https://developers.intercom.com/docs/webhooks/webhook-notifications#duplicate-notifications"},
+			Answer:  Answer{Status: 200, Note: "answer at once, before any long-running task", Source: "https://developers.intercom.com/docs/webhooks/webhook-notifications#duplicate-notifications"},
+			Refusal: Refusal{
+				Note:   "error answers count: over 1000 in a row within 15 minutes pause the topic for 15 minutes; errors for more than 7 days suspend a private app's subscription",
+				Source: "https://developers.intercom.com/docs/webhooks/webhook-notifications#suspended-subscriptions",
+			},
+		},
 		Doc:             "https://developers.intercom.com/docs/webhooks/webhook-notifications#signed-notifications",
 		SignatureHeader: "X-Hub-Signature: sha1=<hex>",
 		EventID:         ids(jsonID("id")),
