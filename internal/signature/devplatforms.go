@@ -138,7 +138,20 @@ func init() {
 	}
 	register(polar)
 	register(Preset{
-		Name:            "alchemy",
+		Name: "alchemy",
+		Delivery: Delivery{
+			// The FAQ gives Enterprise teams back-off up to an hour; the
+			// quickstart's schedule is the bound for everyone.
+			Retry: Retry{
+				Retries: true, For: 11*time.Minute + 15*time.Second, Attempts: 4,
+				Note:   "a non-200 or unreachable server is retried up to 3 times, after 15 s, 1 min and 10 min",
+				Source: "https://www.alchemy.com/docs/reference/notify-api-quickstart#webhook-retry-logic",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 5 * time.Second, Note: "answer before processing", Source: "https://www.alchemy.com/docs/reference/notify-api-faq#what-sort-of-timeouts-are-set"},
+			Answer:  Answer{Status: 200, Source: "https://www.alchemy.com/docs/reference/notify-api-faq#how-should-i-respond-to-webhook-http-events"},
+			Refusal: Refusal{Note: "a non-200 is retried; repeated ones pause the webhook", Source: "https://www.alchemy.com/docs/reference/notify-api-faq#how-should-i-respond-to-webhook-http-events"},
+		},
 		Doc:             "https://www.alchemy.com/docs/reference/notify-api-quickstart#webhook-signature--security",
 		SignatureHeader: "X-Alchemy-Signature: <hex>",
 		EventID:         ids(jsonID("id")),

@@ -185,7 +185,15 @@ func init() {
 		},
 	})
 	register(Preset{
-		Name:            "calcom",
+		Name: "calcom",
+		// Cal.com's webhook pages state none of the delivery facts.
+		Delivery: Delivery{
+			Retry:   Retry{Source: Undocumented},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Source: Undocumented},
+			Answer:  Answer{Source: Undocumented},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:             "https://cal.com/docs/developing/guides/automation/webhooks",
 		SignatureHeader: "X-Cal-Signature-256: <hex>",
 		DedupeBody:      true,
@@ -200,7 +208,18 @@ func init() {
 	// first is read, so list every key as a secret. No event ID of its
 	// own: configure one (e.g. data.envelopeId with generatedDateTime).
 	register(Preset{
-		Name:            "docusign",
+		Name: "docusign",
+		Delivery: Delivery{
+			// Redelivery depends on the configuration's
+			// requiresAcknowledgement, which the gateway cannot see: record
+			// the default (no retry) so the spool stays on.
+			Retry: Retry{
+				Note:   "without requiresAcknowledgement a message not acknowledged within 100 s is not retried; with it a failed message is queued and retried after at least a day, at most 10 times",
+				Source: "https://developers.docusign.com/docs/esign-rest-api/reference/connect/connectconfigurations/create/",
+			},
+			Timeout: Timeout{Duration: 100 * time.Second, Source: "https://developers.docusign.com/docs/esign-rest-api/reference/connect/connectconfigurations/create/"},
+			Answer:  Answer{Note: "a status in 200-299; DocuSign awaits a 200", Source: "https://developers.docusign.com/docs/esign-rest-api/reference/connect/connectconfigurations/create/"},
+		},
 		Doc:             "https://developers.docusign.com/platform/webhooks/connect/hmac/",
 		SignatureHeader: "X-DocuSign-Signature-1: <base64>",
 		DedupeBody:      true,

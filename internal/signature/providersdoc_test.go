@@ -45,8 +45,6 @@ var unresearched = map[string]bool{
 	"flutterwave": true,
 	"rapyd":       true,
 
-	"alchemy":  true,
-	"calcom":   true,
 	"docusign": true,
 	"easypost": true,
 	"heroku":   true,
