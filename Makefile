@@ -56,7 +56,7 @@ bench-growth:
 bench-sweep:
 	@DSN=$$(bash scripts/postgres.sh) && BENCH_DATABASE_URL="$$DSN" $(GO) run ./bench -mode sweep $(BENCHFLAGS)
 
-## bench-memory: the gateway's peak RSS under 200 concurrent 1 MiB deliveries, and RSS over a soak of small ones
+## bench-memory: the gateway's peak RSS under 200 concurrent 1 MiB deliveries and 50 concurrent 25 MB GitHub deliveries (spilled to disk), and RSS over a soak of small ones
 bench-memory: build
 	@DSN=$$(bash scripts/postgres.sh) && BENCH_DATABASE_URL="$$DSN" $(GO) run ./bench -mode memory $(BENCHFLAGS)
 

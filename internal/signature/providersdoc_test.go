@@ -55,7 +55,6 @@ var unresearched = map[string]bool{
 	"easypost":    true,
 	"forgejo":     true,
 	"gitea":       true,
-	"gitlab":      true,
 	"gocardless":  true,
 	"heroku":      true,
 	"hmac":        true,
