@@ -62,6 +62,24 @@ type Retry struct {
 	Source Source
 }
 
+// OutlastsOutage reports whether the provider's documented redelivery
+// would bring a delivery refused during a store outage back after the
+// outage: it retries, for at least an hour when the document says for how
+// long, and more than once when it only gives a count. An hour covers the
+// store outages a spool is for (a failover, a restart, a managed
+// database's maintenance); a provider that gives up sooner (Okta retries
+// once) loses what arrives during a longer one.
+func (r Retry) OutlastsOutage() bool {
+	switch {
+	case !r.Retries:
+		return false
+	case r.For > 0:
+		return r.For >= time.Hour
+	default:
+		return r.Attempts == 0 || r.Attempts > 2
+	}
+}
+
 // MaxBody is the largest delivery body the provider sends. A route's
 // max_body defaults to Limit when that is larger than the gateway's own
 // default (5 MB).
