@@ -289,9 +289,18 @@ func (h *Handler) answerSpooled(w http.ResponseWriter, d *delivery) {
 func (h *Handler) spoolRecord(d *delivery) error {
 	r := d.r
 	rec := &spool.Record{
-		Scope: h.Scope, EventID: d.eventID, BodyKey: h.bodyKeyOf(d.signed),
+		Scope: h.Scope, EventID: d.eventID, BodyKey: h.bodyKeyOf(d),
 		Method: r.Method, Host: r.Host, URI: r.RequestURI, Proto: r.Proto, RemoteAddr: r.RemoteAddr,
 		Scheme: "http", Header: r.Header.Clone(), Body: d.raw,
+	}
+	if d.spill != nil {
+		// The spool writes records from memory: a spilled body is read
+		// back whole (only while the store is unreachable).
+		b, err := d.spill.bytes()
+		if err != nil {
+			return err
+		}
+		rec.Body = b
 	}
 	if r.TLS != nil {
 		rec.Scheme = "https"
@@ -307,11 +316,11 @@ func (h *Handler) spoolRecord(d *delivery) error {
 }
 
 // bodyKeyOf is the key of the body's own claim under dedupe_body, else "".
-func (h *Handler) bodyKeyOf(signed []byte) string {
+func (h *Handler) bodyKeyOf(d *delivery) string {
 	if !h.dedupeBody {
 		return ""
 	}
-	return bodyKey(signed)
+	return d.bodyKey()
 }
 
 // storeAnswered tells the spool that the store answered a claim, so the
