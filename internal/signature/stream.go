@@ -21,11 +21,15 @@ type StreamVerifier interface {
 // Streaming returns v as a StreamVerifier when its scheme can verify a body
 // it reads once: the generic engine's HMAC over the body (with any text,
 // timestamp, ID or URL around it), the body signed once and not required
-// to be a JSON object. Otherwise nil: the scheme needs the whole body in
+// to be a JSON object; or a plain token (GitLab), which binds no body.
+// Otherwise nil: the scheme needs the whole body in
 // memory (it parses JSON members, form fields or items, carries its
 // signature inside the body, or checks a public-key signature over the
 // whole message).
 func Streaming(v Verifier) StreamVerifier {
+	if t, ok := v.(*tokenVerifier); ok {
+		return t
+	}
 	e, ok := v.(*engine)
 	if !ok || e.jsonBody {
 		return nil
