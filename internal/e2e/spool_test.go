@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"path/filepath"
 	"testing"
 	"time"
@@ -24,8 +25,8 @@ import (
 // "kill -9" does the same with two gateways (each with its own spool) behind
 // one address: half way through the outage gateway a is killed with
 // SIGKILL, the rest of the deliveries go to b, and a is started again once
-// PostgreSQL is back (it cannot start before: it migrates its schema at
-// start). Both spools hold deliveries of the same events; the store's claims
+// PostgreSQL is back (TestSpoolKeepsGitHubDeliveriesWhenStoreDownAtStart
+// starts one while the store is down). Both spools hold deliveries of the same events; the store's claims
 // decide which forwards.
 func TestSpoolKeepsGitHubDeliveriesThroughStoreOutage(t *testing.T) {
 	disruptive(t)
@@ -77,11 +78,69 @@ func TestSpoolKeepsGitHubDeliveriesThroughCutStoreLink(t *testing.T) {
 	}
 }
 
+// The store is unreachable when the gateways start (a crash-restart or a
+// rolling deploy during a database outage, or docker compose starting the
+// gateway before PostgreSQL): they start all the same, answer every
+// delivery 200 from the spool, and once the link to the store is restored
+// they migrate the schema and forward each event exactly once. With the
+// kill, gateway a is killed with SIGKILL half way and started again at once,
+// while the store is still unreachable; it delivers what its spool held
+// before the kill too.
+func TestSpoolKeepsGitHubDeliveriesWhenStoreDownAtStart(t *testing.T) {
+	t.Parallel()
+	for _, kill := range []bool{false, true} {
+		t.Run(fmt.Sprintf("kill %v", kill), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, func(string, int) e2e.Answer { return e2e.Answer{} })
+			link := b.storeLink()
+			spoolOutage(t, b, b.db.DSNVia(link.Addr()), storeOutage{
+				down: func(context.Context) error { link.Cut(); return nil },
+				up:   func(context.Context) error { link.Restore(); return nil },
+				for_: 6 * time.Second, events: 30, atStart: true,
+			}, kill)
+		})
+	}
+}
+
+// A store the gateway reaches but that refuses it is a configuration only
+// an operator fixes: the config fails to load, naming the storage (no
+// password) and the server's reason, rather than a gateway waiting
+// forever. An unknown role is refused as a wrong password is (SQLSTATE
+// class 28, invalid authorization); a database that does not exist and a
+// malformed DSN fail the same way.
+func TestStoreMisconfiguredFailsAtLoad(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(string, int) e2e.Answer { return e2e.Answer{} })
+	u, err := url.Parse(b.db.DSN)
+	require.NoError(t, err)
+	withUser := *u
+	withUser.User = url.UserPassword("no_such_role_"+e2e.RandomHex(4), "s3cret-pw")
+	noDB := *u
+	noDB.Path = "/no_such_db_" + e2e.RandomHex(4)
+	for _, c := range []struct{ name, dsn, want string }{
+		{"unknown role", withUser.String(), "28000"},
+		{"unknown database", noDB.String(), "3D000"},
+		{"malformed DSN", "postgres://postgres@127.0.0.1:notaport/x", "parsing postgres DSN"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := e2e.StartGateway(e2e.GatewayConfig{Name: "bad-" + e2e.RandomHex(4), Binary: caddyBin, Dir: b.dir,
+				Upstream: b.up.Addr(), Handler: e2e.GitHubHandler(b.secret, c.dsn)})
+			require.Error(t, err, "the config must not load")
+			require.Contains(t, err.Error(), "exited while starting")
+			require.Contains(t, err.Error(), c.want)
+			require.NotContains(t, err.Error(), "s3cret-pw", "no password in the error")
+		})
+	}
+}
+
 // storeOutage takes the store away and brings it back.
 type storeOutage struct {
 	down, up func(context.Context) error
 	for_     time.Duration
 	events   int // every tenth is delivered twice
+	// atStart: the store goes away before the gateways start (none of
+	// them has reached it); a killed gateway is started again at once.
+	atStart bool
 }
 
 // spoolOutage delivers o.events GitHub events (every tenth twice) to
@@ -95,6 +154,12 @@ func spoolOutage(t *testing.T, b *bundle, dsn string, o storeOutage, kill bool) 
 		return e2e.GatewayConfig{Name: name, Upstream: b.up.Addr(), Admin: true,
 			Handler: e2e.GitHubHandler(b.secret, dsn)} // no spool line: on by default for github
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if o.atStart {
+		require.NoError(t, o.down(ctx))
+	}
+	downAt := time.Now()
 	a := b.start(cfgOf("a"))
 	gws := []*e2e.Gateway{a}
 	var gb *e2e.Gateway
@@ -111,6 +176,9 @@ func spoolOutage(t *testing.T, b *bundle, dsn string, o storeOutage, kill bool) 
 		return r
 	}
 	for _, g := range gws {
+		if o.atStart {
+			break
+		}
 		warm := "warm-" + g.Name + "-" + e2e.RandomHex(6)
 		require.True(t, deliver(g, warm).Forwarded(), "the store is up: forwarded at once")
 	}
@@ -128,10 +196,10 @@ func spoolOutage(t *testing.T, b *bundle, dsn string, o storeOutage, kill bool) 
 	}
 	require.Len(t, arrivals, events+events/10)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	require.NoError(t, o.down(ctx))
-	downAt := time.Now()
+	if !o.atStart {
+		require.NoError(t, o.down(ctx))
+		downAt = time.Now()
+	}
 	interval := (downtime - downtime/15) / time.Duration(len(arrivals))
 	statuses := map[int]int{}
 	for i, id := range arrivals {
@@ -139,6 +207,13 @@ func spoolOutage(t *testing.T, b *bundle, dsn string, o storeOutage, kill bool) 
 		switch {
 		case kill && i == len(arrivals)/2:
 			a.Kill() // SIGKILL, between two answered deliveries
+			g = gb
+			if o.atStart {
+				// Started again with the store still unreachable: same
+				// name, same data directory, its spool.
+				a = b.start(cfgOf("a"))
+			}
+		case kill && o.atStart && i%2 == 1:
 			g = gb
 		case kill && (i > len(arrivals)/2 || i%2 == 1):
 			g = gb
@@ -183,7 +258,7 @@ func spoolOutage(t *testing.T, b *bundle, dsn string, o storeOutage, kill bool) 
 	require.Empty(t, b.up.Snapshot()[ids[0]], "nothing forwarded while the store is down")
 	require.NoError(t, o.up(ctx))
 	upAt := time.Now()
-	if kill {
+	if kill && !o.atStart {
 		a = b.start(cfgOf("a")) // same name, same data directory: its spool
 	}
 
@@ -222,6 +297,16 @@ func spoolOutage(t *testing.T, b *bundle, dsn string, o storeOutage, kill bool) 
 	require.Zero(t, lost)
 	require.Zero(t, doubled)
 
+	if o.atStart {
+		// One warning per start, not one per try; one line when the store
+		// is reached.
+		starts := 1
+		if kill {
+			starts = 2
+		}
+		require.Equal(t, starts, logLines(a, `"level":"warn"`, "the store is unreachable; the gateway starts without it"))
+		require.Equal(t, 1, logLines(a, `"level":"info"`, "the store is reached and migrated"))
+	}
 	if !kill {
 		forwarded, err := a.Metric(ctx, spoolSeries(a, "settled_total", `outcome="forwarded"`))
 		require.NoError(t, err)
