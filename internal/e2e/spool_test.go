@@ -254,6 +254,13 @@ func spoolOutage(t *testing.T, b *bundle, dsn string, o storeOutage, kill bool) 
 	require.NotEmpty(t, listed[0].Deliveries)
 	require.NotContains(t, body, "sha256=", "no signature in the admin API")
 	require.NotContains(t, body, "octocat", "no body in the admin API")
+	if o.atStart {
+		// The events admin API says why it cannot answer.
+		status, body, err := last.AdminCall(ctx, http.MethodGet, "/webhook_idempotency/events/github/"+ids[0])
+		require.NoError(t, err)
+		require.Equal(t, http.StatusServiceUnavailable, status, body)
+		require.Contains(t, body, "has not been reached and migrated since the gateway started")
+	}
 	time.Sleep(time.Until(downAt.Add(downtime)))
 	require.Empty(t, b.up.Snapshot()[ids[0]], "nothing forwarded while the store is down")
 	require.NoError(t, o.up(ctx))
