@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -356,4 +358,83 @@ func TestSpoolDirectoryServesOneProcess(t *testing.T) {
 
 	a.Kill() // SIGKILL: the kernel drops the lock
 	b.start(cfgOf("b2"))
+}
+
+// spoolDrainEnv turns on TestSpoolDrainBacklog, a measurement rather than
+// a check of the ordinary run.
+const spoolDrainEnv = "E2E_SPOOL_DRAIN"
+
+// How fast a spool's backlog goes out once the store is back
+// (docs/spool.md, "Measured"): 2,000 GitHub deliveries of 2,000 events are
+// spooled while the link to the store is cut, then the link is restored.
+// The rate is the backlog over the time from the first of its forwards to
+// the last (the spool's wait for the store, up to 5 s, left out). Each
+// event is forwarded once.
+func TestSpoolDrainBacklog(t *testing.T) {
+	if os.Getenv(spoolDrainEnv) != "1" {
+		t.Skip("a measurement; set " + spoolDrainEnv + "=1")
+	}
+	const backlog, senders = 2000, 16
+	b := setup(t, func(string, int) e2e.Answer { return e2e.Answer{} })
+	link := b.storeLink()
+	g := b.start(e2e.GatewayConfig{Name: "drain", Upstream: b.up.Addr(), Admin: true, LogLevel: "WARN",
+		Handler: e2e.GitHubHandler(b.secret, b.db.DSNVia(link.Addr()))})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	r, err := e2e.DeliverGitHub(ctx, b.client, g.URL(), b.secret, "warm-"+e2e.RandomHex(6))
+	require.NoError(t, err)
+	require.True(t, r.Forwarded())
+
+	link.Cut()
+	ids := make([]string, backlog)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("%08x-%04d-4000-8000-%012d", i, i%10000, i)
+	}
+	next := make(chan string)
+	errs := make(chan error, senders)
+	for range senders {
+		go func() {
+			for id := range next {
+				r, err := e2e.DeliverGitHub(ctx, b.client, g.URL(), b.secret, id)
+				if err == nil && !strings.Contains(r.Body, `"spooled":true`) {
+					err = fmt.Errorf("%s: %d %s", id, r.Status, r.Body)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	t0 := time.Now()
+	for _, id := range ids {
+		next <- id
+	}
+	close(next)
+	for range senders {
+		require.NoError(t, <-errs)
+	}
+	spooled := time.Since(t0)
+
+	link.Restore()
+	for _, id := range ids {
+		require.NoError(t, b.up.WaitFor(ctx, id, func(cs []e2e.Call) bool { return len(cs) >= 1 }), "event %s", id)
+	}
+	var first, last time.Time
+	for _, id := range ids {
+		calls := b.up.Calls(id)
+		require.Len(t, calls, 1, "event %s forwarded once", id)
+		require.True(t, calls[0].Success())
+		if first.IsZero() || calls[0].At.Before(first) {
+			first = calls[0].At
+		}
+		if calls[0].Done.After(last) {
+			last = calls[0].Done
+		}
+	}
+	took := last.Sub(first)
+	t.Logf("%d deliveries spooled in %s (%.0f/s, %d senders); drained in %s: %.0f deliveries/s",
+		backlog, spooled.Round(time.Millisecond), float64(backlog)/spooled.Seconds(), senders,
+		took.Round(time.Millisecond), float64(backlog)/took.Seconds())
 }
