@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -244,6 +245,7 @@ func spoolOutage(t *testing.T, b *bundle, dsn string, o storeOutage, kill bool) 
 		OldestAge  float64 `json:"oldest_age_seconds"`
 		StoreDown  bool    `json:"store_down"`
 		Deliveries []struct {
+			Seq     uint64 `json:"seq"`
 			EventID string `json:"event_id"`
 		} `json:"deliveries"`
 	}
@@ -262,6 +264,16 @@ func spoolOutage(t *testing.T, b *bundle, dsn string, o storeOutage, kill bool) 
 		require.NoError(t, err)
 		require.Equal(t, http.StatusServiceUnavailable, status, body)
 		require.Contains(t, body, "has not been reached and migrated since the gateway started")
+		// Only a dead delivery (refused for 72 h) is dropped; none is dead.
+		seq := strconv.FormatUint(listed[0].Deliveries[0].Seq, 10)
+		status, body, err = last.AdminCall(ctx, http.MethodPost, "/webhook_idempotency/spool/drop?seq="+seq)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusConflict, status, body)
+		require.Contains(t, body, "is not dead")
+		status, body, err = last.AdminCall(ctx, http.MethodPost, "/webhook_idempotency/spool/retry")
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, status, body)
+		require.JSONEq(t, `{"retried":0}`, body)
 	}
 	time.Sleep(time.Until(downAt.Add(downtime)))
 	require.Empty(t, b.up.Snapshot()[ids[0]], "nothing forwarded while the store is down")
