@@ -95,6 +95,9 @@ func (h *Handler) spendSingleUse(w http.ResponseWriter, d *delivery) bool {
 	fp := h.singleUseFingerprint(d.signed)
 	cl, err := h.claims.Claim(ctx, h.onceScope(), value, fp)
 	if err != nil {
+		if h.providerGone(d, false) {
+			return false
+		}
 		h.logger.Warn("recording the signature token failed; answered 503, nothing forwarded",
 			zap.String("scope", h.Scope), zap.Error(err))
 		h.answer(w, d, ansStoreUnavailable, say{})
@@ -159,6 +162,8 @@ func (h *Handler) claimItemRecord(ctx context.Context, it signature.BatchItem, i
 	}
 	h.claims.Settle(ctx, []claim.Ref{item}, 0, claim.Release)
 	switch {
+	case err != nil && ctx.Err() != nil:
+		return claim.Ref{}, outcomeProviderGone, 0 // not a store failure (see providerGone)
 	case err != nil:
 		h.logger.Warn("claiming batch item's replay record failed; nothing forwarded",
 			zap.String("scope", h.Scope), zap.String("event_id", it.ID), zap.Error(err))

@@ -80,9 +80,10 @@ func (h *Handler) spoolDefaults() {
 }
 
 // spoolByDefault: the provider does not redeliver a failed delivery on its
-// own (or its documentation does not say), on a route the spool applies to.
+// own long enough to outlast a store outage (signature.Retry.OutlastsOutage;
+// or its documentation does not say), on a route the spool applies to.
 func (h *Handler) spoolByDefault() bool {
-	return h.spoolApplies() && !h.preset.Delivery.Retry.Retries
+	return h.spoolApplies() && !h.preset.Delivery.Retry.OutlastsOutage()
 }
 
 // spoolApplies: a sync route of a signing provider keyed one event per

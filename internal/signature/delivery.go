@@ -62,6 +62,17 @@ type Retry struct {
 	Source Source
 }
 
+// OutlastsOutage reports whether the provider's documented redelivery
+// would bring a delivery refused during a store outage back after the
+// outage: it retries for at least an hour by its document. An hour covers
+// the store outages a spool is for (a failover, a restart, a managed
+// database's maintenance). A provider that gives up sooner (Okta retries
+// once) or does not say for how long loses what arrives during a longer
+// one, so the safe answer there is no.
+func (r Retry) OutlastsOutage() bool {
+	return r.Retries && r.For >= time.Hour
+}
+
 // MaxBody is the largest delivery body the provider sends.
 type MaxBody struct {
 	// Bytes is the documented limit; 0: not stated.

@@ -14,7 +14,14 @@ func init() {
 	// with X-Okta-Verification-Challenge, answered {"verification": …}.
 	// Events arrive in data.events[], each with its uuid.
 	register(Preset{
-		Name:               "okta",
+		Name: "okta",
+		Delivery: Delivery{
+			Retry:   Retry{Retries: true, Attempts: 2, Note: "at most one retry; a 4xx answer is not retried; delivery is best effort, at least once", Source: "https://developer.okta.com/docs/concepts/event-hooks/#timeout-and-retry"},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 3 * time.Second, Source: "https://developer.okta.com/docs/concepts/event-hooks/#timeout-and-retry"},
+			Answer:  Answer{Note: "Okta asks for 200 or 204 with an empty body, at once, before processing", Source: "https://developer.okta.com/docs/concepts/event-hooks/#your-service-s-responses-to-event-delivery-requests"},
+			Refusal: Refusal{Note: "a 4xx is not retried: the events are lost to the receiver", Source: "https://developer.okta.com/docs/concepts/event-hooks/#timeout-and-retry"},
+		},
 		Doc:                "https://developer.okta.com/docs/concepts/event-hooks/",
 		SignatureHeader:    "Authorization: <secret> (header name configurable)",
 		EventID:            ids(jsonID("eventId")),
@@ -43,7 +50,21 @@ func init() {
 		},
 	})
 	// Clerk delivers through Svix.
-	register(svixBased("clerk", "https://clerk.com/docs/webhooks/sync-data", "@clerk/backend"))
+	clerk := svixBased("clerk", "https://clerk.com/docs/webhooks/sync-data", "@clerk/backend")
+	clerk.Delivery = Delivery{
+		// Clerk's overview defers to Svix's schedule (its Retry section
+		// links https://docs.svix.com/retries), the svix preset's facts.
+		Retry: Retry{
+			Retries: true, For: 27*time.Hour + 35*time.Minute + 5*time.Second, Attempts: 8,
+			Note:   "Svix's schedule: at once, then after 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h; an endpoint removed or disabled in the Clerk Dashboard stops them",
+			Source: "https://clerk.com/docs/webhooks/overview#retry",
+		},
+		MaxBody: MaxBody{Source: Undocumented},
+		Timeout: Timeout{Duration: 15 * time.Second, Note: "Svix's limit", Source: "https://docs.svix.com/retries"},
+		Answer:  Answer{Note: "3xx counts as a failure (Svix)", Source: "https://docs.svix.com/retries"},
+		Refusal: Refusal{Source: Undocumented},
+	}
+	register(clerk)
 	// WorkOS: "t=<ms>, v1=<hex>" over "<t>.<body>"; its SDK allows 180 s.
 	register(Preset{
 		Name:             "workos",

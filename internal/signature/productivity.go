@@ -67,7 +67,19 @@ func init() {
 	// Dropbox: the notification only names accounts with changes: there
 	// is no event ID; configure one or rely on dedupe_body.
 	register(Preset{
-		Name:            "dropbox",
+		Name: "dropbox",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 10 * time.Minute,
+				Note:   "a non-200 answer or a timeout is retried with exponential back-off for about ten minutes, then reported in the App Console",
+				Source: "https://www.dropbox.com/developers/webhooks/docs",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			// Ten seconds is stated for the verification request only.
+			Timeout: Timeout{Source: Undocumented},
+			Answer:  Answer{Status: 200, Source: "https://www.dropbox.com/developers/webhooks/docs"},
+			Refusal: Refusal{Note: "a non-200 answer is retried like any failure", Source: "https://www.dropbox.com/developers/webhooks/docs"},
+		},
 		Doc:             "https://www.dropbox.com/developers/reference/webhooks",
 		SignatureHeader: "X-Dropbox-Signature: <hex>",
 		DedupeBody:      true,

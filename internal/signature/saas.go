@@ -15,7 +15,7 @@ func init() {
 		Name: "linear",
 		Delivery: Delivery{
 			Retry: Retry{
-				Retries: true, Attempts: 4,
+				Retries: true, For: 6 * time.Hour, Attempts: 4,
 				Note:   "at most 3 retries: after 1 minute, 1 hour and 6 hours",
 				Source: "https://developers.linear.app/docs/graphql/webhooks",
 			},
@@ -73,9 +73,9 @@ func init() {
 		Name: "typeform",
 		Delivery: Delivery{
 			Retry: Retry{
-				Retries: true,
-				Note:    "404 or 410 disables the webhook at once; 429, 408, 503 and 423 are retried every 2-3 minutes for 10 hours; other failures on a back-off schedule",
-				Source:  "https://typeform.com/developers/webhooks",
+				Retries: true, For: 10 * time.Hour,
+				Note:   "404 or 410 disables the webhook at once; 429, 408, 503 and 423 are retried every 2-3 minutes for 10 hours; other failures on a back-off schedule",
+				Source: "https://typeform.com/developers/webhooks",
 			},
 			MaxBody: MaxBody{Source: Undocumented},
 			Timeout: Timeout{Duration: 30 * time.Second, Note: "a slower answer is a failed delivery and is retried", Source: "https://typeform.com/developers/webhooks"},
@@ -128,7 +128,21 @@ func init() {
 	})
 	// PagerDuty sends one v1 entry per active secret.
 	register(Preset{
-		Name:            "pagerduty",
+		Name: "pagerduty",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 48 * time.Hour,
+				Note:   "no answer in time, a 5xx, a 429 or a connection error is retried periodically for 48 hours; later webhooks for the same resource wait behind it",
+				Source: "https://github.com/PagerDuty/developer-docs/blob/main/docs/webhooks/02-Behavior.md#temporary-errors-and-retries",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 5 * time.Second, Note: "16 s for Custom Incident Actions", Source: "https://github.com/PagerDuty/developer-docs/blob/main/docs/webhooks/02-Behavior.md#timeouts"},
+			Answer:  Answer{Note: "a 2xx within 5 seconds", Source: "https://github.com/PagerDuty/developer-docs/blob/main/docs/webhooks/02-Behavior.md#timeouts"},
+			Refusal: Refusal{
+				Note:   "a 4xx other than 429 drops the webhook without retry; 3 dropped in a row disable the subscription for 24 hours",
+				Source: "https://github.com/PagerDuty/developer-docs/blob/main/docs/webhooks/02-Behavior.md#permanent-errors",
+			},
+		},
 		Doc:             "https://developer.pagerduty.com/docs/webhooks/webhook-signatures/",
 		SignatureHeader: "X-PagerDuty-Signature: v1=<hex>[,v1=<hex>]",
 		EventID:         ids(jsonID("event.id")),
@@ -149,6 +163,10 @@ func init() {
 				Note:     "1000 timeouts within 24 hours unsubscribe the webhook (not for published partner integrations)",
 				Source:   "https://sentry.io/changelog/2023-10-3-change-to-integration-platform-webhook-handling",
 			},
+			Retry:   Retry{Source: Undocumented},
+			MaxBody: MaxBody{Source: Undocumented},
+			Answer:  Answer{Note: "within 1 second, else a timeout", Source: "https://docs.sentry.io/organization/integrations/integration-platform/webhooks/#response"},
+			Refusal: Refusal{Source: Undocumented},
 		},
 		Doc:             "https://docs.sentry.io/integrations/integration-platform/webhooks/",
 		SignatureHeader: "Sentry-Hook-Signature: <hex>",

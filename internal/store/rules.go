@@ -74,23 +74,76 @@ func (r Rules) WithRetryObserver(f RetryObserver) Rules {
 // row found processing under that token is this claim's own, committed by
 // the first try, and is answered Claimed, never InFlight; any other row is
 // judged as usual. So a retried claim never claims an event twice.
+//
+// A caller that gives up while its claim is being written (ctx canceled:
+// the provider hung up) does not cut the statements: they run to their
+// end, bounded by ctx's deadline (at most giveUpFor without one), so that
+// whether the claim committed is known. A claim that committed for a
+// caller gone by then is released at once with its own token, on every
+// path (batched, one-statement, retried), and Claim returns ctx's error
+// instead of Claimed (other answers stand: nothing was taken). Otherwise
+// the event would stay in flight, its redelivery answered 409, until the
+// lease expires, then be held under on_ambiguous hold although it was
+// never forwarded. If that release fails, the lease expires as after a
+// crash.
 func (r Rules) Claim(ctx context.Context, p ClaimParams) (Claim, error) {
 	if p.Lease <= 0 {
 		return Claim{}, fmt.Errorf("claiming event: lease must be positive, got %s", p.Lease)
 	}
 	token := NewToken()
-	c, err := r.claim(ctx, p, token)
-	if err == nil || !errors.Is(err, ErrConnectionLost) || ctx.Err() != nil {
-		return c, err
+	sctx, cancel := finishing(ctx)
+	defer cancel()
+	c, err := r.claim(ctx, sctx, p, token)
+	if err != nil && errors.Is(err, ErrConnectionLost) && ctx.Err() == nil {
+		if r.retried != nil {
+			r.retried(RetryConnection)
+		}
+		c, err = r.claimOne(sctx, p, token)
 	}
-	if r.retried != nil {
-		r.retried(RetryConnection)
+	if ctx.Err() != nil {
+		return r.forgo(ctx, p, token, c, err)
 	}
-	return r.claimOne(ctx, p, token)
+	return c, err
 }
 
-// claim is one try of Claim with token.
-func (r Rules) claim(ctx context.Context, p ClaimParams, token string) (Claim, error) {
+// giveUpFor bounds the statements of a claim whose caller gave up and set
+// no deadline, and the release of a claim committed for it.
+const giveUpFor = 5 * time.Second
+
+// finishing returns the context a claim's statements run with: ctx's
+// values and deadline, not its cancellation (see Claim).
+func finishing(ctx context.Context) (context.Context, context.CancelFunc) {
+	if d, ok := ctx.Deadline(); ok {
+		return context.WithDeadline(context.WithoutCancel(ctx), d)
+	}
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(giveUpFor, cancel) })
+	return sctx, func() { stop(); cancel() }
+}
+
+// forgo ends a claim whose caller gave up (ctx ended) while it was being
+// written. A claim taken under token is released and ctx's error returned;
+// so is one a lost connection left unknown (a row not processing under
+// token is left alone). Any other answer (Duplicate, InFlight, Held, an
+// error) stands: nothing was taken.
+func (r Rules) forgo(ctx context.Context, p ClaimParams, token string, c Claim, err error) (Claim, error) {
+	claimed := err == nil && c.Outcome == Claimed
+	if !claimed && !errors.Is(err, ErrConnectionLost) {
+		return c, err
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), giveUpFor)
+	_ = r.Release(rctx, p.Scope, p.EventID, token) // ErrLeaseLost: nothing of ours to give back
+	cancel()
+	if err != nil {
+		return Claim{}, err
+	}
+	return Claim{}, fmt.Errorf("claiming event: the caller gave up after the claim committed (released): %w", ctx.Err())
+}
+
+// claim is one try of Claim with token: a batched claim waits for its
+// batch while ctx lasts (the batch writer gives back a claim it took for
+// a caller gone meanwhile), one-statement claims run with sctx.
+func (r Rules) claim(ctx, sctx context.Context, p ClaimParams, token string) (Claim, error) {
 	// A claim with a request fingerprint (Idempotency-Key mode) records it
 	// and reads the holder's back to compare: the one-row statements do
 	// both; the batch statements carry neither, so such claims are not
@@ -104,7 +157,10 @@ func (r Rules) claim(ctx context.Context, p ClaimParams, token string) (Claim, e
 			return c, nil
 		}
 	}
-	return r.claimOne(ctx, p, token)
+	if err := ctx.Err(); err != nil {
+		return Claim{}, fmt.Errorf("claiming event: %w", err) // nothing written yet
+	}
+	return r.claimOne(sctx, p, token)
 }
 
 // claimBatched claims through the coalescer; ok is false when the batch

@@ -331,3 +331,11 @@ func TestUpgradeAddsHoldReason(t *testing.T) {
 	require.Equal(t, "after the upgrade", ev.HoldReason)
 	require.Equal(t, 1, ev.Ambiguous)
 }
+
+// TestGaveUpAfterCommit: the one-statement claim path on PostgreSQL
+// (storetest.RunGaveUp).
+func TestGaveUpAfterCommit(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, postgres.Options{})
+	storetest.RunGaveUp(t, postgres.Driver(s), s.Get)
+}
