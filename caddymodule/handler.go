@@ -303,7 +303,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.Cache != nil {
 		entries = *h.Cache
 	}
-	b, err := openBackend(st, entries)
+	b, err := openBackend(st, entries, caddy.Log().Named("http.handlers.webhook_idempotency.store"))
 	if err != nil {
 		return fmt.Errorf("storage %s: %w", st.Backend, err)
 	}
