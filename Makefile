@@ -57,7 +57,7 @@ bench-sweep:
 	$(GO) build -tags benchretention -o bin/caddy-benchretention ./xcaddy
 	@DSN=$$(bash scripts/postgres.sh) && BENCH_DATABASE_URL="$$DSN" $(GO) run ./bench -mode sweep -caddy bin/caddy-benchretention $(BENCHFLAGS)
 
-## bench-memory: the gateway's peak RSS under 200 concurrent 1 MiB deliveries, and RSS over a soak of small ones
+## bench-memory: the gateway's peak RSS under 200 concurrent 1 MiB deliveries and 50 concurrent 25 MB GitHub deliveries (spilled to disk), and RSS over a soak of small ones
 bench-memory: build
 	@DSN=$$(bash scripts/postgres.sh) && BENCH_DATABASE_URL="$$DSN" $(GO) run ./bench -mode memory $(BENCHFLAGS)
 

@@ -69,6 +69,9 @@ type config struct {
 	memBigSize  int
 	memBigTime  time.Duration
 	memSoakTime time.Duration
+	// memGitHub concurrent senders of memGitHubRounds GitHub deliveries of
+	// memGitHubSize bytes each: the spill phase.
+	memGitHub, memGitHubSize, memGitHubRounds int
 }
 
 const secret = "whsec_bench_not_a_real_secret"
@@ -108,6 +111,9 @@ func main() {
 	flag.IntVar(&c.memBigSize, "mem-big-size", 1<<20, "size of a large delivery in bytes")
 	flag.DurationVar(&c.memBigTime, "mem-big-time", 15*time.Second, "duration of the large-delivery phase")
 	flag.DurationVar(&c.memSoakTime, "mem-soak-time", 2*time.Minute, "duration of the small-delivery soak")
+	flag.IntVar(&c.memGitHub, "mem-github", 50, "concurrent GitHub deliveries in the memory run's spill phase")
+	flag.IntVar(&c.memGitHubSize, "mem-github-size", 25_000_000, "size of a GitHub delivery in the spill phase, in bytes")
+	flag.IntVar(&c.memGitHubRounds, "mem-github-rounds", 2, "deliveries each sender of the spill phase makes, one after the other")
 	flag.Parse()
 	if only != "" {
 		c.only = map[string]bool{}

@@ -3,7 +3,6 @@ package caddymodule
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"net/http"
@@ -142,12 +141,21 @@ func (h *Handler) replayKey(id string, body []byte) string {
 // other pair hashes the same bytes.
 func deliveryKey(id string, body []byte) string {
 	hs := sha256.New()
-	var n [8]byte
-	binary.BigEndian.PutUint64(n[:], uint64(len(id)))
-	hs.Write(n[:])
-	hs.Write([]byte(id))
+	writeIDPrefix(hs, id)
 	hs.Write(body)
 	return "delivery-sha256:" + hex.EncodeToString(hs.Sum(nil))
+}
+
+// replayKeyOf is replayKey of a delivery's body, in memory or spilled
+// (read back from its file: the error wraps errSpillDisk).
+func (h *Handler) replayKeyOf(d *delivery, id string) (string, error) {
+	switch {
+	case d.spill == nil:
+		return h.replayKey(id, d.signed), nil
+	case h.dedupeBody:
+		return d.spill.key(), nil
+	}
+	return d.spill.deliveryKey(id)
 }
 
 // claimItemRecord claims the replay record of a batch item forwarded on

@@ -4,6 +4,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"fmt"
+	"io"
 	"net/http"
 	"time"
 )
@@ -68,6 +69,16 @@ func (v *tokenVerifier) Verify(_ []byte, h http.Header) error {
 		}
 	}
 	return fmt.Errorf("header %s matches none of %d secret(s): %w", v.header, len(v.digests), ErrNoMatchingSignature)
+}
+
+// VerifyReader implements StreamVerifier: the token binds no body, so the
+// body is only read to its end (a read error is returned as is).
+func (v *tokenVerifier) VerifyReader(body io.Reader, h http.Header) error {
+	if err := v.Verify(nil, h); err != nil {
+		return err
+	}
+	_, err := io.Copy(io.Discard, body)
+	return err
 }
 
 func (v *tokenVerifier) sign(_ []byte, h http.Header, _ time.Time) error {
