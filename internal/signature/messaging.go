@@ -26,6 +26,10 @@ func init() {
 				Source: "https://dev.twitch.tv/docs/eventsub/handling-webhook-events/",
 			},
 			Answer: Answer{Note: "answer before processing", Source: "https://dev.twitch.tv/docs/eventsub/handling-webhook-events/"},
+			// The page's Node.js example answers 403 when the signatures
+			// do not match; no text requires a status or says what Twitch
+			// does with it.
+			Refusal: Refusal{Note: "the documented example answers 403 to a signature mismatch", Source: "https://dev.twitch.tv/docs/eventsub/handling-webhook-events/#simple-nodejs-example"},
 		},
 		Doc:              "https://dev.twitch.tv/docs/eventsub/handling-webhook-events/#verifying-the-event-message",
 		SignatureHeader:  "Twitch-Eventsub-Message-Signature: sha256=<hex> (with Twitch-Eventsub-Message-Id, -Timestamp)",

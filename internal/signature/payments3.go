@@ -202,7 +202,19 @@ func init() {
 	// a token, no HMAC. The body's event names a transaction: configure
 	// event_id (data.id with event, say).
 	register(Preset{
-		Name:            "flutterwave",
+		Name: "flutterwave",
+		Delivery: Delivery{
+			// Retries are a dashboard setting the gateway cannot see:
+			// record the default (off) so the spool stays on.
+			Retry: Retry{
+				Note:   "only with webhook retries enabled on the dashboard: no 200 (or no answer) is retried 3 times, 30 minutes apart",
+				Source: "https://developer.flutterwave.com/docs/webhooks",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 60 * time.Second, Source: "https://developer.flutterwave.com/docs/webhooks"},
+			Answer:  Answer{Status: 200, Note: "any other status, 3xx included, is a failure; answer before long-running work", Source: "https://developer.flutterwave.com/docs/webhooks"},
+			Refusal: Refusal{Note: "a request without the right secret hash may be discarded; the page's example answers 401", Source: "https://developer.flutterwave.com/docs/webhooks"},
+		},
 		SecretFormat:    "the secret hash set on the dashboard",
 		Doc:             "https://developer.flutterwave.com/docs/webhooks#verifying-webhook-signatures",
 		SignatureHeader: "verif-hash: <secret hash>",

@@ -41,9 +41,8 @@ func TestDeliveryFacts(t *testing.T) {
 var unresearched = map[string]bool{
 	"authorizenet": true,
 
-	"fastspring":  true,
-	"flutterwave": true,
-	"rapyd":       true,
+	"fastspring": true,
+	"rapyd":      true,
 
 	"docusign": true,
 	"easypost": true,
