@@ -398,7 +398,10 @@ func TestCase_BR07_AmbiguousOutcome(t *testing.T) {
 					c := g.up.call(t, 0)
 					require.ErrorIs(t, c.CtxErr, context.DeadlineExceeded,
 						"the upstream call was ended by forward_timeout, not by the provider leaving")
-					require.GreaterOrEqual(t, c.Returned.Sub(c.Entered), 300*time.Millisecond)
+					// The deadline started before the request reached the
+					// upstream, so the upstream sees a little less than 300 ms;
+					// a forward cut by the provider leaving would end at once.
+					require.GreaterOrEqual(t, c.Returned.Sub(c.Entered), 150*time.Millisecond)
 					require.Equal(t, 1.0, g.outcomes(outcomeAmbiguous)+g.outcomes(outcomeAmbiguousReleased))
 					require.Zero(t, g.outcomes(outcomeReleased), "an ambiguous ending is never counted as a plain release")
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"runtime"
 	"strconv"
 	"strings"
@@ -176,12 +177,16 @@ func TestSecurity_NoSecretsSignaturesOrBodiesInLogs(t *testing.T) {
 		}
 	}
 
-	// A DSN that cannot be reached: the error names the problem, never the
-	// password.
-	err := provisionErr(t, `webhook_idempotency {
+	// A DSN the server refuses (an unknown role: authentication fails at
+	// load, unlike an unreachable server, which the gateway waits for):
+	// the error names the problem, never the password.
+	u, err := url.Parse(pgDSN(t))
+	require.NoError(t, err)
+	u.User = url.UserPassword("no_such_role_sec", pgPassword)
+	err = provisionErr(t, `webhook_idempotency {
 		provider stripe
 		secret x
-		storage postgres "postgres://postgres:`+pgPassword+`@127.0.0.1:1/none?sslmode=disable&connect_timeout=1"
+		storage postgres "`+u.String()+`"
 	}`)
 	require.Error(t, err)
 	require.NotContains(t, err.Error(), pgPassword)
