@@ -52,11 +52,12 @@ bench: build
 bench-growth:
 	@DSN=$$(bash scripts/postgres.sh) && BENCH_DATABASE_URL="$$DSN" $(GO) run ./bench -mode growth $(BENCHFLAGS)
 
-## bench-sweep: claim p99 during the retention sweep of 1M expired rows vs idle; rows of a route at 1,000 events/s, retention 1m
+## bench-sweep: claim p99 during the retention sweep of 1M expired rows vs idle; rows of a route at 1,000 events/s over HTTP, retention 1m
 bench-sweep:
-	@DSN=$$(bash scripts/postgres.sh) && BENCH_DATABASE_URL="$$DSN" $(GO) run ./bench -mode sweep $(BENCHFLAGS)
+	$(GO) build -tags benchretention -o bin/caddy-benchretention ./xcaddy
+	@DSN=$$(bash scripts/postgres.sh) && BENCH_DATABASE_URL="$$DSN" $(GO) run ./bench -mode sweep -caddy bin/caddy-benchretention $(BENCHFLAGS)
 
-## bench-memory: the gateway's peak RSS under 200 concurrent 1 MiB deliveries, and RSS over a soak of small ones
+## bench-memory: the gateway's peak RSS under 200 concurrent 1 MiB deliveries and 50 concurrent 25 MB GitHub deliveries (spilled to disk), and RSS over a soak of small ones
 bench-memory: build
 	@DSN=$$(bash scripts/postgres.sh) && BENCH_DATABASE_URL="$$DSN" $(GO) run ./bench -mode memory $(BENCHFLAGS)
 

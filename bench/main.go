@@ -4,7 +4,7 @@
 //	go build -o bin/caddy ./xcaddy && go run ./bench            # make bench
 //	go run ./bench -mode growth                                 # make bench-growth
 //	go run ./bench -mode memory                                 # make bench-memory
-//	go run ./bench -mode sweep                                  # make bench-sweep
+//	go run ./bench -mode sweep -caddy bin/caddy-benchretention  # make bench-sweep
 //
 // Mode load starts a fast upstream (this program, re-executed) and, for each
 // scenario, a Caddy process of bin/caddy with one site, then drives it with
@@ -69,6 +69,9 @@ type config struct {
 	memBigSize  int
 	memBigTime  time.Duration
 	memSoakTime time.Duration
+	// memGitHub concurrent senders of memGitHubRounds GitHub deliveries of
+	// memGitHubSize bytes each: the spill phase.
+	memGitHub, memGitHubSize, memGitHubRounds int
 }
 
 const secret = "whsec_bench_not_a_real_secret"
@@ -99,15 +102,18 @@ func main() {
 	flag.DurationVar(&c.growthDuration, "growth-duration", 20*time.Second, "claim measurement per growth phase")
 	flag.IntVar(&c.growthWorkers, "growth-workers", 32, "concurrent claimers in the growth run")
 	flag.DurationVar(&c.retentionMax, "retention-max", 3*time.Minute, "upper bound of the retention phase")
-	flag.IntVar(&c.sweepRows, "sweep-rows", 1_000_000, "expired rows the sweep run deletes under claim load")
+	flag.IntVar(&c.sweepRows, "sweep-rows", 1_000_000, "expired rows the sweep run deletes under claim load; 0 skips that part")
 	flag.IntVar(&c.sweepClaimRate, "sweep-claim-rate", 200, "claims per second (open loop) measured in the sweep run")
-	flag.IntVar(&c.sweepEvents, "sweep-events", 1000, "new events per second of the sweep run's steady phase")
+	flag.IntVar(&c.sweepEvents, "sweep-events", 1000, "new events per second (constant rate, over HTTP through a gateway) of the sweep run's steady phase")
 	flag.DurationVar(&c.sweepRetention, "sweep-retention", time.Minute, "retention of the sweep run's steady phase")
 	flag.DurationVar(&c.sweepSteady, "sweep-steady", 10*time.Minute, "duration of the sweep run's steady phase")
 	flag.IntVar(&c.memBig, "mem-big", 200, "concurrent large deliveries in the memory run")
 	flag.IntVar(&c.memBigSize, "mem-big-size", 1<<20, "size of a large delivery in bytes")
 	flag.DurationVar(&c.memBigTime, "mem-big-time", 15*time.Second, "duration of the large-delivery phase")
 	flag.DurationVar(&c.memSoakTime, "mem-soak-time", 2*time.Minute, "duration of the small-delivery soak")
+	flag.IntVar(&c.memGitHub, "mem-github", 50, "concurrent GitHub deliveries in the memory run's spill phase")
+	flag.IntVar(&c.memGitHubSize, "mem-github-size", 25_000_000, "size of a GitHub delivery in the spill phase, in bytes")
+	flag.IntVar(&c.memGitHubRounds, "mem-github-rounds", 2, "deliveries each sender of the spill phase makes, one after the other")
 	flag.Parse()
 	if only != "" {
 		c.only = map[string]bool{}

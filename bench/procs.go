@@ -238,9 +238,12 @@ http://127.0.0.1:%d {
 	if err != nil {
 		return nil, "", err
 	}
+	if err := os.MkdirAll(filepath.Join(home, "tmp"), 0o700); err != nil {
+		return nil, "", err
+	}
 	cmd := exec.Command(c.caddyBin, "run", "--config", cfPath, "--adapter", "caddyfile")
 	cmd.Env = append(os.Environ(), "XDG_DATA_HOME="+filepath.Join(home, "data"),
-		"XDG_CONFIG_HOME="+filepath.Join(home, "config"), "HOME="+home)
+		"XDG_CONFIG_HOME="+filepath.Join(home, "config"), "HOME="+home, "TMPDIR="+filepath.Join(home, "tmp"))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		logf.Close()

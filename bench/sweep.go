@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	vegeta "github.com/tsenart/vegeta/v12/lib"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store/postgres"
@@ -55,19 +56,31 @@ type SweepLatency struct {
 }
 
 // SteadyRun is the row count of a route under a steady rate of new events
-// with a short retention and the gateway's sweep cadence.
+// delivered over HTTP through a gateway (a Caddy process of -caddy, built
+// with -tags benchretention so it accepts a one-minute retention) whose
+// own sweep keeps the retention.
 type SteadyRun struct {
-	EventsPerSec  int     `json:"events_per_sec_target"`
-	Achieved      float64 `json:"events_per_sec"`
-	Errors        int     `json:"errors"`
-	Retention     string  `json:"retention"`
-	SweepEvery    string  `json:"sweep_every"`
-	Seconds       float64 `json:"seconds"`
-	Samples       []int   `json:"row_samples"`
-	MaxRows       int     `json:"max_rows"`
-	Bound         int     `json:"bound"`
-	Swept         int     `json:"rows_swept"`
-	LongestSweepS float64 `json:"longest_sweep_seconds"`
+	EventsPerSec int            `json:"events_per_sec_offered"`
+	Offered      float64        `json:"requests_per_sec_sent"`
+	Achieved     float64        `json:"events_per_sec_forwarded"`
+	Requests     int            `json:"requests"`
+	OK           int            `json:"forwarded"`
+	Errors       int            `json:"errors"`
+	ErrorKinds   map[string]int `json:"error_kinds,omitempty"`
+	P50ms        float64        `json:"p50_ms"`
+	P99ms        float64        `json:"p99_ms"`
+	Retention    string         `json:"retention"`
+	SweepEvery   string         `json:"sweep_every"`
+	Seconds      float64        `json:"seconds"`
+	Samples      []int          `json:"row_samples"`
+	MaxRows      int            `json:"max_rows"`
+	LastRows     int            `json:"last_rows"`
+	Bound        int            `json:"bound"`
+	// Swept is derived: rows written (forwarded) minus rows left.
+	Swept   int      `json:"rows_swept"`
+	CPU     CPUShare `json:"cpu"`
+	LoadAvg string   `json:"loadavg"`
+	Profile string   `json:"cpu_profile,omitempty"`
 }
 
 const sweepTable = "bench_sweep"
@@ -82,6 +95,29 @@ func runSweep(ctx context.Context, c config) (*SweepReport, error) {
 	defer dropStore(st, sweepTable)
 	rep := &SweepReport{Started: time.Now().UTC(), Command: strings.Join(os.Args, " "),
 		Machine: machineInfo(ctx, st), Expired: c.sweepRows, ClaimRate: c.sweepClaimRate}
+	trackPostgres(st)
+	if c.sweepRows > 0 {
+		if err := sweepLatency(ctx, st, c, rep); err != nil {
+			return rep, err
+		}
+	}
+
+	fmt.Printf("sweep: %d new events/s over HTTP through a gateway with retention %s, for %s...\n",
+		c.sweepEvents, c.sweepRetention, c.sweepSteady)
+	rep.Steady, err = steady(ctx, st, c)
+	verdict := "met"
+	if rep.P99Ratio > 1.5 || rep.Steady.MaxRows > rep.Steady.Bound {
+		verdict = "NOT met"
+	}
+	rep.Target = fmt.Sprintf("claim p99 while sweeping ÷ between sweeps = %.2f (target ≤ 1.50); rows at most %d, bound %d: %s",
+		rep.P99Ratio, rep.Steady.MaxRows, rep.Steady.Bound, verdict)
+	fmt.Println(rep.Target)
+	return rep, err
+}
+
+// sweepLatency is the first part of the sweep run: claim latency while
+// store.Sweep deletes sweepRows expired rows, against between its runs.
+func sweepLatency(ctx context.Context, st *postgres.Store, c config, rep *SweepReport) error {
 
 	// Expired rows: completed, first seen two days ago.
 	fmt.Printf("sweep: loading %d expired rows...\n", c.sweepRows)
@@ -91,10 +127,10 @@ func runSweep(ctx context.Context, c config) (*SweepReport, error) {
 		SELECT 'stripe', 'evt_old_' || g, 'completed', 1, t, t, t, 200
 		FROM generate_series(1, $1::int) g, LATERAL (SELECT now() - interval '2 days' + g * interval '1 ms' AS t) ts`,
 		c.sweepRows); err != nil {
-		return rep, fmt.Errorf("loading: %w", err)
+		return fmt.Errorf("loading: %w", err)
 	}
 	if _, err := st.Pool().Exec(ctx, `VACUUM ANALYZE `+pgx.Identifier{sweepTable}.Sanitize()); err != nil {
-		return rep, err
+		return err
 	}
 	rep.LoadSecs = time.Since(t0).Seconds()
 
@@ -136,7 +172,7 @@ func runSweep(ctx context.Context, c config) (*SweepReport, error) {
 	rep.DuringSweep, rep.IdleBefore = fixedRateTagged(ctx, st, c.sweepClaimRate, c.retentionMax, done, &sweeping)
 	<-done
 	if sweepErr != nil {
-		return rep, fmt.Errorf("sweep: %w", sweepErr)
+		return fmt.Errorf("sweep: %w", sweepErr)
 	}
 	if rep.SweepSecs > 0 {
 		rep.SweepRate = float64(rep.SweepRows) / rep.SweepSecs
@@ -149,17 +185,7 @@ func runSweep(ctx context.Context, c config) (*SweepReport, error) {
 		rep.DuringSweep.P50ms, rep.DuringSweep.P99ms, rep.DuringSweep.MaxMs, rep.DuringSweep.Claims, rep.DuringSweep.Errors)
 	fmt.Printf("  claims while resting: p50 %.2fms p99 %.2fms max %.1fms (%d claims, %d errors)\n",
 		rep.IdleBefore.P50ms, rep.IdleBefore.P99ms, rep.IdleBefore.MaxMs, rep.IdleBefore.Claims, rep.IdleBefore.Errors)
-
-	fmt.Printf("sweep: %d new events/s, retention %s, for %s...\n", c.sweepEvents, c.sweepRetention, c.sweepSteady)
-	rep.Steady, err = steady(ctx, st, c)
-	verdict := "met"
-	if rep.P99Ratio > 1.5 || rep.Steady.MaxRows > rep.Steady.Bound {
-		verdict = "NOT met"
-	}
-	rep.Target = fmt.Sprintf("claim p99 while sweeping ÷ between sweeps = %.2f (target ≤ 1.50); rows at most %d, bound %d: %s",
-		rep.P99Ratio, rep.Steady.MaxRows, rep.Steady.Bound, verdict)
-	fmt.Println(rep.Target)
-	return rep, err
+	return nil
 }
 
 // fixedRateTagged claims and completes new events at rate per second (an
@@ -233,42 +259,38 @@ func latency(lat []time.Duration, errs int) SweepLatency {
 	return out
 }
 
-// steady runs sweepEvents new events per second into scope "steady" for
-// sweepSteady while a sweeper does what a route's does (store.Sweep of
-// rows older than the retention, every quarter of the retention), and
-// samples the scope's row count every 5s.
+// steady starts a fast upstream and a gateway (-caddy) on route scope
+// "steady" with retention sweepRetention, drives it with vegeta at a
+// constant sweepEvents new Stripe-signed deliveries per second for
+// sweepSteady, and samples the scope's row count every 5s. The gateway
+// sweeps on its own cadence (every quarter of the retention). With -pprof
+// its CPU is profiled for 30s in the middle of the run.
 func steady(ctx context.Context, st *postgres.Store, c config) (SteadyRun, error) {
 	every := min(10*time.Minute, max(c.sweepRetention/4, 100*time.Millisecond)) // the handler's sweepEvery
 	run := SteadyRun{EventsPerSec: c.sweepEvents, Retention: c.sweepRetention.String(), SweepEvery: every.String(),
 		// What a route keeps at most: the events of one retention plus
 		// those of one sweep interval, plus one sweep's duration's worth.
 		Bound: int(float64(c.sweepEvents) * (c.sweepRetention + 2*every).Seconds())}
+	p, err := loadPayload("examples/payloads/stripe_payment_intent_succeeded.json")
+	if err != nil {
+		return run, err
+	}
+	up, upAddr, err := startUpstream(ctx, 0, "", "")
+	if err != nil {
+		return run, err
+	}
+	defer up.stop()
+	route := fmt.Sprintf("webhook_idempotency {\n\tprovider stripe\n\tsecret %s\n\tstorage postgres %q\n\ttable %s\n"+
+		"\tscope steady\n\tretention %s\n}\nreverse_proxy %s", secret, c.dsn, sweepTable, c.sweepRetention, upAddr)
+	gw, url, err := startCaddy(ctx, c, "sweep-steady", route)
+	if err != nil {
+		return run, fmt.Errorf("%w (make bench-sweep builds %s with -tags benchretention, which a one-minute retention needs)", err, c.caddyBin)
+	}
+	defer gw.stop()
+
 	ctx, cancel := context.WithTimeout(ctx, c.sweepSteady)
 	defer cancel()
-	var (
-		wg       sync.WaitGroup
-		sweepErr error
-	)
-	wg.Go(func() {
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			s0 := time.Now()
-			n, err := store.Sweep(ctx, st, []store.Expiry{{Scopes: []string{"steady"}, Cutoff: time.Now().Add(-c.sweepRetention)}},
-				1000, 5*time.Second)
-			run.Swept += n
-			run.LongestSweepS = max(run.LongestSweepS, time.Since(s0).Seconds())
-			if err != nil && ctx.Err() == nil {
-				sweepErr = err
-				return
-			}
-		}
-	})
+	var wg sync.WaitGroup
 	wg.Go(func() {
 		t := time.NewTicker(5 * time.Second)
 		defer t.Stop()
@@ -287,63 +309,62 @@ func steady(ctx context.Context, st *postgres.Store, c config) (SteadyRun, error
 			}
 		}
 	})
-	t0 := time.Now()
-	lat := fixedRateScope(ctx, st, "steady", c.sweepEvents)
-	run.Seconds = time.Since(t0).Seconds()
-	run.Achieved = float64(lat.Claims) / run.Seconds
-	run.Errors = lat.Errors
-	cancel()
-	wg.Wait()
-	if sweepErr != nil && !errors.Is(sweepErr, context.Canceled) {
-		return run, sweepErr
-	}
-	fmt.Printf("  %.0f events/s achieved (%d errors); rows at most %d (bound %d); swept %d, longest sweep %.1fs\n",
-		run.Achieved, run.Errors, run.MaxRows, run.Bound, run.Swept, run.LongestSweepS)
-	return run, nil
-}
-
-// fixedRateScope is fixedRate on scope until ctx ends, spreading the rate
-// over several tickers (one ticker cannot tick 1,000 times a second
-// reliably).
-func fixedRateScope(ctx context.Context, st store.Store, scope string, rate int) SweepLatency {
-	const lanes = 10
-	var (
-		mu  sync.Mutex
-		all SweepLatency
-		wg  sync.WaitGroup
-	)
-	for lane := range lanes {
+	if c.pprof {
 		wg.Go(func() {
-			r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(lane))) // #nosec G404 -- event IDs of a benchmark
-			tick := time.NewTicker(time.Second * lanes / time.Duration(rate))
-			defer tick.Stop()
-			var inner sync.WaitGroup
-			for {
-				select {
-				case <-ctx.Done():
-					inner.Wait()
-					return
-				case <-tick.C:
-				}
-				id := randomEventID(r)
-				inner.Go(func() {
-					cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-					defer cancel()
-					cl, err := st.Claim(cctx, store.ClaimParams{Scope: scope, EventID: id, Lease: 30 * time.Second})
-					if err == nil && cl.Outcome == store.Claimed {
-						err = st.Complete(cctx, scope, id, cl.Token, 200)
-					}
-					mu.Lock()
-					defer mu.Unlock()
-					if err != nil {
-						all.Errors++
-						return
-					}
-					all.Claims++
-				})
+			du := min(30*time.Second, c.sweepSteady/2)
+			if !store.Sleep(ctx, (c.sweepSteady-du)/2) {
+				return
 			}
+			path, err := gw.profile(du)
+			if err != nil {
+				fmt.Printf("  profiling the gateway: %v\n", err)
+				return
+			}
+			run.Profile = path
 		})
 	}
+
+	atk := vegeta.NewAttacker(
+		vegeta.Client(newClient(1024)),
+		vegeta.Workers(64),
+		vegeta.MaxWorkers(1024), // more when answers lag: the rate is held, not the concurrency
+		vegeta.MaxBody(4096),
+	)
+	stop := context.AfterFunc(ctx, func() { atk.Stop() })
+	defer stop()
+	col := newCollector()
+	cpu := startCPU(gw.pid(), up.pid())
+	t0 := time.Now()
+	rate := vegeta.Rate{Freq: c.sweepEvents, Per: time.Second}
+	for res := range atk.Attack(targeter(url+"/webhooks/stripe", p, newIDs(), nil, false), rate, c.sweepSteady, "sweep") {
+		var err error
+		if res.Error != "" && res.Code == 0 {
+			err = fmt.Errorf("%s", res.Error)
+		} else {
+			err = checkForwarded(res)
+		}
+		col.add(res.Timestamp, res.Latency, err)
+	}
+	run.Seconds = time.Since(t0).Seconds()
+	res := col.result("steady", 1)
+	run.CPU = cpu.stop(res.OK)
+	run.LoadAvg = loadavg()
+	run.Requests, run.OK, run.Errors, run.ErrorKinds = res.Requests, res.OK, res.Errors, res.ErrorKind
+	run.Offered = float64(res.Requests) / run.Seconds
+	run.Achieved = float64(res.OK) / run.Seconds
+	run.P50ms, run.P99ms = res.P50ms, res.P99ms
+	cancel()
 	wg.Wait()
-	return all
+	if err := st.Pool().QueryRow(context.WithoutCancel(ctx), `SELECT count(*) FROM `+pgx.Identifier{sweepTable}.Sanitize()+
+		` WHERE scope = 'steady'`).Scan(&run.LastRows); err == nil {
+		run.Swept = run.OK - run.LastRows
+	}
+	fmt.Printf("  sent %.0f/s, forwarded %.0f events/s (%d errors), p50 %.1fms p99 %.1fms; rows at most %d (bound %d), %d at the end; "+
+		"%d swept; CPU cores: gateway %.2f, postgres %.2f, upstream %.2f, load generator %.2f, machine busy %.0f%%\n",
+		run.Offered, run.Achieved, run.Errors, run.P50ms, run.P99ms, run.MaxRows, run.Bound, run.LastRows, run.Swept,
+		run.CPU.Gateway, run.CPU.Postgres, run.CPU.Upstream, run.CPU.LoadGen, 100*run.CPU.Machine)
+	if run.Profile != "" {
+		fmt.Printf("  gateway CPU profile: %s\n", run.Profile)
+	}
+	return run, nil
 }

@@ -221,6 +221,11 @@ func (a *Admin) serve(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 		return listSpools(w)
+	case parts[0] == "spool" && len(parts) == 2:
+		if err := allow(w, r, http.MethodPost); err != nil {
+			return err
+		}
+		return a.spoolAction(w, r, parts[1]) // spool.go
 	case parts[0] != "events":
 		return apiErr(http.StatusNotFound, "unknown admin path; see /webhook_idempotency/events, /webhook_idempotency/scopes and /webhook_idempotency/spool")
 	case len(parts) == 1 || (len(parts) == 2 && parts[1] == ""):

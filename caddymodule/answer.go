@@ -57,6 +57,7 @@ const (
 	ansSpooledAccepted                       // the same, with the provider's literal success answer (body: the call's)
 	ansSpoolFull                             // the store failed and the spool is full: nothing kept
 	ansSpoolError                            // the store failed and writing the spool failed: nothing kept
+	ansBodyUnkept                            // a body past spillAbove could not be kept in its temporary file
 )
 
 // statusRefuse in a row's status means the route's refuse_status.
@@ -158,6 +159,8 @@ var answers = [...]answerRow{
 		reason: "event store unavailable and spool full", retry: unavailableRetryAfter},
 	ansSpoolError: {outcome: outcomeSpoolError, status: http.StatusServiceUnavailable,
 		reason: "event store unavailable", retry: unavailableRetryAfter},
+	ansBodyUnkept: {outcome: outcomeBodyUnkept, status: http.StatusServiceUnavailable,
+		reason: "body could not be kept", retry: unavailableRetryAfter},
 }
 
 // textPlain is the Content-Type of a provider's literal answer.
@@ -223,6 +226,8 @@ func answerFor(status int) answerID {
 		return ansUnsupported
 	case http.StatusRequestTimeout:
 		return ansReadTimeout
+	case http.StatusServiceUnavailable:
+		return ansBodyUnkept
 	}
 	return ansBadRequest
 }

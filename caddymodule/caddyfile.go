@@ -40,7 +40,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		table     <name>                 # events table; default webhook_events
 //		lease     <duration>             # default 30s
 //		retention <duration>             # default 30d
-//		max_body  <size>                 # default 5MB
+//		max_body  <size>                 # default: the provider's documented maximum over 5MB (github 25MiB), else 5MB
 //		cache     <entries>              # completed IDs held in memory; 0 = off
 //		forward_timeout <duration>       # upper bound of one forward; default 5m
 //		read_timeout <duration>          # to receive the whole body; default 10s

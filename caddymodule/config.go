@@ -55,7 +55,10 @@ func (h *Handler) applyDefaults() {
 		h.ReplayWindow = caddy.Duration(max(defaultReplayWindow, time.Duration(h.Retention)))
 	}
 	if h.MaxBody == 0 {
-		h.MaxBody = defaultMaxBody
+		// The provider's documented largest body when it is larger (GitHub
+		// 25 MiB): a body refused here is never forwarded, and a provider
+		// that does not retry never sends it again.
+		h.MaxBody = max(defaultMaxBody, h.preset.Delivery.MaxBody.Limit())
 	}
 	if h.ForwardTimeout == 0 {
 		h.ForwardTimeout = caddy.Duration(defaultForwardTimeout)

@@ -14,7 +14,8 @@ import (
 // A refused config is refused before any I/O: an async route whose DSN
 // points at a closed port gets its config error at once, not a connection
 // error, and no store is left in the pool. The same route with a valid
-// config does dial (and fails), so the port is really closed.
+// config does dial: the port is closed, so it loads with its store pending
+// (opened in the background), and the store is released at cleanup.
 func TestRefusedConfigOpensNoStore(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -22,6 +23,7 @@ func TestRefusedConfigOpensNoStore(t *testing.T) {
 	require.NoError(t, ln.Close())
 	st := Storage{Backend: "postgres", DSN: "postgres://postgres@" + addr + "/test?sslmode=disable&connect_timeout=5", Table: "refused_config"}
 
+	var pending bool
 	provision := func(extra string) (time.Duration, error) {
 		h := new(Handler)
 		require.NoError(t, h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(
@@ -33,6 +35,7 @@ func TestRefusedConfigOpensNoStore(t *testing.T) {
 		t0 := time.Now()
 		err := h.Provision(ctx)
 		took := time.Since(t0)
+		pending = h.backend != nil && h.backend.pending != nil && !h.backend.pending.Ready()
 		_ = h.Cleanup()
 		return took, err
 	}
@@ -56,5 +59,8 @@ func TestRefusedConfigOpensNoStore(t *testing.T) {
 	}
 
 	_, err = provision("")
-	require.ErrorContains(t, err, "storage postgres", "a valid config dials the closed port")
+	require.NoError(t, err, "a valid config loads with its store unreachable")
+	require.True(t, pending, "a valid config dials the closed port: its store is pending")
+	n, used := backends.References(st.poolKey())
+	require.False(t, used, "the pending store is released at cleanup (%d references)", n)
 }

@@ -29,7 +29,15 @@ func bodyKey(body []byte) string {
 // so a replayed body under a fresh, unsigned ID is not forwarded again. When
 // it returns false it has answered the delivery and released idClaim.
 func (h *Handler) claimBody(w http.ResponseWriter, d *delivery, idClaim claim.Ref) (claim.Ref, bool) {
-	ctx, key := d.r.Context(), h.replayKey(idClaim.ID, d.signed)
+	ctx := d.r.Context()
+	key, err := h.replayKeyOf(d, idClaim.ID)
+	if err != nil {
+		h.claims.Settle(ctx, []claim.Ref{idClaim}, 0, claim.Release)
+		h.logger.Warn("reading the body back from its temporary file failed; answered 503, nothing forwarded",
+			zap.String("scope", h.Scope), zap.Error(err))
+		h.answer(w, d, ansBodyUnkept, say{})
+		return claim.Ref{}, false
+	}
 	bc, err := h.claims.Claim(ctx, h.bodyScope(), key, "")
 	if err == nil && bc.Outcome == store.Claimed {
 		return claim.Ref{Scope: h.bodyScope(), ID: key, Token: bc.Token}, true
@@ -52,10 +60,10 @@ func (h *Handler) claimBody(w http.ResponseWriter, d *delivery, idClaim claim.Re
 // checkSameBody warns when a completed event ID comes again with a body that
 // was never delivered: the provider changed the payload, or someone reuses
 // IDs. The delivery is still answered as a duplicate.
-func (h *Handler) checkSameBody(parent context.Context, id string, body []byte) {
+func (h *Handler) checkSameBody(parent context.Context, id string, d *delivery) {
 	ctx, cancel := context.WithTimeout(parent, storeTimeout)
 	defer cancel()
-	_, err := h.backend.Get(ctx, h.bodyScope(), bodyKey(body))
+	_, err := h.backend.Get(ctx, h.bodyScope(), d.bodyKey())
 	if errors.Is(err, store.ErrNotFound) {
 		h.bodyMismatch.Inc()
 		h.logger.Warn("completed event id arrived with a different body; answered as a duplicate",

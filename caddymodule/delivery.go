@@ -24,6 +24,9 @@ type delivery struct {
 	// bytes verified (the decoded body of a gzip delivery; nil under
 	// provider idempotency_key).
 	raw, signed []byte
+	// spill holds a body past spillAbove on a route that spills
+	// (spill.go); raw and signed are nil then.
+	spill *spillFile
 	// items are the items of a batch forwarded one by one (split).
 	items []signature.BatchItem
 	split bool
@@ -70,6 +73,9 @@ func takeDelivery(h *Handler, r *http.Request) *delivery {
 // puts it back in the pool.
 func (d *delivery) done() {
 	d.log()
+	if d.spill != nil {
+		d.spill.remove()
+	}
 	d.buf.release()
 	*d = delivery{}
 	deliveryPool.Put(d)
@@ -78,9 +84,21 @@ func (d *delivery) done() {
 // forwardable returns the request with its body put back exactly as it
 // arrived, for the next handler.
 func (d *delivery) forwardable() *http.Request {
+	if d.spill != nil {
+		sendonce.SetReader(d.r, d.spill.reader(), d.spill.size)
+		return d.r
+	}
 	d.buf.forwarded = true
 	sendonce.SetBody(d.r, d.raw)
 	return d.r
+}
+
+// bodyKey is bodyKey of the verified body, in memory or spilled.
+func (d *delivery) bodyKey() string {
+	if d.spill != nil {
+		return d.spill.key()
+	}
+	return bodyKey(d.signed)
 }
 
 // log counts the delivery's outcome and writes one info line per delivery:

@@ -78,7 +78,7 @@ func (h *Handler) answerCached(w http.ResponseWriter, d *delivery, sameBody bool
 		h.cacheHit.Inc()
 		d.status, d.cached = status, true
 		if h.dedupeBody && sameBody {
-			h.checkSameBody(d.r.Context(), d.eventID, d.signed)
+			h.checkSameBody(d.r.Context(), d.eventID, d)
 		}
 		h.answer(w, d, ansDuplicate, say{})
 		return true
@@ -96,7 +96,7 @@ func (h *Handler) answerCached(w http.ResponseWriter, d *delivery, sameBody bool
 	}
 	d.outcome, d.status = outcomeDuplicate, resp.Status
 	if h.dedupeBody {
-		h.checkSameBody(d.r.Context(), d.eventID, d.signed)
+		h.checkSameBody(d.r.Context(), d.eventID, d)
 	}
 	h.replay(w, resp, d)
 	return true
@@ -120,7 +120,7 @@ func (h *Handler) answerClaim(w http.ResponseWriter, d *delivery, cl store.Claim
 			d.status = cl.Status
 			h.completed.Add(h.Scope, d.eventID, cl.Status)
 			if h.dedupeBody {
-				h.checkSameBody(d.r.Context(), d.eventID, d.signed)
+				h.checkSameBody(d.r.Context(), d.eventID, d)
 			}
 			h.answer(w, d, ansDuplicate, say{})
 		}

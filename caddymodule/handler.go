@@ -43,9 +43,6 @@ const (
 	storeTimeout = 5 * time.Second
 	// unavailableRetryAfter is the Retry-After of a 503 when the store fails.
 	unavailableRetryAfter = 5 * time.Second
-	// minRetention: providers retry for days (Stripe about 3 days); a shorter
-	// retention would forget an event while its redeliveries still come.
-	minRetention = 72 * time.Hour
 	// retentionBatch is the most rows one retention statement deletes.
 	retentionBatch = 1000
 )
@@ -112,7 +109,17 @@ type Handler struct {
 	ReplayWindow caddy.Duration `json:"replay_window,omitempty"`
 
 	// MaxBody is the largest accepted body, in bytes, after decoding a gzip
-	// body. Larger deliveries get 413. Default: 5000000 (5MB).
+	// body. Larger deliveries get 413. Default: the largest body the
+	// provider documents where that is more than 5 MB (github and gitlab
+	// 25 MiB, pubsub 16 MiB; docs/providers.md, "max body"), else 5000000
+	// (5MB). A body past 1 MiB on a route that verifies a stream (an HMAC
+	// over the body, an event ID from headers only, no handshake or batch,
+	// sync mode, no gzip: github, shopify, standard, svix, bitbucket, jira,
+	// sentry, hmac with a header event_id, ...) is written to a temporary file
+	// (mode 0600, in the system's temporary directory, removed when the
+	// request ends) while it is read, verified and forwarded from there,
+	// so memory does not grow with the body; other routes hold the body
+	// in memory.
 	MaxBody int64 `json:"max_body,omitempty"`
 
 	// Cache is how many completed event IDs are held in memory to answer
@@ -212,15 +219,18 @@ type Handler struct {
 	// ("signature"), left out of its fingerprint.
 	singleUseBlock string
 	verifier       signature.Verifier
-	preset         signature.Preset
-	extractor      *eventid.Extractor
-	backend        *backend
-	completed      *cache.Completed // nil when Cache is 0
-	poolKey        string
-	logger         *zap.Logger
-	counters       map[string]prometheus.Counter
-	cacheHit       prometheus.Counter // cache_hits_total of the scope
-	cacheMiss      prometheus.Counter // cache_misses_total of the scope
+	// stream verifies spilled bodies; nil: the route keeps its bodies in
+	// memory (spill.go).
+	stream    signature.StreamVerifier
+	preset    signature.Preset
+	extractor *eventid.Extractor
+	backend   *backend
+	completed *cache.Completed // nil when Cache is 0
+	poolKey   string
+	logger    *zap.Logger
+	counters  map[string]prometheus.Counter
+	cacheHit  prometheus.Counter // cache_hits_total of the scope
+	cacheMiss prometheus.Counter // cache_misses_total of the scope
 	// bodyMismatch is the scope's body_mismatch_total.
 	bodyMismatch prometheus.Counter
 	// ambiguousReforwards is the scope's ambiguous_reforwards_total.
@@ -293,7 +303,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.Cache != nil {
 		entries = *h.Cache
 	}
-	b, err := openBackend(st, entries)
+	b, err := openBackend(st, entries, caddy.Log().Named("http.handlers.webhook_idempotency.store"))
 	if err != nil {
 		return fmt.Errorf("storage %s: %w", st.Backend, err)
 	}
@@ -301,6 +311,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	scopes.add(h.Scope, b)
 	scopeTrusts.add(h.Scope, h.trust)
 	h.provisionLearned(ctx)
+	h.stream = h.spillVerifier()
 	if entries > 0 {
 		h.completed = b.completed
 	}
@@ -437,6 +448,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 // retentionInterval is how often the retention sweep runs.
 var retentionInterval = 10 * time.Minute
+
+// minRetention: providers retry for days (Stripe about 3 days); a shorter
+// retention would forget an event while its redeliveries still come. Only
+// a binary built for make bench-sweep lowers it (benchretention.go).
+var minRetention = 72 * time.Hour
 
 // Interface guards
 var (

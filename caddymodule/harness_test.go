@@ -544,6 +544,7 @@ type gatewayOptions struct {
 	postgres bool
 	dsnExtra string // appended to the DSN: a distinct pool, as another instance
 	password string // set as the DSN's password (the test server trusts local connections)
+	via      string // host:port the DSN names instead of the server's (a relay)
 	shared   *gateway
 	clock    *testClock
 	up       *upstream
@@ -571,6 +572,10 @@ func asInstance(name string) gatewayOption {
 func withDSNPassword(password string) gatewayOption {
 	return func(o *gatewayOptions) { o.password = password }
 }
+
+// through makes a Postgres gateway reach the server through addr (an
+// e2e.Link the test cuts and restores).
+func through(addr string) gatewayOption { return func(o *gatewayOptions) { o.via = addr } }
 
 func withClock(c *testClock) gatewayOption   { return func(o *gatewayOptions) { o.clock = c } }
 func withUpstream(u *upstream) gatewayOption { return func(o *gatewayOptions) { o.up = u } }
@@ -607,6 +612,12 @@ func newGateway(t testing.TB, caddyfileSnippet string, opts ...gatewayOption) *g
 			u, err := url.Parse(g.storage.DSN)
 			require.NoError(t, err)
 			u.User = url.UserPassword(u.User.Username(), o.password)
+			g.storage.DSN = u.String()
+		}
+		if o.via != "" {
+			u, err := url.Parse(g.storage.DSN)
+			require.NoError(t, err)
+			u.Host = o.via
 			g.storage.DSN = u.String()
 		}
 		t.Cleanup(func() { dropTable(dsn, table) })

@@ -150,7 +150,7 @@ func (in webhookIntake) take(w http.ResponseWriter, next caddyhttp.Handler, d *d
 	if handshake && hs.Challenge.Auth != signature.AuthSignature {
 		return false, h.serveHandshake(w, hs, next, d)
 	}
-	if err := h.verifyDelivery(r.Context(), d.signed, r.Header); err != nil {
+	if err := h.verifyBody(d); err != nil {
 		h.refuse(w, d, err)
 		return false, nil
 	}
@@ -186,9 +186,25 @@ func (in webhookIntake) take(w http.ResponseWriter, next caddyhttp.Handler, d *d
 	return true, nil
 }
 
+// verifyBody verifies the delivery's body: in memory (verifyDelivery), or
+// spilled, read from its file by the streaming verifier.
+func (h *Handler) verifyBody(d *delivery) error {
+	if d.spill != nil {
+		return h.stream.VerifyReader(d.spill.reader(), d.r.Header)
+	}
+	return h.verifyDelivery(d.r.Context(), d.signed, d.r.Header)
+}
+
 // refuse answers a delivery that failed verification; a store failure
-// while reading a learned secret is a 503, not a refusal.
+// while reading a learned secret is a 503, not a refusal, and neither is
+// a spilled body that could not be read back.
 func (h *Handler) refuse(w http.ResponseWriter, d *delivery, err error) {
+	if errors.Is(err, errSpillDisk) {
+		h.logger.Warn("reading the body back from its temporary file failed; answered 503, nothing forwarded",
+			zap.String("scope", h.Scope), zap.Error(err))
+		h.answer(w, d, ansBodyUnkept, say{})
+		return
+	}
 	if errors.Is(err, errSecretStore) {
 		if h.providerGone(d, false) {
 			return
@@ -305,15 +321,20 @@ func (h *Handler) read(w http.ResponseWriter, d *delivery) (status int, reason s
 	if r.ContentLength > h.MaxBody {
 		return http.StatusRequestEntityTooLarge, "body exceeds max_body"
 	}
-	n, err := h.readWithDeadline(w, d.buf.Buffer, r.Body)
-	if isTimeout(err) {
+	n, err := h.readWithDeadline(w, d, enc != "gzip" && h.stream != nil)
+	switch {
+	case isTimeout(err):
 		return http.StatusRequestTimeout, "body not received within read_timeout"
-	}
-	if err != nil {
+	case errors.Is(err, errSpillDisk):
+		h.logger.Warn("writing the body to a temporary file failed; answered 503, nothing forwarded",
+			zap.String("scope", h.Scope), zap.Error(err))
+		return http.StatusServiceUnavailable, ""
+	case err != nil:
 		return http.StatusBadRequest, "reading body failed"
-	}
-	if n > h.MaxBody {
+	case n > h.MaxBody:
 		return http.StatusRequestEntityTooLarge, "body exceeds max_body"
+	case d.spill != nil:
+		return 0, "" // verified from its file (spill.go)
 	}
 	d.raw = d.buf.Bytes()
 	d.signed = d.raw
@@ -336,23 +357,44 @@ func (h *Handler) read(w http.ResponseWriter, d *delivery) (status int, reason s
 	return 0, ""
 }
 
-// readWithDeadline reads the body (readAtMost, at most MaxBody+1 bytes)
+// readWithDeadline reads the body (readInto, at most MaxBody+1 bytes)
 // with the connection's read deadline set ReadTimeout from now, then clears
 // it, so the next request on a kept-alive connection is not cut short.
 // When the deadline passed it stays, and the connection is closed after the
 // answer: net/http would otherwise wait for the rest of the trickled body
 // before writing the 408. Where the writer cannot set a deadline
 // (http.ErrNotSupported) the body is read without one.
-func (h *Handler) readWithDeadline(w http.ResponseWriter, buf *bytes.Buffer, body io.Reader) (int64, error) {
+func (h *Handler) readWithDeadline(w http.ResponseWriter, d *delivery, spill bool) (int64, error) {
 	rc := http.NewResponseController(w)
 	set := rc.SetReadDeadline(time.Now().Add(time.Duration(h.ReadTimeout))) == nil
-	n, err := readAtMost(buf, body, h.MaxBody)
+	n, err := h.readInto(d, spill)
 	switch {
 	case isTimeout(err):
 		w.Header().Set("Connection", "close")
 	case set:
 		_ = rc.SetReadDeadline(time.Time{})
 	}
+	return n, err
+}
+
+// readInto reads the body into the delivery's buffer, or, when spill is
+// set and the body is larger than spillAbove, into a temporary file
+// (d.spill): straight away when Content-Length announces it, else once
+// the buffer holds spillAbove bytes.
+func (h *Handler) readInto(d *delivery, spill bool) (int64, error) {
+	body := d.r.Body
+	if !spill {
+		return readAtMost(d.buf.Buffer, body, h.MaxBody)
+	}
+	if d.r.ContentLength <= spillAbove {
+		n, err := readAtMost(d.buf.Buffer, body, spillAbove)
+		if err != nil || n <= spillAbove {
+			return n, err
+		}
+	}
+	s, n, err := spillBody(d.buf.Bytes(), body, h.MaxBody)
+	d.spill = s
+	d.buf.Reset()
 	return n, err
 }
 

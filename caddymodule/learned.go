@@ -90,12 +90,27 @@ func (h *Handler) provisionLearned(ctx context.Context) {
 		return
 	}
 	learningScopes.add(h.Scope, h.backend)
-	sctx, cancel := context.WithTimeout(ctx, storeTimeout)
-	defer cancel()
-	if err := ss.RouteLoaded(sctx, h.Scope, h.clock(), h.enrollWindow()); err != nil {
-		h.logger.Warn("recording the route's first load failed: no enrollment window opened; open one with `caddy webhook-idempotency secrets enroll`",
-			zap.String("scope", h.Scope), zap.Error(err))
+	loaded := func() {
+		sctx, cancel := context.WithTimeout(ctx, storeTimeout)
+		defer cancel()
+		if err := ss.RouteLoaded(sctx, h.Scope, h.clock(), h.enrollWindow()); err != nil {
+			h.logger.Warn("recording the route's first load failed: no enrollment window opened; open one with `caddy webhook-idempotency secrets enroll`",
+				zap.String("scope", h.Scope), zap.Error(err))
+		}
 	}
+	if p := h.backend.pending; p != nil && !p.Ready() {
+		// The store is opened in the background: the load is recorded
+		// when it is, unless the route is gone by then.
+		go func() {
+			select {
+			case <-ctx.Done():
+			case <-p.readyCh:
+				loaded()
+			}
+		}()
+		return
+	}
+	loaded()
 }
 
 // learnedSecret is a route's secret learned in a handshake, cached.

@@ -66,6 +66,7 @@ const (
 	outcomeSpooled           = "spooled"         // store unreachable: kept in the spool, 200; forwarded once the store is back
 	outcomeSpoolFull         = "spool_full"      // store unreachable and the spool full: 503, nothing kept
 	outcomeSpoolError        = "spool_error"     // store unreachable and the spool's disk failing: 503, nothing kept
+	outcomeBodyUnkept        = "body_unkept"     // a body past 1 MiB could not be written to or read from its temporary file: 503
 	// outcomeProviderGone: the provider hung up while its claim waited on
 	// the store (its own timeout); no answer reaches it, a claim committed
 	// for it is released, and with a spool the delivery is kept. Not a
@@ -82,7 +83,7 @@ var allOutcomes = []string{outcomeCompleted, outcomeReleased, outcomeAmbiguous, 
 	outcomeInFlight, outcomeHeld, outcomeInvalidSignature, outcomeBadRequest, outcomeTooLarge,
 	outcomeUnsupported, outcomeStoreError, outcomeHandshake, outcomeForwardedNoID, outcomeBodyReplay,
 	outcomeQueued, outcomeReadTimeout, outcomeKeyReused, outcomeKeyUnavailable, outcomeSpooled, outcomeSpoolFull,
-	outcomeSpoolError, outcomeProviderGone, outcomeUncommitted, outcomePending}
+	outcomeSpoolError, outcomeBodyUnkept, outcomeProviderGone, outcomeUncommitted, outcomePending}
 
 // storeTimes are the store_duration_seconds series, one per operation,
 // resolved once so no store call does a label lookup.

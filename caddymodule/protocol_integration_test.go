@@ -373,6 +373,12 @@ func TestProtocolsThroughCaddy(t *testing.T) {
 		require.Equal(t, http.StatusOK, st)
 		require.Empty(t, rh.Get("X-Upstream"))
 		require.Empty(t, up.got(r.path))
+		// Xero validates the endpoint with incorrectly signed payloads
+		// too, and requires 401 Unauthorized for them.
+		h.Set("x-xero-signature", "bm90IHRoZSBzaWduYXR1cmU=")
+		st, _, _ = doReq(t, http.MethodPost, r.path, b, h)
+		require.Equal(t, http.StatusUnauthorized, st)
+		require.Empty(t, up.got(r.path))
 		requireDelivers(t, r, r.signing)
 	})
 

@@ -291,7 +291,7 @@ func (h *Handler) replayStored(w http.ResponseWriter, d *delivery, cl store.Clai
 			c.Write(zap.String("scope", h.Scope), zap.String("event_id", id))
 		}
 		if h.dedupeBody {
-			h.checkSameBody(ctx, id, d.signed)
+			h.checkSameBody(ctx, id, d)
 		}
 		h.answer(w, d, ansDuplicate, say{})
 		return
@@ -306,7 +306,7 @@ func (h *Handler) replayStored(w http.ResponseWriter, d *delivery, cl store.Clai
 	}
 	h.completed.AddResponse(h.Scope, id, resp, h.responseTTL())
 	if h.dedupeBody {
-		h.checkSameBody(ctx, id, d.signed)
+		h.checkSameBody(ctx, id, d)
 	}
 	d.status = resp.Status
 	h.replay(w, resp, d)

@@ -3,7 +3,6 @@ package caddymodule
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"net/http"
@@ -95,6 +94,9 @@ func (h *Handler) spendSingleUse(w http.ResponseWriter, d *delivery) bool {
 	fp := h.singleUseFingerprint(d.signed)
 	cl, err := h.claims.Claim(ctx, h.onceScope(), value, fp)
 	if err != nil {
+		if h.providerGone(d, false) {
+			return false
+		}
 		h.logger.Warn("recording the signature token failed; answered 503, nothing forwarded",
 			zap.String("scope", h.Scope), zap.Error(err))
 		h.answer(w, d, ansStoreUnavailable, say{})
@@ -139,12 +141,21 @@ func (h *Handler) replayKey(id string, body []byte) string {
 // other pair hashes the same bytes.
 func deliveryKey(id string, body []byte) string {
 	hs := sha256.New()
-	var n [8]byte
-	binary.BigEndian.PutUint64(n[:], uint64(len(id)))
-	hs.Write(n[:])
-	hs.Write([]byte(id))
+	writeIDPrefix(hs, id)
 	hs.Write(body)
 	return "delivery-sha256:" + hex.EncodeToString(hs.Sum(nil))
+}
+
+// replayKeyOf is replayKey of a delivery's body, in memory or spilled
+// (read back from its file: the error wraps errSpillDisk).
+func (h *Handler) replayKeyOf(d *delivery, id string) (string, error) {
+	switch {
+	case d.spill == nil:
+		return h.replayKey(id, d.signed), nil
+	case h.dedupeBody:
+		return d.spill.key(), nil
+	}
+	return d.spill.deliveryKey(id)
 }
 
 // claimItemRecord claims the replay record of a batch item forwarded on
@@ -159,6 +170,8 @@ func (h *Handler) claimItemRecord(ctx context.Context, it signature.BatchItem, i
 	}
 	h.claims.Settle(ctx, []claim.Ref{item}, 0, claim.Release)
 	switch {
+	case err != nil && ctx.Err() != nil:
+		return claim.Ref{}, outcomeProviderGone, 0 // not a store failure (see providerGone)
 	case err != nil:
 		h.logger.Warn("claiming batch item's replay record failed; nothing forwarded",
 			zap.String("scope", h.Scope), zap.String("event_id", it.ID), zap.Error(err))

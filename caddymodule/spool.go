@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -79,9 +80,10 @@ func (h *Handler) spoolDefaults() {
 }
 
 // spoolByDefault: the provider does not redeliver a failed delivery on its
-// own (or its documentation does not say), on a route the spool applies to.
+// own long enough to outlast a store outage (signature.Retry.OutlastsOutage;
+// or its documentation does not say), on a route the spool applies to.
 func (h *Handler) spoolByDefault() bool {
-	return h.spoolApplies() && !h.preset.Delivery.Retry.Retries
+	return h.spoolApplies() && !h.preset.Delivery.Retry.OutlastsOutage()
 }
 
 // spoolApplies: a sync route of a signing provider keyed one event per
@@ -288,9 +290,18 @@ func (h *Handler) answerSpooled(w http.ResponseWriter, d *delivery) {
 func (h *Handler) spoolRecord(d *delivery) error {
 	r := d.r
 	rec := &spool.Record{
-		Scope: h.Scope, EventID: d.eventID, BodyKey: h.bodyKeyOf(d.signed),
+		Scope: h.Scope, EventID: d.eventID, BodyKey: h.bodyKeyOf(d),
 		Method: r.Method, Host: r.Host, URI: r.RequestURI, Proto: r.Proto, RemoteAddr: r.RemoteAddr,
 		Scheme: "http", Header: r.Header.Clone(), Body: d.raw,
+	}
+	if d.spill != nil {
+		// The spool writes records from memory: a spilled body is read
+		// back whole (only while the store is unreachable).
+		b, err := d.spill.bytes()
+		if err != nil {
+			return err
+		}
+		rec.Body = b
 	}
 	if r.TLS != nil {
 		rec.Scheme = "https"
@@ -306,11 +317,11 @@ func (h *Handler) spoolRecord(d *delivery) error {
 }
 
 // bodyKeyOf is the key of the body's own claim under dedupe_body, else "".
-func (h *Handler) bodyKeyOf(signed []byte) string {
+func (h *Handler) bodyKeyOf(d *delivery) string {
 	if !h.dedupeBody {
 		return ""
 	}
-	return bodyKey(signed)
+	return d.bodyKey()
 }
 
 // storeAnswered tells the spool that the store answered a claim, so the
@@ -332,6 +343,7 @@ type SpoolJSON struct {
 	Oldest           *time.Time       `json:"oldest,omitempty"`
 	OldestAgeSeconds float64          `json:"oldest_age_seconds"`
 	Waiting          int              `json:"waiting"`
+	Dead             int              `json:"dead"`
 	StoreDown        bool             `json:"store_down"`
 	Counts           spool.Counts     `json:"counts"`
 	Deliveries       []SpoolEntryJSON `json:"deliveries"`
@@ -346,6 +358,7 @@ type SpoolEntryJSON struct {
 	Attempts  int        `json:"attempts"`
 	Last      string     `json:"last,omitempty"` // the last try's outcome: wait, refused, unavailable
 	NotBefore *time.Time `json:"not_before,omitempty"`
+	Dead      bool       `json:"dead,omitempty"` // set aside after refusals: retry or drop it
 }
 
 // spoolListLimit is how many waiting deliveries of a spool the admin API
@@ -360,10 +373,10 @@ func listSpools(w http.ResponseWriter) error {
 		st := p.Stats()
 		j := SpoolJSON{Dir: st.Dir, Records: st.Records, Bytes: st.Bytes, MaxBytes: st.MaxBytes,
 			DiskBytes: st.DiskBytes, Oldest: timePtr(st.Oldest), OldestAgeSeconds: oldestAge(st).Seconds(),
-			Waiting: st.Waiting, StoreDown: st.StoreDown, Counts: st.Counts, Deliveries: []SpoolEntryJSON{}}
+			Waiting: st.Waiting, Dead: st.Dead, StoreDown: st.StoreDown, Counts: st.Counts, Deliveries: []SpoolEntryJSON{}}
 		for _, e := range p.List(spoolListLimit) {
 			ej := SpoolEntryJSON{Seq: e.Seq, Scope: e.Scope, EventID: e.EventID, Arrived: e.Arrived.UTC(),
-				Attempts: e.Attempts, NotBefore: timePtr(e.NotBefore)}
+				Attempts: e.Attempts, NotBefore: timePtr(e.NotBefore), Dead: e.Dead}
 			if e.Last != 0 {
 				ej.Last = e.Last.String()
 			}
@@ -374,4 +387,59 @@ func listSpools(w http.ResponseWriter) error {
 	})
 	slices.SortFunc(out, func(a, b SpoolJSON) int { return strings.Compare(a.Dir, b.Dir) })
 	return writeJSON(w, out)
+}
+
+// spoolAction answers POST /webhook_idempotency/spool/retry and /drop, an
+// operator's decision on dead deliveries (set aside after the upstream
+// refused them for spool.DefaultDeadAfter). Query: dir (the spool's
+// directory, as GET lists it; optional when one spool is open) and seq
+// (the delivery; retry without it retries every dead delivery of the
+// spool). retry answers {"retried": n}; drop answers the dropped delivery,
+// 404 when no waiting delivery has seq, 409 when it is not dead.
+func (a *Admin) spoolAction(w http.ResponseWriter, r *http.Request, action string) error {
+	if action != "retry" && action != "drop" {
+		return apiErr(http.StatusNotFound, "unknown spool action %q: want retry or drop", action)
+	}
+	q := r.URL.Query()
+	var p *pooledSpool
+	n := 0
+	openSpools.Range(func(k, v any) bool {
+		if q.Get("dir") == "" || q.Get("dir") == k.(string) {
+			p = v.(*pooledSpool)
+			n++
+		}
+		return true
+	})
+	switch {
+	case n == 0:
+		return apiErr(http.StatusNotFound, "no open spool has directory %q", q.Get("dir"))
+	case n > 1:
+		return apiErr(http.StatusBadRequest, "several spools are open: name one with dir")
+	}
+	var seq uint64
+	if s := q.Get("seq"); s != "" {
+		var err error
+		if seq, err = strconv.ParseUint(s, 10, 64); err != nil || seq == 0 {
+			return apiErr(http.StatusBadRequest, "bad seq %q", s)
+		}
+	}
+	if action == "retry" {
+		n := p.Retry(seq)
+		a.log0().Info("spool: dead deliveries retried by an operator", zap.String("spool", p.Dir()), zap.Int("retried", n))
+		return writeJSON(w, map[string]any{"retried": n})
+	}
+	if seq == 0 {
+		return apiErr(http.StatusBadRequest, "drop needs seq")
+	}
+	e, err := p.Drop(seq)
+	switch {
+	case errors.Is(err, spool.ErrNoRecord):
+		return apiErr(http.StatusNotFound, "spool %s: no waiting delivery %d", p.Dir(), seq)
+	case errors.Is(err, spool.ErrNotDead):
+		return apiErr(http.StatusConflict, "spool %s: delivery %d is not dead (it is still tried); only a dead delivery is dropped", p.Dir(), seq)
+	case err != nil:
+		return apiErr(http.StatusServiceUnavailable, "spool %s: %v", p.Dir(), err)
+	}
+	return writeJSON(w, map[string]any{"dropped": SpoolEntryJSON{Seq: e.Seq, Scope: e.Scope, EventID: e.EventID,
+		Arrived: e.Arrived.UTC(), Attempts: e.Attempts, Dead: true}})
 }

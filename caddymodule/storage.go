@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/cache"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/claim"
@@ -51,6 +52,12 @@ type backendKind struct {
 	queue bool
 	// open opens the store and runs its migrations.
 	open func(ctx context.Context, c Storage) (opened, error)
+	// waits reports whether an error of open says only that the database
+	// could not be reached now (refused, timed out, starting up): the
+	// gateway then starts and opens the store in the background
+	// (storeready.go). Any other error fails the config's load. nil: every
+	// error fails it.
+	waits func(err error) bool
 }
 
 // opened is a store a backendKind opened; newQueue (nil unless the kind
@@ -91,6 +98,7 @@ var backendKinds = []backendKind{
 				return q, nil
 			}}, nil
 		},
+		waits: func(err error) bool { return errors.Is(err, postgres.ErrUnreachable) },
 	},
 	{
 		name:   "sqlite",
@@ -214,6 +222,9 @@ type backend struct {
 	completing *claim.Completions
 	// newQueue creates async mode's queue on the store; nil: none.
 	newQueue func(ctx context.Context) (closingQueue, error)
+	// pending is the store while it is opened in the background (its
+	// database was unreachable at start); nil when it opened at once.
+	pending *pendingStore
 }
 
 // Destruct implements caddy.Destructor: the last handler using the store is
@@ -223,19 +234,19 @@ func (b *backend) Destruct() error {
 	return b.Close()
 }
 
+// openTimeout bounds one opening of a store: connecting and migrating.
+const openTimeout = 30 * time.Second
+
 // openBackend returns the pooled backend for the storage config, opening the
-// store (and running its migrations) on first use.
-func openBackend(c Storage, cacheEntries int) (*backend, error) {
+// store (and running its migrations) on first use. A database the kind
+// says is only unreachable (backendKind.waits) does not fail: the backend
+// is returned with a pendingStore, opened in the background, whose calls
+// fail until then.
+func openBackend(c Storage, cacheEntries int, logger *zap.Logger) (*backend, error) {
 	return loadPooled[*backend](backends, c.poolKey(), func() (caddy.Destructor, error) {
 		k := kindOf(c.Backend)
 		if k == nil {
 			return nil, fmt.Errorf("unknown storage backend %q", c.Backend)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		o, err := k.open(ctx, c)
-		if err != nil {
-			return nil, err
 		}
 		entries := cacheEntries
 		if entries <= 0 {
@@ -243,7 +254,20 @@ func openBackend(c Storage, cacheEntries int) (*backend, error) {
 		}
 		comp, err := cache.New(entries, cacheTTL)
 		if err != nil {
-			_ = o.store.Close()
+			return nil, err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
+		defer cancel()
+		o, err := k.open(ctx, c)
+		switch {
+		case err != nil && k.waits != nil && k.waits(err):
+			p := openLater(c, k, err, logger)
+			b := &backend{Store: p, completed: comp, completing: claim.NewCompletions(), pending: p}
+			b.secrets = p
+			b.newQueue = func(context.Context) (closingQueue, error) { return newPendingQueue(p), nil }
+			return b, nil
+		case err != nil:
+			comp.Close()
 			return nil, err
 		}
 		b := &backend{Store: o.store, completed: comp, completing: claim.NewCompletions(), newQueue: o.newQueue}

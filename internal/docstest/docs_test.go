@@ -542,8 +542,11 @@ func TestDocsAdminCurlExamples(t *testing.T) {
 			require.NoError(t, err)
 			body, _ := io.ReadAll(resp.Body)
 			_ = resp.Body.Close()
+			// The gateway has no event of the examples, and no spool (its
+			// route is stripe's): a 404 saying so is the right answer.
 			ok := resp.StatusCode < 300 ||
-				resp.StatusCode == http.StatusNotFound && bytes.Contains(body, []byte("event not found"))
+				resp.StatusCode == http.StatusNotFound && (bytes.Contains(body, []byte("event not found")) ||
+					bytes.Contains(body, []byte("no open spool has directory")))
 			require.True(t, ok, "%s: %s %s answered %d %s", b, method, target, resp.StatusCode, body)
 			t.Logf("%s %s: %d %s", method, strings.TrimPrefix(target, "http://"+admin), resp.StatusCode, bytes.TrimSpace(body))
 		}

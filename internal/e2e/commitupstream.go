@@ -1,12 +1,9 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -48,12 +45,11 @@ type CommitBehaviour func(eventID string, n int) CommitAction
 // effects of an event: its executions. It serves on a raw socket of
 // 127.0.0.1, so it can commit and then drop the connection unanswered.
 type CommitUpstream struct {
-	ln      net.Listener
+	*rawServer
 	pool    *pgxpool.Pool
 	fn      string
 	effects string
 	behave  CommitBehaviour
-	wg      sync.WaitGroup
 
 	mu       sync.Mutex
 	calls    map[string]int
@@ -85,24 +81,18 @@ func NewCommitUpstream(ctx context.Context, dsn, fn string, behave CommitBehavio
 		pool.Close()
 		return nil, err
 	}
-	u.ln, err = net.Listen("tcp", "127.0.0.1:0")
+	u.rawServer, err = startRawServer(60*time.Second, u.handle)
 	if err != nil {
 		pool.Close()
 		return nil, err
 	}
-	u.wg.Add(1)
-	go u.accept()
 	return u, nil
 }
-
-// Addr is the upstream's host:port.
-func (u *CommitUpstream) Addr() string { return u.ln.Addr().String() }
 
 // Close stops accepting, waits for the requests being served, and closes
 // the pool.
 func (u *CommitUpstream) Close() {
-	_ = u.ln.Close()
-	u.wg.Wait()
+	u.rawServer.Close()
 	u.pool.Close()
 }
 
@@ -160,76 +150,35 @@ func (u *CommitUpstream) Effects(ctx context.Context, eventID string) (int, erro
 	return n, err
 }
 
-func (u *CommitUpstream) accept() {
-	defer u.wg.Done()
-	for {
-		c, err := u.ln.Accept()
-		if err != nil {
-			return
-		}
-		u.wg.Add(1)
-		go func() {
-			defer u.wg.Done()
-			u.serve(c)
-		}()
+// handle records the request, runs the application's transaction and
+// returns the answer to write ("ok", or 500 when <table>_commit refused).
+func (u *CommitUpstream) handle(req *http.Request, body []byte) (RawAction, func()) {
+	id := gjson.GetBytes(body, "id").String()
+	claim := req.Header.Get("Webhook-Claim")
+	u.mu.Lock()
+	u.calls[id]++
+	n := u.calls[id]
+	if claim == "" {
+		u.noClaim++
+	} else {
+		u.claims = append(u.claims, claim)
 	}
-}
+	u.active++
+	u.mu.Unlock()
 
-func (u *CommitUpstream) serve(c net.Conn) {
-	defer c.Close()
-	br := bufio.NewReader(c)
-	for {
-		_ = c.SetReadDeadline(time.Now().Add(60 * time.Second))
-		req, err := http.ReadRequest(br)
-		if err != nil {
-			return
-		}
-		body, err := io.ReadAll(req.Body)
-		if err != nil {
-			return
-		}
-		id := gjson.GetBytes(body, "id").String()
-		claim := req.Header.Get("Webhook-Claim")
-		u.mu.Lock()
-		u.calls[id]++
-		n := u.calls[id]
-		if claim == "" {
-			u.noClaim++
-		} else {
-			u.claims = append(u.claims, claim)
-		}
-		u.active++
-		u.mu.Unlock()
-
-		a := u.behave(id, n)
-		refused := u.transact(id, claim, a)
-		u.mu.Lock()
-		u.active--
-		u.mu.Unlock()
-		ans := a.Answer
-		if refused && !ans.Close && !ans.Reset {
-			ans.Status = http.StatusInternalServerError
-		}
-		time.Sleep(ans.Delay)
-		switch {
-		case ans.Reset:
-			if tc, ok := c.(*net.TCPConn); ok {
-				_ = tc.SetLinger(0)
-			}
-			return
-		case ans.Close:
-			return
-		}
-		status := ans.Status
-		if status == 0 {
-			status = http.StatusOK
-		}
-		_ = c.SetWriteDeadline(time.Now().Add(30 * time.Second))
-		if _, err := fmt.Fprintf(c, "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok",
-			status, http.StatusText(status)); err != nil {
-			return
-		}
+	a := u.behave(id, n)
+	refused := u.transact(id, claim, a)
+	u.mu.Lock()
+	u.active--
+	u.mu.Unlock()
+	ans := a.Answer
+	if refused && !ans.Close && !ans.Reset {
+		ans.Status = http.StatusInternalServerError
 	}
+	if ans.BodyBytes == 0 && ans.ContentLength == 0 {
+		ans.BodyBytes = 2
+	}
+	return ans, nil
 }
 
 // transact runs the application's transaction; refused reports that

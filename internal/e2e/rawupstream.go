@@ -39,9 +39,8 @@ type RawBehaviour func(eventID string, n int) RawAction
 // net/http server would give (a cut body, no answer at all). A bodyless
 // request is recorded by its Idempotency-Key header.
 type RawUpstream struct {
-	ln     net.Listener
+	*rawServer
 	behave RawBehaviour
-	wg     sync.WaitGroup
 
 	mu    sync.Mutex
 	calls map[string]int
@@ -51,23 +50,10 @@ type RawUpstream struct {
 
 // NewRawUpstream starts a raw upstream on a free port of 127.0.0.1.
 func NewRawUpstream(behave RawBehaviour) (*RawUpstream, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	u := &RawUpstream{ln: ln, behave: behave, calls: map[string]int{}, wrote: map[string]int{}}
-	u.wg.Add(1)
-	go u.accept()
-	return u, nil
-}
-
-// Addr is the upstream's host:port.
-func (u *RawUpstream) Addr() string { return u.ln.Addr().String() }
-
-// Close stops accepting and waits for the connections being served.
-func (u *RawUpstream) Close() {
-	_ = u.ln.Close()
-	u.wg.Wait()
+	u := &RawUpstream{behave: behave, calls: map[string]int{}, wrote: map[string]int{}}
+	var err error
+	u.rawServer, err = startRawServer(30*time.Second, u.handle)
+	return u, err
 }
 
 // Calls is how many requests of the event the upstream read: its
@@ -86,28 +72,76 @@ func (u *RawUpstream) Written(eventID string) int {
 	return u.wrote[eventID]
 }
 
-func (u *RawUpstream) accept() {
-	defer u.wg.Done()
+// handle records the request by its event ID and returns its action.
+func (u *RawUpstream) handle(req *http.Request, body []byte) (RawAction, func()) {
+	id := gjson.GetBytes(body, "id").String()
+	if len(body) == 0 {
+		id = req.Header.Get("Idempotency-Key") // a bodyless request of an Idempotency-Key route
+	}
+	u.mu.Lock()
+	u.calls[id]++
+	n := u.calls[id]
+	u.mu.Unlock()
+	return u.behave(id, n), func() {
+		u.mu.Lock()
+		u.wrote[id]++
+		u.mu.Unlock()
+	}
+}
+
+// rawServer serves connections of 127.0.0.1 by hand, so that a test
+// upstream writes exactly the bytes it chooses (a cut body, no answer at
+// all): it reads each request of a connection in turn (keep-alive) with
+// net/http's parser and writes the RawAction handle returns; written, when
+// not nil, runs once the whole answer was accepted by the socket.
+type rawServer struct {
+	ln     net.Listener
+	wg     sync.WaitGroup
+	idle   time.Duration // how long a connection may wait for its next request
+	handle func(req *http.Request, body []byte) (a RawAction, written func())
+}
+
+func startRawServer(idle time.Duration, handle func(*http.Request, []byte) (RawAction, func())) (*rawServer, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	s := &rawServer{ln: ln, idle: idle, handle: handle}
+	s.wg.Add(1)
+	go s.accept()
+	return s, nil
+}
+
+// Addr is the upstream's host:port.
+func (s *rawServer) Addr() string { return s.ln.Addr().String() }
+
+// Close stops accepting and waits for the connections being served.
+func (s *rawServer) Close() {
+	_ = s.ln.Close()
+	s.wg.Wait()
+}
+
+func (s *rawServer) accept() {
+	defer s.wg.Done()
 	for {
-		c, err := u.ln.Accept()
+		c, err := s.ln.Accept()
 		if err != nil {
 			return
 		}
-		u.wg.Add(1)
+		s.wg.Add(1)
 		go func() {
-			defer u.wg.Done()
-			u.serve(c)
+			defer s.wg.Done()
+			s.serve(c)
 		}()
 	}
 }
 
-// serve handles one connection: requests one after the other (keep-alive)
-// until an action closes it.
-func (u *RawUpstream) serve(c net.Conn) {
+// serve handles one connection until an action closes it.
+func (s *rawServer) serve(c net.Conn) {
 	defer c.Close()
 	br := bufio.NewReader(c)
 	for {
-		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		_ = c.SetReadDeadline(time.Now().Add(s.idle))
 		req, err := http.ReadRequest(br)
 		if err != nil {
 			return
@@ -116,50 +150,47 @@ func (u *RawUpstream) serve(c net.Conn) {
 		if err != nil {
 			return
 		}
-		id := gjson.GetBytes(body, "id").String()
-		if len(body) == 0 {
-			id = req.Header.Get("Idempotency-Key") // a bodyless request of an Idempotency-Key route
-		}
-		u.mu.Lock()
-		u.calls[id]++
-		n := u.calls[id]
-		u.mu.Unlock()
-
-		a := u.behave(id, n)
-		time.Sleep(a.Delay)
-		switch {
-		case a.Reset:
-			if tc, ok := c.(*net.TCPConn); ok {
-				_ = tc.SetLinger(0)
-			}
-			return
-		case a.Close:
+		a, written := s.handle(req, body)
+		if !writeRaw(c, a) {
 			return
 		}
-		status := a.Status
-		if status == 0 {
-			status = http.StatusOK
+		if written != nil {
+			written()
 		}
-		length := a.ContentLength
-		if length == 0 {
-			length = a.BodyBytes
-		}
-		_ = c.SetWriteDeadline(time.Now().Add(30 * time.Second))
-		head := fmt.Sprintf("HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n",
-			status, http.StatusText(status), length)
-		if _, err := io.WriteString(c, head); err != nil {
-			return
-		}
-		if _, err := io.Copy(c, io.LimitReader(filler{}, int64(a.BodyBytes))); err != nil {
-			return
-		}
-		if a.BodyBytes < length {
-			return // the body is cut: close mid-answer
-		}
-		u.mu.Lock()
-		u.wrote[id]++
-		u.mu.Unlock()
 	}
+}
+
+// writeRaw waits a.Delay and writes a; false when the connection is to be
+// closed (a closing action, a cut body, a failed write).
+func writeRaw(c net.Conn, a RawAction) bool {
+	time.Sleep(a.Delay)
+	switch {
+	case a.Reset:
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0)
+		}
+		return false
+	case a.Close:
+		return false
+	}
+	status := a.Status
+	if status == 0 {
+		status = http.StatusOK
+	}
+	length := a.ContentLength
+	if length == 0 {
+		length = a.BodyBytes
+	}
+	_ = c.SetWriteDeadline(time.Now().Add(30 * time.Second))
+	head := fmt.Sprintf("HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n",
+		status, http.StatusText(status), length)
+	if _, err := io.WriteString(c, head); err != nil {
+		return false
+	}
+	if _, err := io.Copy(c, io.LimitReader(filler{}, int64(a.BodyBytes))); err != nil {
+		return false
+	}
+	return a.BodyBytes >= length // a cut body: close mid-answer
 }
 
 // filler is an endless body of 'x'.

@@ -43,6 +43,18 @@ func SetBody(r *http.Request, body []byte) {
 	}
 }
 
+// SetReader gives r a body of exactly size bytes (size > 0) read from body,
+// in a form the Transport never re-sends: no GetBody, and ContentLength
+// size with no Transfer-Encoding (a body that arrived chunked is sent with
+// its length), so the upstream gets that Content-Length. body must hold
+// size bytes: a shorter one fails the forward, a longer one is cut at size.
+func SetReader(r *http.Request, body io.Reader, size int64) {
+	r.GetBody = nil
+	r.TransferEncoding = nil
+	r.Body = io.NopCloser(io.LimitReader(body, size))
+	r.ContentLength = size
+}
+
 // replayable reports whether the Transport would replay r with an empty
 // body: the method and header tests of net/http's Request.isReplayable.
 func replayable(r *http.Request) bool {

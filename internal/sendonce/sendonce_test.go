@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -127,4 +128,52 @@ func TestSetBodyNeverResent(t *testing.T) {
 			require.Equal(t, tc.want, d.executions(), "upstream executions")
 		})
 	}
+}
+
+// TestSetReaderNeverResent: a body read from a stream (a spilled body) with
+// an Idempotency-Key header reaches an upstream that drops the reused
+// connection once, with its exact Content-Length and no chunked framing
+// even when the request arrived chunked; the Transport does not send it
+// again.
+func TestSetReaderNeverResent(t *testing.T) {
+	d := newDropper(t)
+	var got *http.Request
+	var gotBody []byte
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		gotBody, _ = io.ReadAll(r.Body)
+		got = r
+	}))
+	defer up.Close()
+	body := strings.Repeat("b", 100_000)
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+
+	req, err := http.NewRequest(http.MethodPost, up.URL, io.NopCloser(strings.NewReader("ignored")))
+	require.NoError(t, err)
+	req.TransferEncoding = []string{"chunked"} // as a chunked arrival keeps it
+	sendonce.SetReader(req, strings.NewReader(body), int64(len(body)))
+	require.Nil(t, req.GetBody)
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	require.Equal(t, int64(len(body)), got.ContentLength)
+	require.Empty(t, got.TransferEncoding)
+	require.Equal(t, body, string(gotBody))
+
+	base := "http://" + d.ln.Addr().String()
+	warm, err := http.NewRequest(http.MethodGet, base+"/warm", nil)
+	require.NoError(t, err)
+	resp, err = tr.RoundTrip(warm)
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	req, err = http.NewRequest(http.MethodPost, base+"/work", nil)
+	require.NoError(t, err)
+	req.Header.Set("Idempotency-Key", "k_1")
+	sendonce.SetReader(req, strings.NewReader(body), int64(len(body)))
+	resp, err = tr.RoundTrip(req)
+	if err == nil {
+		_ = resp.Body.Close()
+	}
+	require.Error(t, err, "the dropped answer is the forward's error")
+	require.Equal(t, 1, d.executions(), "upstream executions")
 }

@@ -50,7 +50,7 @@ func init() {
 		Name:         "appstore",
 		SecretFormat: "the bundle ID, optionally `:Sandbox` or `:Production:<appAppleId>`; the key is the chain to Apple's root",
 		Delivery: Delivery{
-			Retry:   Retry{Retries: true, Attempts: 6, Note: "V2: retried 5 times, at 1, 12, 24, 48 and 72 hours", Source: "https://developer.apple.com/documentation/appstoreservernotifications/responding-to-app-store-server-notifications"},
+			Retry:   Retry{Retries: true, For: 72 * time.Hour, Attempts: 6, Note: "V2: retried 5 times, at 1, 12, 24, 48 and 72 hours", Source: "https://developer.apple.com/documentation/appstoreservernotifications/responding-to-app-store-server-notifications"},
 			MaxBody: MaxBody{Source: Undocumented},
 			Timeout: Timeout{Source: Undocumented},
 			Answer:  Answer{Note: "HTTP 200", Status: http.StatusOK, Source: "https://developer.apple.com/documentation/appstoreservernotifications/responding-to-app-store-server-notifications"},

@@ -14,7 +14,19 @@ func init() {
 	// date_modified_gmt` (the resource at one modification); dedupe_body
 	// stays on.
 	register(Preset{
-		Name:            "woocommerce",
+		Name: "woocommerce",
+		// WooCommerce's documentation states none of these; its delivery
+		// code (WC_Webhook::deliver and log_delivery) does.
+		Delivery: Delivery{
+			Retry: Retry{
+				Note:   "a failed delivery is not sent again; more than 5 consecutive failures disable the webhook",
+				Source: "https://github.com/woocommerce/woocommerce/blob/trunk/plugins/woocommerce/includes/class-wc-webhook.php",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: time.Minute, Note: "redirects are not followed", Source: "https://github.com/woocommerce/woocommerce/blob/trunk/plugins/woocommerce/includes/class-wc-webhook.php"},
+			Answer:  Answer{Note: "a 2xx, 301 or 302 counts as delivered", Source: "https://github.com/woocommerce/woocommerce/blob/trunk/plugins/woocommerce/includes/class-wc-webhook.php"},
+			Refusal: Refusal{Note: "counts as a failed delivery toward disabling the webhook", Source: "https://github.com/woocommerce/woocommerce/blob/trunk/plugins/woocommerce/includes/class-wc-webhook.php"},
+		},
 		Doc:             "https://developer.woocommerce.com/docs/apis/rest-api/v2/webhooks/",
 		SignatureHeader: "X-WC-Webhook-Signature: <base64>",
 		DedupeBody:      true,
@@ -27,7 +39,18 @@ func init() {
 	})
 	// Paystack events carry no event ID; configure one per route.
 	register(Preset{
-		Name:            "paystack",
+		Name: "paystack",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 72 * time.Hour,
+				Note:   "live mode: every 3 minutes for the first 4 tries, then hourly for 72 hours; test mode: hourly for 10 hours",
+				Source: "https://paystack.com/docs/payments/webhooks/",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 30 * time.Second, Note: "stated beside the test-mode schedule", Source: "https://paystack.com/docs/payments/webhooks/"},
+			Answer:  Answer{Status: 200, Note: "anything else is a failed attempt; answer before long-running work", Source: "https://paystack.com/docs/payments/webhooks/"},
+			Refusal: Refusal{Note: "a non-200 answer is retried like any failure", Source: "https://paystack.com/docs/payments/webhooks/"},
+		},
 		Doc:             "https://paystack.com/docs/payments/webhooks/#verify-event-origin",
 		SignatureHeader: "x-paystack-signature: <hex>",
 		DedupeBody:      true,
@@ -90,7 +113,7 @@ func init() {
 		Name: "checkout",
 		Delivery: Delivery{
 			Retry: Retry{
-				Retries: true, Attempts: 8,
+				Retries: true, For: 15*time.Hour + 50*time.Minute, Attempts: 8,
 				Note:   "best-effort retries after 5 min, 15 min, 30 min, 1 h, 2 h, 4 h and 8 h, then an email; an event type that keeps failing is unsubscribed from the endpoint",
 				Source: "https://checkoutdocs.readme.io/docs/webhooks",
 			},

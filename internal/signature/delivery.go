@@ -62,13 +62,40 @@ type Retry struct {
 	Source Source
 }
 
-// MaxBody is the largest delivery body the provider sends.
+// OutlastsOutage reports whether the provider's documented redelivery
+// would bring a delivery refused during a store outage back after the
+// outage: it retries for at least an hour by its document. An hour covers
+// the store outages a spool is for (a failover, a restart, a managed
+// database's maintenance). A provider that gives up sooner (Okta retries
+// once) or does not say for how long loses what arrives during a longer
+// one, so the safe answer there is no.
+func (r Retry) OutlastsOutage() bool {
+	return r.Retries && r.For >= time.Hour
+}
+
+// MaxBody is the largest delivery body the provider sends. A route's
+// max_body defaults to Limit when that is larger than the gateway's own
+// default (5 MB).
 type MaxBody struct {
 	// Bytes is the documented limit; 0: not stated.
 	Bytes int64
+	// Body is the largest request body Bytes allows when Bytes bounds only
+	// part of it (Pub/Sub's message data, base64-encoded inside a JSON
+	// envelope), worked out from the document's other limits; 0: Bytes
+	// bounds the whole body.
+	Body int64
 	// Note qualifies it (e.g. what the provider does with a larger event).
 	Note   string
 	Source Source
+}
+
+// Limit is the largest request body the provider documents, in bytes: Body
+// when set, else Bytes; 0 when undocumented.
+func (m MaxBody) Limit() int64 {
+	if m.Body != 0 {
+		return m.Body
+	}
+	return m.Bytes
 }
 
 // Timeout is how long the provider waits for the answer.
@@ -128,7 +155,7 @@ func (d Delivery) validate() error {
 	r := d.Retry
 	return errors.Join(
 		checkSource("retry", r.Source, !r.Retries && r.For == 0 && r.Attempts == 0 && r.Note == ""),
-		checkSource("max body", d.MaxBody.Source, d.MaxBody.Bytes == 0 && d.MaxBody.Note == ""),
+		checkSource("max body", d.MaxBody.Source, d.MaxBody.Bytes == 0 && d.MaxBody.Body == 0 && d.MaxBody.Note == ""),
 		checkSource("timeout", d.Timeout.Source, d.Timeout.Duration == 0 && d.Timeout.Note == ""),
 		checkSource("answer", d.Answer.Source, d.Answer.Status == 0 && d.Answer.Body == "" && d.Answer.Note == ""),
 		checkSource("refusal", d.Refusal.Source, d.Refusal.Status == 0 && d.Refusal.Note == ""),

@@ -27,6 +27,12 @@ func init() {
 		Name:         "discord",
 		SecretFormat: "the application's public key (hex Ed25519)",
 		Delivery: Delivery{
+			// The interactions documents say nothing of a redelivery (an
+			// unanswered interaction fails for the user); Discord's webhook
+			// events, sent to a separate URL, are retried for up to 10
+			// minutes (docs/events/webhook-events#responding-to-events).
+			Retry:   Retry{Source: Undocumented},
+			MaxBody: MaxBody{Source: Undocumented},
 			Timeout: Timeout{Duration: 3 * time.Second, Note: "the interaction fails for the user after it", Source: "https://discord.com/developers/docs/interactions/receiving-and-responding#responding-to-an-interaction"},
 			Answer:  Answer{Note: "an interaction response (a PING gets {\"type\":1})", Source: "https://discord.com/developers/docs/interactions/receiving-and-responding#responding-to-an-interaction"},
 			Refusal: Refusal{Status: 401, Note: "Discord sends deliberately bad signatures and removes the endpoint unless it answers 401", Source: "https://discord.com/developers/docs/interactions/overview#setting-up-an-endpoint-validating-security-request-headers"},

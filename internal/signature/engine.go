@@ -134,24 +134,49 @@ func newEngine(p Preset, s Scheme, o Options) (*engine, error) {
 
 // Verify implements Verifier.
 func (e *engine) Verify(body []byte, h http.Header) error {
-	v, hs, err := e.pick(h)
+	s, err := e.read(h)
 	if err != nil {
 		return err
 	}
+	if !e.match(s.v, s.sigs, body, s.ts, s.id) {
+		return e.noMatch(s)
+	}
+	if e.jsonBody && !isJSONObject(body) {
+		return fmt.Errorf("signed body is not a JSON object, which %s never sends: %w", e.name, ErrBodyNotJSON)
+	}
+	return nil
+}
+
+// signed is what a delivery's headers say about its signature: the header
+// family present, its signatures, and the timestamp and ID it signs.
+type signed struct {
+	v      *variant
+	hs     HeaderSet
+	sigs   [][]byte
+	ts, id string
+}
+
+// read parses and checks the signature headers (the timestamp against the
+// tolerance), everything Verify checks before the body.
+func (e *engine) read(h http.Header) (signed, error) {
+	v, hs, err := e.pick(h)
+	if err != nil {
+		return signed{}, err
+	}
 	raw, err := oneValue(h, hs.Signature)
 	if err != nil {
-		return err
+		return signed{}, err
 	}
 	d := digestPool.Get().(*digests)
 	defer d.release()
 	ts, err := v.parse(hs.Signature, raw, e.codec, d)
 	if err != nil {
-		return err
+		return signed{}, err
 	}
 	sigs := d.sigs
 	if hs.Timestamp != "" {
 		if ts, err = oneValue(h, hs.Timestamp); err != nil {
-			return err
+			return signed{}, err
 		}
 	}
 	if e.tolerance > 0 {
@@ -160,23 +185,21 @@ func (e *engine) Verify(body []byte, h http.Header) error {
 			check = layoutChecker(e.layout)
 		}
 		if err := check(ts, e.unit, e.tolerance, e.now()); err != nil {
-			return err
+			return signed{}, err
 		}
 	}
 	var id string
 	if e.signsID {
 		if id, err = oneValue(h, hs.ID); err != nil {
-			return err
+			return signed{}, err
 		}
 	}
-	if !e.match(v, sigs, body, ts, id) {
-		return fmt.Errorf("%s: %d signature(s) checked against %d secret(s): %w",
-			hs.Signature, len(sigs), len(e.keys), ErrNoMatchingSignature)
-	}
-	if e.jsonBody && !isJSONObject(body) {
-		return fmt.Errorf("signed body is not a JSON object, which %s never sends: %w", e.name, ErrBodyNotJSON)
-	}
-	return nil
+	return signed{v: v, hs: hs, sigs: sigs, ts: ts, id: id}, nil
+}
+
+func (e *engine) noMatch(s signed) error {
+	return fmt.Errorf("%s: %d signature(s) checked against %d secret(s): %w",
+		s.hs.Signature, len(s.sigs), len(e.keys), ErrNoMatchingSignature)
 }
 
 // pick chooses the header family present on the request. The legacy header
@@ -299,28 +322,32 @@ func (e *engine) mac(v *variant, key, body []byte, ts, id string) []byte {
 // possibly grown scratch is returned for reuse.
 func (e *engine) writeSigned(m hash.Hash, scratch, body []byte, ts, id string) []byte {
 	for _, pt := range e.parts {
-		var text string
-		switch pt.kind {
-		case partText:
-			text = pt.text
-		case partBody:
+		if pt.kind == partBody {
 			m.Write(body)
 			continue
-		case partTimestamp:
-			text = ts
-		case partID:
-			text = id
-		case partURL:
-			text = e.url
-		case partMethod:
-			text = http.MethodPost
-		default:
-			continue
 		}
-		scratch = append(scratch[:0], text...)
+		scratch = append(scratch[:0], e.text(pt, ts, id)...)
 		m.Write(scratch)
 	}
 	return scratch
+}
+
+// text is a template part other than the body: its text in the signed
+// bytes.
+func (e *engine) text(pt part, ts, id string) string {
+	switch pt.kind {
+	case partText:
+		return pt.text
+	case partTimestamp:
+		return ts
+	case partID:
+		return id
+	case partURL:
+		return e.url
+	case partMethod:
+		return http.MethodPost
+	}
+	return ""
 }
 
 // sign sets the headers the provider would send, signed with the first

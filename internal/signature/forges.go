@@ -35,7 +35,16 @@ func init() {
 		},
 	})
 	register(Preset{
-		Name:            "gitea",
+		Name: "gitea",
+		// The self-hosted forges document only the delivery timeout (a
+		// server setting), nothing of an automatic redelivery.
+		Delivery: Delivery{
+			Retry:   Retry{Source: Undocumented},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 5 * time.Second, Note: "the default of [webhook] DELIVER_TIMEOUT, set by the server's administrator", Source: "https://docs.gitea.com/administration/config-cheat-sheet#webhook-webhook"},
+			Answer:  Answer{Source: Undocumented},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:             "https://docs.gitea.com/usage/webhooks",
 		SignatureHeader: "X-Gitea-Signature: <hex>",
 		EventID:         ids(headerID("X-Gitea-Delivery")),
@@ -50,7 +59,16 @@ func init() {
 		},
 	})
 	register(Preset{
-		Name:            "forgejo",
+		Name: "forgejo",
+		// The self-hosted forges document only the delivery timeout (a
+		// server setting), nothing of an automatic redelivery.
+		Delivery: Delivery{
+			Retry:   Retry{Source: Undocumented},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 5 * time.Second, Note: "the default of [webhook] DELIVER_TIMEOUT, set by the server's administrator", Source: "https://forgejo.org/docs/latest/admin/config-cheat-sheet/#webhook-webhook"},
+			Answer:  Answer{Source: Undocumented},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:             "https://forgejo.org/docs/latest/user/webhooks/",
 		SignatureHeader: "X-Forgejo-Signature: <hex>",
 		EventID:         ids(headerID("X-Forgejo-Delivery")),

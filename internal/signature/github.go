@@ -14,7 +14,7 @@ func init() {
 		Name: "github",
 		Delivery: Delivery{
 			Retry:   Retry{Note: "failed deliveries are redelivered only by hand or by a script using the REST API", Source: "https://docs.github.com/en/webhooks/using-webhooks/handling-failed-webhook-deliveries"},
-			MaxBody: MaxBody{Bytes: 25_000_000, Note: "a larger event is not delivered", Source: "https://docs.github.com/en/webhooks/webhook-events-and-payloads#payload-cap"},
+			MaxBody: MaxBody{Bytes: 25 << 20, Note: "25 MB in the document, read as MiB so no body under the cap is refused; a larger event is not delivered", Source: "https://docs.github.com/en/webhooks/webhook-events-and-payloads#payload-cap"},
 			Timeout: Timeout{Duration: 10 * time.Second, Source: "https://docs.github.com/en/webhooks/using-webhooks/best-practices-for-using-webhooks#respond-within-10-seconds"},
 			Answer:  Answer{Note: "within 10 seconds", Source: "https://docs.github.com/en/webhooks/using-webhooks/best-practices-for-using-webhooks#respond-within-10-seconds"},
 			Refusal: Refusal{Source: Undocumented},

@@ -4,6 +4,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"fmt"
+	"io"
 	"net/http"
 	"time"
 )
@@ -20,6 +21,9 @@ func init() {
 	register(Preset{
 		Name: "gitlab",
 		Delivery: Delivery{
+			// The document says 25 MB: read as MiB, the larger reading, so
+			// no delivery GitLab sends is over it.
+			MaxBody: MaxBody{Bytes: 25 << 20, Note: "25 MB, GitLab's instance limit", Source: "https://docs.gitlab.com/administration/instance_limits/#webhook-payload-size"},
 			Retry:   Retry{Retries: true, Note: "the document only says a slow hook may be retried; a hook failing 4 times in a row is disabled (4xx until re-enabled by hand, 5xx for 1 minute up to 24 hours)", Source: "https://docs.gitlab.com/user/project/integrations/webhooks/"},
 			Timeout: Timeout{Duration: 10 * time.Second, Note: "GitLab.com; configurable on self-managed", Source: "https://docs.gitlab.com/user/gitlab_com/"},
 			Answer:  Answer{Note: "as fast as possible", Source: "https://docs.gitlab.com/user/project/integrations/webhooks/"},
@@ -65,6 +69,16 @@ func (v *tokenVerifier) Verify(_ []byte, h http.Header) error {
 		}
 	}
 	return fmt.Errorf("header %s matches none of %d secret(s): %w", v.header, len(v.digests), ErrNoMatchingSignature)
+}
+
+// VerifyReader implements StreamVerifier: the token binds no body, so the
+// body is only read to its end (a read error is returned as is).
+func (v *tokenVerifier) VerifyReader(body io.Reader, h http.Header) error {
+	if err := v.Verify(nil, h); err != nil {
+		return err
+	}
+	_, err := io.Copy(io.Discard, body)
+	return err
 }
 
 func (v *tokenVerifier) sign(_ []byte, h http.Header, _ time.Time) error {

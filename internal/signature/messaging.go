@@ -56,7 +56,19 @@ func init() {
 	// hub.verify_token equals the route's verify token. Payloads batch
 	// entries without a per-event ID: configure one (e.g. a message ID).
 	register(Preset{
-		Name:            "meta",
+		Name: "meta",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 36 * time.Hour,
+				Note:   "a failed update is retried at once, then a few more times less and less often over 36 hours, then dropped; Messenger's schedule differs",
+				Source: "https://developers.facebook.com/docs/graph-api/webhooks/getting-started",
+			},
+			MaxBody: MaxBody{Note: "a batch of at most 1000 updates (no byte figure)", Source: "https://developers.facebook.com/docs/graph-api/webhooks/getting-started"},
+			Timeout: Timeout{Source: Undocumented},
+			Answer:  Answer{Status: 200, Source: "https://developers.facebook.com/docs/graph-api/webhooks/getting-started"},
+			// "Fails" is not defined beyond the answer 200 OK.
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:             "https://developers.facebook.com/docs/graph-api/webhooks/getting-started",
 		SignatureHeader: "X-Hub-Signature-256: sha256=<hex>",
 		DedupeBody:      true,
@@ -110,8 +122,15 @@ func init() {
 	register(Preset{
 		Name: "telnyx",
 		Delivery: Delivery{
-			Retry:  Retry{Retries: true, Note: "an answer other than 200 makes Telnyx deliver to the failover URL", Source: "https://developers.telnyx.com/api-reference/callbacks/number-order-status-update"},
-			Answer: Answer{Status: 200, Source: "https://developers.telnyx.com/api-reference/callbacks/number-order-status-update"},
+			Retry: Retry{
+				Retries: true, Attempts: 3,
+				Note:   "up to 3 attempts per URL when the answer is late, then the failover URL if one is configured",
+				Source: "https://developers.telnyx.com/docs/messaging/messages/receiving-webhooks",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 2 * time.Second, Source: "https://developers.telnyx.com/docs/messaging/messages/receiving-webhooks"},
+			Answer:  Answer{Status: 200, Note: "the messaging guide asks for a 2xx within 2 seconds", Source: "https://developers.telnyx.com/api-reference/callbacks/number-order-status-update"},
+			Refusal: Refusal{Note: "not 200: delivered to the failover URL, if any", Source: "https://developers.telnyx.com/api-reference/callbacks/number-order-status-update"},
 		},
 		SecretFormat:     "the public key (base64 Ed25519)",
 		Doc:              "https://developers.telnyx.com/docs/messaging/messages/receiving-webhooks",
@@ -162,6 +181,10 @@ func init() {
 				Note:   "after 5, 10, 15 min, 1, 2 and 4 h; delivery notifications are not retried; a 406 answer stops the retries",
 				Source: "https://documentation.mailgun.com/docs/mailgun/user-manual/webhooks/webhook-retries",
 			},
+			// The retries page and the user manual (mailgun/documentation)
+			// give no size or timeout.
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Source: Undocumented},
 			Answer:  Answer{Status: 200, Source: "https://documentation.mailgun.com/docs/mailgun/user-manual/webhooks/webhook-retries"},
 			Refusal: Refusal{Note: "406 is taken as a rejection and not retried; any other refusal is retried for 8 hours", Source: "https://documentation.mailgun.com/docs/mailgun/user-manual/webhooks/webhook-retries"},
 		},
@@ -192,6 +215,11 @@ func init() {
 				Note:   "any answer but a 2xx is retried at increasing intervals for up to 24 hours after the event",
 				Source: "https://docs.sendgrid.com/for-developers/tracking-events/troubleshooting",
 			},
+			MaxBody: MaxBody{
+				Note:   "events are posted every 30 seconds or when the batch reaches 768 KB, whichever comes first (not a hard limit)",
+				Source: "https://github.com/sendgrid/docs/blob/develop/content/docs/for-developers/tracking-events/getting-started-event-webhook.md#data-storage",
+			},
+			Timeout: Timeout{Source: Undocumented},
 			Answer:  Answer{Note: "any 2xx", Source: "https://docs.sendgrid.com/for-developers/tracking-events/troubleshooting"},
 			Refusal: Refusal{Note: "retried like any answer but a 2xx", Source: "https://docs.sendgrid.com/for-developers/tracking-events/troubleshooting"},
 		},
@@ -220,6 +248,10 @@ func init() {
 			Note:   "at once, then after 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h; a removed or disabled endpoint stops them",
 			Source: "https://resend.com/docs/webhooks/retries-and-replays",
 		},
+		MaxBody: MaxBody{Source: Undocumented},
+		Timeout: Timeout{Source: Undocumented},
+		Answer:  Answer{Status: 200, Note: "200 OK signals the delivery succeeded", Source: "https://resend.com/docs/webhooks/create-webhook"},
+		Refusal: Refusal{Source: Undocumented},
 	}
 	register(resend)
 }

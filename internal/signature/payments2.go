@@ -44,6 +44,8 @@ func init() {
 			},
 			Timeout: Timeout{Duration: 10 * time.Second, Source: "https://support.gocardless.com/hc/en-nz/articles/360000989989-Webhook-retries-failures"},
 			Answer:  Answer{Note: "a 2xx within 10 seconds; redirects are not followed", Source: "https://support.gocardless.com/hc/en-nz/articles/360000989989-Webhook-retries-failures"},
+			MaxBody: MaxBody{Source: Undocumented},
+			Refusal: Refusal{Note: "an answer refusing the request's authorisation is a failure, retried like any other", Source: "https://support.gocardless.com/hc/en-nz/articles/360000989989-Webhook-retries-failures"},
 		},
 		Doc:             "https://developer.gocardless.com/getting-started/staying-up-to-date-with-webhooks",
 		SignatureHeader: "Webhook-Signature: <hex>",
@@ -63,7 +65,15 @@ func init() {
 	// 10.0), so its libraries rewrite them before hashing; so does this
 	// preset (easypostSigned).
 	register(Preset{
-		Name:            "easypost",
+		Name: "easypost",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 24 * time.Hour,
+				Note:   "progressive back-off covers an endpoint down for less than 24 hours; after that, resend through the events API",
+				Source: "https://www.easypost.com/if-the-customers-webhook-url-goes-down-how-does-easypost-respond",
+			},
+			Answer: Answer{Note: "any other answer is a failure and is retried", Source: "https://docs.easypost.com/guides/webhooks-guide"},
+		},
 		Doc:             "https://docs.easypost.com/guides/webhooks-guide#hmac-validation",
 		SignatureHeader: "X-Hmac-Signature: hmac-sha256-hex=<hex>",
 		EventID:         ids(jsonID("id")),
@@ -89,7 +99,21 @@ func init() {
 	// array, answered 200 when the signature matches (401 otherwise).
 	// Events carry no ID: configure one.
 	register(Preset{
-		Name:            "xero",
+		Name: "xero",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 24 * time.Hour,
+				Note:   "retried with decreasing frequency; after 24 hours the webhook is disabled until re-enabled",
+				Source: "https://developer.xero.com/documentation/guides/webhooks/configuring-your-server/",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 5 * time.Second, Source: "https://developer.xero.com/documentation/guides/webhooks/configuring-your-server/"},
+			Answer:  Answer{Status: 200, Note: "within 5 seconds, no body, no cookies", Source: "https://developer.xero.com/documentation/guides/webhooks/configuring-your-server/"},
+			Refusal: Refusal{
+				Status: 401, Note: "an invalid signature must be answered 401 Unauthorized; the intent-to-receive validation checks it",
+				Source: "https://developer.xero.com/documentation/guides/webhooks/configuring-your-server/",
+			},
+		},
 		Doc:             "https://developer.xero.com/documentation/guides/webhooks/configuring-your-server/",
 		SignatureHeader: "x-xero-signature: <base64>",
 		DedupeBody:      true,
@@ -106,7 +130,19 @@ func init() {
 	})
 	// Intuit (QuickBooks Online): keyed with the app's verifier token.
 	register(Preset{
-		Name:            "intuit",
+		Name: "intuit",
+		Delivery: Delivery{
+			// No end to the retries is stated: after 6 h they stay 6 h apart.
+			Retry: Retry{
+				Retries: true,
+				Note:    "retried after 10 s, 20 s, 30 s, 5 min, 20 min, 2 h, 4 h, 6 h, then every 6 hours; later events may wait until the first is acknowledged",
+				Source:  "https://developer.intuit.com/app/developer/qbo/docs/develop/webhooks/best-practices#respond-promptly-to-notifications",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 3 * time.Second, Source: "https://developer.intuit.com/app/developer/qbo/docs/develop/webhooks/best-practices#respond-promptly-to-notifications"},
+			Answer:  Answer{Status: 200, Note: "within 3 seconds; process asynchronously", Source: "https://developer.intuit.com/app/developer/qbo/docs/develop/webhooks/best-practices#respond-promptly-to-notifications"},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:             "https://developer.intuit.com/app/developer/qbo/docs/develop/webhooks/managing-webhooks-notifications",
 		SignatureHeader: "intuit-signature: <base64>",
 		DedupeBody:      true,

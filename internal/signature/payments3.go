@@ -34,7 +34,20 @@ func init() {
 	// two X-Mollie-Signature headers for 24 hours; mollieHeaders joins
 	// them so either may match (mollie-api-typescript accepts a list).
 	register(Preset{
-		Name:            "mollie",
+		Name: "mollie",
+		Delivery: Delivery{
+			// The next-gen page refers to the retry schema of Mollie's
+			// webhook overview.
+			Retry: Retry{
+				Retries: true, For: 26 * time.Hour, Attempts: 10,
+				Note:   "anything but 200 or an answer later than 15 s is tried again after 1, 2, 4, 8, 16, 29 min, 1, 2 and 22 h",
+				Source: "https://docs.mollie.com/overview/webhooks#retry-schema",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 15 * time.Second, Source: "https://docs.mollie.com/reference/webhooks-new"},
+			Answer:  Answer{Note: "a success status such as 200, quickly; avoid complex logic in the handler", Source: "https://docs.mollie.com/reference/webhooks-new"},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:             "https://docs.mollie.com/reference/webhooks-new#manual-signature-verification",
 		SignatureHeader: "X-Mollie-Signature: sha256=<hex> (two headers during a rotation)",
 		EventID:         ids(jsonID("id")),
@@ -65,7 +78,7 @@ func init() {
 		EventID:          ids(jsonID("id")),
 		Delivery: Delivery{
 			Retry: Retry{
-				Retries: true, Attempts: 11,
+				Retries: true, For: 91 * time.Hour, Attempts: 11,
 				Note:   "any non-2xx; up to 10 retries, the n-th after about 10+n·2^(n+5) s, in creation order",
 				Source: "https://docs.recurly.com/recurly-subscriptions/v2021-02-25/docs/automatic-retries",
 			},
@@ -89,7 +102,19 @@ func init() {
 	// as Revolut recommends. The body names an order, not an event:
 	// configure event_id.
 	register(Preset{
-		Name:             "revolut",
+		Name: "revolut",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 30 * time.Minute, Attempts: 4,
+				Note:   "an HTTP error or a timeout is retried 3 more times, 10 minutes apart",
+				Source: "https://developer.revolut.com/docs/guides/accept-payments/tutorials/work-with-webhooks/using-webhooks",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			// A timeout fails the delivery; its length is not given.
+			Timeout: Timeout{Source: Undocumented},
+			Answer:  Answer{Source: Undocumented},
+			Refusal: Refusal{Note: "an HTTP error answer is retried like any failure", Source: "https://developer.revolut.com/docs/guides/accept-payments/tutorials/work-with-webhooks/using-webhooks"},
+		},
 		Doc:              "https://developer.revolut.com/docs/guides/accept-payments/tutorials/work-with-webhooks/verify-the-payload-signature",
 		SignatureHeader:  "Revolut-Signature: v1=<hex>[,v1=<hex>] (with Revolut-Request-Timestamp, ms)",
 		DefaultTolerance: 5 * time.Minute,
@@ -137,9 +162,13 @@ func init() {
 		Name: "fastspring",
 		Delivery: Delivery{
 			Retry: Retry{
-				Retries: true,
-				Note:    "automatic retries keep each event's id; manual resends get new ones",
-				Source:  "https://developer.fastspring.com/docs/webhooks-overview",
+				Retries: true, For: 7 * 24 * time.Hour, Attempts: 13,
+				Note:   "an event not marked processed is retried 1 h, 2 h, 4 h, then 6 h apart, then daily, at most 12 times within 7 days; retries keep each event's id",
+				Source: "https://developer.fastspring.com/reference/processed-and-unprocessed-webhook-events",
+			},
+			Answer: Answer{
+				Status: 200, Note: "200 marks every event of the post processed; 202 with event IDs, one a line, marks only those; any other status is a failure",
+				Source: "https://developer.fastspring.com/reference/processed-and-unprocessed-webhook-events",
 			},
 		},
 		Doc:             "https://developer.fastspring.com/docs/message-security",
@@ -190,11 +219,17 @@ func init() {
 		Name: "xendit",
 		Delivery: Delivery{
 			Retry: Retry{
-				Retries: true, Attempts: 7,
-				Note:   "up to 6 retries with exponential back-off, the first 15 min and the second 1 h after the original",
+				Retries: true, For: 24 * time.Hour, Attempts: 7,
+				Note:   "up to 6 retries with exponential back-off, 15 min to 24 h after the original; a delivery that timed out is not retried automatically",
 				Source: "https://docs.xendit.co/webhook/delivery-attempts-and-retries/",
 			},
-			Answer: Answer{Note: "any 2xx", Source: "https://docs.xendit.co/webhook/delivery-attempts-and-retries/"},
+			Answer:  Answer{Note: "any 2xx", Source: "https://docs.xendit.co/webhook/delivery-attempts-and-retries/"},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{
+				Duration: 30 * time.Second, Note: "a timed-out delivery is only resent by hand",
+				Source: "https://help.xendit.co/hc/en-us/articles/28686969138585-My-Webhook-URL-Cannot-Respond-to-Xendit-s-Webhook-within-30-seconds-What-Should-I-Do",
+			},
+			Refusal: Refusal{Source: Undocumented},
 		},
 		SecretFormat:    "the webhook verification token",
 		Doc:             "https://docs.xendit.co/docs/handling-webhooks",
@@ -245,7 +280,20 @@ func init() {
 	register(Preset{
 		Name: "midtrans",
 		Delivery: Delivery{
-			Answer: Answer{Status: 200, Note: "redirects (301, 302, 303) are not supported", Source: "https://docs.midtrans.com/docs/technical-faq"},
+			Answer:  Answer{Status: 200, Note: "redirects (301, 302, 303) are not supported", Source: "https://docs.midtrans.com/docs/technical-faq"},
+			Timeout: Timeout{Duration: 15 * time.Second, Note: "answer within 5 seconds", Source: "https://docs.midtrans.com/reference/best-practices-to-handle-notification"},
+			// Each retry comes at a random time up to its interval, and
+			// how many come depends on the status, so no span is certain.
+			Retry: Retry{
+				Retries: true, Attempts: 6,
+				Note:   "at most 5 retries, each at random up to 2, 10, 30, 90 and 210 min after the failure; a 500 is retried once, a 503 4 times, other failures 5 times; 301/302/303 never",
+				Source: "https://github.com/Midtrans/technical-documentation-site/blob/master/en/after-payment/http-notification.md#responding-http-notification-from-midtrans",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Refusal: Refusal{
+				Note:   "a 400 or 404 is retried twice",
+				Source: "https://github.com/Midtrans/technical-documentation-site/blob/master/en/after-payment/http-notification.md#responding-http-notification-from-midtrans",
+			},
 		},
 		SecretFormat:    "the server key",
 		Doc:             "https://docs.midtrans.com/docs/https-notification-webhooks#verifying-notification-authenticity",
@@ -264,7 +312,20 @@ func init() {
 	// manifest "id:<data.id>;request-id:<x-request-id>;ts:<ts>;" (a part
 	// whose value is absent is left out). The body itself is not signed.
 	register(Preset{
-		Name:             "mercadopago",
+		Name: "mercadopago",
+		Delivery: Delivery{
+			// Other pages of the same documentation give 15 min, 30 min,
+			// 6 h, 48 h and 96 h: the same four days.
+			Retry: Retry{
+				Retries: true, For: 4 * 24 * time.Hour, Attempts: 6,
+				Note:   "retried 5 min, 45 min, 6 h, 2 days and 4 days after the first dispatch",
+				Source: "https://www.mercadopago.com.ar/developers/en/guides/notifications/webhooks/",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 22 * time.Second, Note: "22 s for the first dispatch, 5 s for each retry", Source: "https://www.mercadopago.com.ar/developers/en/guides/notifications/webhooks/"},
+			Answer:  Answer{Note: "200 (OK) or 201 (Created) before the wait ends", Source: "https://www.mercadopago.com.ar/developers/en/guides/notifications/webhooks/"},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:              "https://www.mercadopago.com/developers/en/docs/your-integrations/notifications/webhooks#configuration-via-your-integrations",
 		SignatureHeader:  "x-signature: ts=<ts>,v1=<hex> (with x-request-id)",
 		DefaultTolerance: 5 * time.Minute,
@@ -283,7 +344,14 @@ func init() {
 	// body, where url is the whole webhook URL configured at Rapyd.
 	// Secrets are "<access key>:<secret key>".
 	register(Preset{ //nolint:gosec // G101: SecretFormat describes a secret, holds none
-		Name:             "rapyd",
+		Name: "rapyd",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true,
+				Note:    "a failed webhook is retried (status RET) until a maximum number of retries, not stated, then ERR; Resend Webhook sends it again",
+				Source:  "https://docs.rapyd.net/en/webhooks.html",
+			},
+		},
 		SecretFormat:     "`<access key>:<secret key>`",
 		Doc:              "https://docs.rapyd.net/en/webhook-authentication.html",
 		SignatureHeader:  "signature: <base64 of hex> (with salt, timestamp)",

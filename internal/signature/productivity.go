@@ -67,7 +67,19 @@ func init() {
 	// Dropbox: the notification only names accounts with changes: there
 	// is no event ID; configure one or rely on dedupe_body.
 	register(Preset{
-		Name:            "dropbox",
+		Name: "dropbox",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 10 * time.Minute,
+				Note:   "a non-200 answer or a timeout is retried with exponential back-off for about ten minutes, then reported in the App Console",
+				Source: "https://www.dropbox.com/developers/webhooks/docs",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			// Ten seconds is stated for the verification request only.
+			Timeout: Timeout{Source: Undocumented},
+			Answer:  Answer{Status: 200, Source: "https://www.dropbox.com/developers/webhooks/docs"},
+			Refusal: Refusal{Note: "a non-200 answer is retried like any failure", Source: "https://www.dropbox.com/developers/webhooks/docs"},
+		},
 		Doc:             "https://www.dropbox.com/developers/reference/webhooks",
 		SignatureHeader: "X-Dropbox-Signature: <hex>",
 		DedupeBody:      true,
@@ -85,7 +97,19 @@ func init() {
 	// Notion: the subscription's first POST carries verification_token,
 	// which the user confirms in Notion and which then signs every event.
 	register(Preset{
-		Name:            "notion",
+		Name: "notion",
+		Delivery: Delivery{
+			// Each event carries attempt_number, 1 to 8.
+			Retry: Retry{
+				Retries: true, For: 24 * time.Hour,
+				Note:   "an event not acknowledged is retried up to 8 times with exponential back-off, the last about 24 hours after the event",
+				Source: "https://developers.notion.com/reference/webhooks-events-delivery#delivery-retries",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Source: Undocumented},
+			Answer:  Answer{Source: Undocumented},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:             "https://developers.notion.com/reference/webhooks",
 		SignatureHeader: "X-Notion-Signature: sha256=<hex>",
 		EventID:         ids(jsonID("id")),
@@ -161,7 +185,15 @@ func init() {
 		},
 	})
 	register(Preset{
-		Name:            "calcom",
+		Name: "calcom",
+		// Cal.com's webhook pages state none of the delivery facts.
+		Delivery: Delivery{
+			Retry:   Retry{Source: Undocumented},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Source: Undocumented},
+			Answer:  Answer{Source: Undocumented},
+			Refusal: Refusal{Source: Undocumented},
+		},
 		Doc:             "https://cal.com/docs/developing/guides/automation/webhooks",
 		SignatureHeader: "X-Cal-Signature-256: <hex>",
 		DedupeBody:      true,
@@ -176,7 +208,18 @@ func init() {
 	// first is read, so list every key as a secret. No event ID of its
 	// own: configure one (e.g. data.envelopeId with generatedDateTime).
 	register(Preset{
-		Name:            "docusign",
+		Name: "docusign",
+		Delivery: Delivery{
+			// Redelivery depends on the configuration's
+			// requiresAcknowledgement, which the gateway cannot see: record
+			// the default (no retry) so the spool stays on.
+			Retry: Retry{
+				Note:   "without requiresAcknowledgement a message not acknowledged within 100 s is not retried; with it a failed message is queued and retried after at least a day, at most 10 times",
+				Source: "https://developers.docusign.com/docs/esign-rest-api/reference/connect/connectconfigurations/create/",
+			},
+			Timeout: Timeout{Duration: 100 * time.Second, Source: "https://developers.docusign.com/docs/esign-rest-api/reference/connect/connectconfigurations/create/"},
+			Answer:  Answer{Note: "a status in 200-299; DocuSign awaits a 200", Source: "https://developers.docusign.com/docs/esign-rest-api/reference/connect/connectconfigurations/create/"},
+		},
 		Doc:             "https://developers.docusign.com/platform/webhooks/connect/hmac/",
 		SignatureHeader: "X-DocuSign-Signature-1: <base64>",
 		DedupeBody:      true,

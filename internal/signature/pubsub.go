@@ -40,7 +40,7 @@ func init() {
 		SecretFormat: "the push subscription's service-account email; the audience is `url`; the keys are Google's",
 		Delivery: Delivery{
 			Retry:   Retry{Retries: true, For: 7 * 24 * time.Hour, Note: "redelivered with exponential backoff until acknowledged or the message retention (7 days by default) ends", Source: "https://cloud.google.com/pubsub/docs/push#receive_push"},
-			MaxBody: MaxBody{Bytes: 10 << 20, Note: "a message's data (base64 in the push body, so the body is larger)", Source: "https://cloud.google.com/pubsub/quotas#resource_limits"},
+			MaxBody: MaxBody{Bytes: 10 << 20, Body: 16 << 20, Note: "a message's data, base64 in the push body (13.3 MiB), with at most 100 attributes of 256-byte keys and 1,024-byte values around it", Source: "https://cloud.google.com/pubsub/quotas#resource_limits"},
 			Timeout: Timeout{Duration: 10 * time.Second, Note: "the subscription's acknowledgment deadline, 10 s by default, up to 600 s", Source: "https://cloud.google.com/pubsub/docs/push#receive_push"},
 			Answer:  Answer{Note: "102, 200, 201, 202 or 204 acknowledges the message", Source: "https://cloud.google.com/pubsub/docs/push#receive_push"},
 			Refusal: Refusal{Note: "any other status is a negative acknowledgment: redelivered", Source: "https://cloud.google.com/pubsub/docs/push#receive_push"},

@@ -19,6 +19,7 @@ func TestPresetRefuseStatus(t *testing.T) {
 	t.Parallel()
 	documented := map[string]int{
 		"discord": http.StatusUnauthorized,
+		"xero":    http.StatusUnauthorized,
 	}
 	table := signature.MarkdownTable()
 	for _, name := range signature.Providers() {

@@ -15,7 +15,7 @@ func init() {
 		Name: "linear",
 		Delivery: Delivery{
 			Retry: Retry{
-				Retries: true, Attempts: 4,
+				Retries: true, For: 6 * time.Hour, Attempts: 4,
 				Note:   "at most 3 retries: after 1 minute, 1 hour and 6 hours",
 				Source: "https://developers.linear.app/docs/graphql/webhooks",
 			},
@@ -73,9 +73,9 @@ func init() {
 		Name: "typeform",
 		Delivery: Delivery{
 			Retry: Retry{
-				Retries: true,
-				Note:    "404 or 410 disables the webhook at once; 429, 408, 503 and 423 are retried every 2-3 minutes for 10 hours; other failures on a back-off schedule",
-				Source:  "https://typeform.com/developers/webhooks",
+				Retries: true, For: 10 * time.Hour,
+				Note:   "404 or 410 disables the webhook at once; 429, 408, 503 and 423 are retried every 2-3 minutes for 10 hours; other failures on a back-off schedule",
+				Source: "https://typeform.com/developers/webhooks",
 			},
 			MaxBody: MaxBody{Source: Undocumented},
 			Timeout: Timeout{Duration: 30 * time.Second, Note: "a slower answer is a failed delivery and is retried", Source: "https://typeform.com/developers/webhooks"},
@@ -98,7 +98,18 @@ func init() {
 	// percent-escapes such as %3A and %2F in it). Bodies are batches of
 	// events, so there is no single default event ID.
 	register(Preset{
-		Name:             "hubspot",
+		Name: "hubspot",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 24 * time.Hour, Attempts: 11,
+				Note:   "a failed connection, an answer later than 5 s or any 4xx or 5xx is retried up to 10 times, spread at random over the next 24 hours",
+				Source: "https://developers.hubspot.com/docs/api/webhooks#retries",
+			},
+			MaxBody: MaxBody{Note: "up to 100 events a request (no size stated)", Source: "https://developers.hubspot.com/docs/api/webhooks#webhook-settings"},
+			Timeout: Timeout{Duration: 5 * time.Second, Source: "https://developers.hubspot.com/docs/api/webhooks#retries"},
+			Answer:  Answer{Note: "within 5 s, neither 4xx nor 5xx", Source: "https://developers.hubspot.com/docs/api/webhooks#retries"},
+			Refusal: Refusal{Note: "a 4xx is retried like any failure", Source: "https://developers.hubspot.com/docs/api/webhooks#retries"},
+		},
 		Doc:              "https://developers.hubspot.com/docs/apps/developer-platform/build-apps/authentication/request-validation",
 		SignatureHeader:  "X-HubSpot-Signature-v3: <base64> (with X-HubSpot-Request-Timestamp, ms)",
 		DefaultTolerance: 5 * time.Minute,
@@ -114,7 +125,21 @@ func init() {
 		},
 	})
 	register(Preset{
-		Name:            "intercom",
+		Name: "intercom",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true,
+				Note:    "a notification without a 200 within 5000 ms is sent again (how often is not stated); a 429 delays the next ones from 1 minute up to 2 hours, then they are dropped",
+				Source:  "https://developers.intercom.com/docs/webhooks/webhook-notifications#duplicate-notifications",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 5 * time.Second, Note: "answers within 500 ms keep their notifications' priority", Source: "https://developers.intercom.com/docs/webhooks/webhook-notifications#duplicate-notifications"},
+			Answer:  Answer{Status: 200, Note: "answer at once, before any long-running task", Source: "https://developers.intercom.com/docs/webhooks/webhook-notifications#duplicate-notifications"},
+			Refusal: Refusal{
+				Note:   "error answers count: over 1000 in a row within 15 minutes pause the topic for 15 minutes; errors for more than 7 days suspend a private app's subscription",
+				Source: "https://developers.intercom.com/docs/webhooks/webhook-notifications#suspended-subscriptions",
+			},
+		},
 		Doc:             "https://developers.intercom.com/docs/webhooks/webhook-notifications#signed-notifications",
 		SignatureHeader: "X-Hub-Signature: sha1=<hex>",
 		EventID:         ids(jsonID("id")),
@@ -128,7 +153,21 @@ func init() {
 	})
 	// PagerDuty sends one v1 entry per active secret.
 	register(Preset{
-		Name:            "pagerduty",
+		Name: "pagerduty",
+		Delivery: Delivery{
+			Retry: Retry{
+				Retries: true, For: 48 * time.Hour,
+				Note:   "no answer in time, a 5xx, a 429 or a connection error is retried periodically for 48 hours; later webhooks for the same resource wait behind it",
+				Source: "https://github.com/PagerDuty/developer-docs/blob/main/docs/webhooks/02-Behavior.md#temporary-errors-and-retries",
+			},
+			MaxBody: MaxBody{Source: Undocumented},
+			Timeout: Timeout{Duration: 5 * time.Second, Note: "16 s for Custom Incident Actions", Source: "https://github.com/PagerDuty/developer-docs/blob/main/docs/webhooks/02-Behavior.md#timeouts"},
+			Answer:  Answer{Note: "a 2xx within 5 seconds", Source: "https://github.com/PagerDuty/developer-docs/blob/main/docs/webhooks/02-Behavior.md#timeouts"},
+			Refusal: Refusal{
+				Note:   "a 4xx other than 429 drops the webhook without retry; 3 dropped in a row disable the subscription for 24 hours",
+				Source: "https://github.com/PagerDuty/developer-docs/blob/main/docs/webhooks/02-Behavior.md#permanent-errors",
+			},
+		},
 		Doc:             "https://developer.pagerduty.com/docs/webhooks/webhook-signatures/",
 		SignatureHeader: "X-PagerDuty-Signature: v1=<hex>[,v1=<hex>]",
 		EventID:         ids(jsonID("event.id")),
@@ -149,6 +188,10 @@ func init() {
 				Note:     "1000 timeouts within 24 hours unsubscribe the webhook (not for published partner integrations)",
 				Source:   "https://sentry.io/changelog/2023-10-3-change-to-integration-platform-webhook-handling",
 			},
+			Retry:   Retry{Source: Undocumented},
+			MaxBody: MaxBody{Source: Undocumented},
+			Answer:  Answer{Note: "within 1 second, else a timeout", Source: "https://docs.sentry.io/organization/integrations/integration-platform/webhooks/#response"},
+			Refusal: Refusal{Source: Undocumented},
 		},
 		Doc:             "https://docs.sentry.io/integrations/integration-platform/webhooks/",
 		SignatureHeader: "Sentry-Hook-Signature: <hex>",

@@ -10,7 +10,7 @@ func init() {
 	register(Preset{
 		Name: "square",
 		Delivery: Delivery{
-			Retry:   Retry{Retries: true, Note: "for 24 hours (copies of the page have also said 72 hours), then the notification is discarded", Source: "https://developer.squareup.com/docs/webhooks/troubleshooting"},
+			Retry:   Retry{Retries: true, For: 24 * time.Hour, Note: "for 24 hours (copies of the page have also said 72 hours), then the notification is discarded", Source: "https://developer.squareup.com/docs/webhooks/troubleshooting"},
 			Timeout: Timeout{Duration: 10 * time.Second, Source: "https://developer.squareup.com/docs/webhooks/troubleshooting"},
 			Answer:  Answer{Note: "as soon as possible", Source: "https://developer.squareup.com/docs/webhooks/troubleshooting"},
 			MaxBody: MaxBody{Source: Undocumented},

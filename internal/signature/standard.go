@@ -24,7 +24,20 @@ func init() {
 	standard := scheme
 	standard.Headers = []HeaderSet{webhook, svix}
 	register(Preset{
-		Name:             "standard",
+		Name: "standard",
+		Delivery: Delivery{
+			// The specification recommends rather than requires; a sender
+			// following it retries for days.
+			Retry: Retry{
+				Retries: true, For: 75*time.Hour + 35*time.Minute + 5*time.Second, Attempts: 10,
+				Note:   "recommended: exponential back-off over several days, as in the example schedule (at once, then after 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 14 h, 20 h, 24 h); an endpoint failing for long should be disabled",
+				Source: "https://github.com/standard-webhooks/standard-webhooks/blob/main/spec/standard-webhooks.md#deliverability-and-reliability",
+			},
+			MaxBody: MaxBody{Note: "no limit; payloads are recommended to stay under 20 kB", Source: "https://github.com/standard-webhooks/standard-webhooks/blob/main/spec/standard-webhooks.md#payload-size"},
+			Timeout: Timeout{Duration: 15 * time.Second, Note: "recommended between 15 and 30 s", Source: "https://github.com/standard-webhooks/standard-webhooks/blob/main/spec/standard-webhooks.md#request-timeouts"},
+			Answer:  Answer{Note: "3xx is a failure (redirects not followed)", Source: "https://github.com/standard-webhooks/standard-webhooks/blob/main/spec/standard-webhooks.md#delivery-success-and-failure"},
+			Refusal: Refusal{Note: "a failure like any non-2xx; 410 Gone disables the endpoint, 429, 502 and 504 throttle", Source: "https://github.com/standard-webhooks/standard-webhooks/blob/main/spec/standard-webhooks.md#delivery-success-and-failure"},
+		},
 		Doc:              "https://github.com/standard-webhooks/standard-webhooks/blob/main/spec/standard-webhooks.md",
 		SignatureHeader:  "webhook-signature: v1,<base64> (with webhook-id, webhook-timestamp; svix-* accepted)",
 		DefaultTolerance: 5 * time.Minute,

@@ -168,7 +168,9 @@ by" is what keeps a captured delivery from being accepted again under the preset
 signed timestamp within the tolerance (with Mailgun, whose signature does not cover the event
 data, its token spent once), or, for every preset without a signed timestamp, a replay record
 the gateway keeps for ` + "`replay_window`" + ` (400 days by default), longer than the event's row
-(` + "`retention`" + `): a replay is answered as a duplicate, never forwarded. "Proof": the official library whose vectors the
+(` + "`retention`" + `): a replay is answered as a duplicate, never forwarded. "Max body" is the largest body the provider
+documents; where it is larger than 5 MB it is the route's default ` + "`max_body`" + ` (5 MB elsewhere: a smaller
+figure bounds only part of the body, or is not a promise, so it never lowers the default). "Proof": the official library whose vectors the
 preset passes, or *documentation only* where no official library on npm verifies the scheme.
 
 `
@@ -209,8 +211,17 @@ func retryText(r Retry) string {
 }
 
 func maxBodyText(m MaxBody) string {
+	t := byteText(m.Bytes)
+	if m.Body != 0 {
+		t += " (bodies up to " + byteText(m.Body) + ")"
+	}
+	return joinNote(t, m.Note)
+}
+
+// byteText writes a size in the unit that divides it: MiB, MB, KiB, kB.
+func byteText(n int64) string {
 	var t string
-	switch n := m.Bytes; {
+	switch {
 	case n == 0:
 	case n%(1<<20) == 0:
 		t = fmt.Sprintf("%d MiB", n>>20)
@@ -223,7 +234,7 @@ func maxBodyText(m MaxBody) string {
 	default:
 		t = fmt.Sprintf("%d bytes", n)
 	}
-	return joinNote(t, m.Note)
+	return t
 }
 
 func answerText(a Answer) string {

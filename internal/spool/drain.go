@@ -93,8 +93,10 @@ func ForClaim(c store.Claim, err error) (r Result, ok bool) {
 
 // Deliverer tries one record: it claims the record's event through the
 // store (ForClaim), and with a won claim forwards the request and settles
-// the claim. ctx ends when the spool closes. It runs on the spool's
-// goroutine, one record at a time, in arrival order among the records due.
+// the claim. ctx ends when the spool closes. Up to Options.Concurrency
+// records are tried at once, started in arrival order among the records
+// due; two records of one event never at once (the later one starts after
+// the earlier one's try, and its claim then says Duplicate).
 type Deliverer func(ctx context.Context, r *Record) Result
 
 // attachment is an attached Deliverer (a pointer, so detach can tell
@@ -143,7 +145,8 @@ func (s *Spool) poke() {
 	}
 }
 
-// run tries the records due, oldest first, until the spool closes.
+// run starts the records due, oldest first, each on a goroutine of its
+// own, at most Options.Concurrency at once, until the spool closes.
 func (s *Spool) run() {
 	defer close(s.done)
 	for {
@@ -170,19 +173,29 @@ func (s *Spool) run() {
 			}
 			continue
 		}
-		s.try(e, d)
-		if s.ctx.Err() != nil {
-			return
-		}
+		go func() {
+			s.try(e, d)
+			s.mu.Lock()
+			e.trying = false
+			s.inFlight--
+			delete(s.busy, e.key())
+			s.mu.Unlock()
+			s.poke()
+		}()
 	}
 }
 
-// next returns the oldest record due with the Deliverer to try it, or,
-// when none is due, how long until one is (0: until woken).
+// key is the event e carries: two records with one key are never tried
+// at once.
+func (e *entry) key() string { return e.scope + "\x00" + e.eventID }
+
+// next returns the oldest record due, marked as being tried, with the
+// Deliverer to try it; or, when none is due, how long until one is (0:
+// until woken, by an append, the end of a try, or Poke).
 func (s *Spool) next() (*entry, Deliverer, time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.deliverer == nil || s.closed || s.live == 0 {
+	if s.deliverer == nil || s.closed || s.live == 0 || s.inFlight >= s.o.Concurrency || s.probing && s.inFlight > 0 {
 		return nil, nil, 0
 	}
 	now := s.o.Now()
@@ -194,15 +207,21 @@ func (s *Spool) next() (*entry, Deliverer, time.Duration) {
 	}
 	var soonest time.Time
 	for _, e := range s.pending[s.head:] {
-		if e.done {
+		if e.done || e.dead || e.trying || s.busy[e.key()] {
 			continue
 		}
 		if !now.Before(e.notBefore) {
+			e.trying = true
+			s.inFlight++
+			s.busy[e.key()] = true
 			return e, s.deliverer.d, 0
 		}
 		if soonest.IsZero() || e.notBefore.Before(soonest) {
 			soonest = e.notBefore
 		}
+	}
+	if soonest.IsZero() {
+		return nil, nil, 0
 	}
 	return nil, nil, max(soonest.Sub(now), time.Millisecond)
 }
@@ -224,9 +243,11 @@ func (s *Spool) try(e *entry, d Deliverer) {
 	s.mu.Lock()
 	if res.Outcome == NotReady {
 		s.pausedUntil = now.Add(max(res.RetryAfter, 100*time.Millisecond))
+		s.probing = true
 		s.mu.Unlock()
 		return
 	}
+	s.probing = res.Outcome == Unavailable
 	e.last = res.Outcome
 	if res.Outcome != Unavailable {
 		s.storeAfter, s.storeWait = time.Time{}, 0
@@ -257,16 +278,89 @@ func (s *Spool) try(e *entry, d Deliverer) {
 	case Refused:
 		s.counts.Refused++
 		e.attempts++
+		if e.refused.IsZero() {
+			e.refused = now
+		}
+		if since := now.Sub(e.refused); since >= s.o.DeadAfter {
+			e.dead = true
+			s.counts.Dead++
+			log.Error("spool: the upstream has refused a spooled delivery for too long; it is set aside (dead): "+
+				"kept, no longer tried; retry or drop it through the admin API (/webhook_idempotency/spool)",
+				zap.Int("attempts", e.attempts), zap.Duration("refused_for", since.Round(time.Second)))
+			break
+		}
 		wait := s.backoff(e.attempts)
 		e.notBefore = now.Add(wait)
 		log.Warn("spool: the upstream did not take a spooled delivery; trying again",
 			zap.Int("attempts", e.attempts), zap.Duration("retry_in", wait))
 	default: // Unavailable
-		s.storeWait = min(max(2*s.storeWait, s.o.StoreRetry), s.o.MaxStoreRetry)
-		s.storeAfter = now.Add(s.storeWait)
+		if !now.Before(s.storeAfter) { // the tries in flight together back off once
+			s.storeWait = min(max(2*s.storeWait, s.o.StoreRetry), s.o.MaxStoreRetry)
+			s.storeAfter = now.Add(s.storeWait)
+		}
 		s.paused.Store(true)
 	}
 	s.mu.Unlock()
+}
+
+// Retry makes dead records due now, with a new round of refusals before
+// they are set aside again: the record seq, or every dead record when seq
+// is 0. It returns how many.
+func (s *Spool) Retry(seq uint64) int {
+	s.mu.Lock()
+	n := 0
+	for _, e := range s.pending[s.head:] {
+		if e.done || !e.dead || (seq != 0 && e.seq != seq) {
+			continue
+		}
+		e.dead, e.refused, e.attempts, e.notBefore = false, time.Time{}, 0, time.Time{}
+		n++
+	}
+	s.mu.Unlock()
+	if n > 0 {
+		s.poke()
+	}
+	return n
+}
+
+// Drop settles the dead record seq without delivering it: an operator's
+// decision that its event will not be forwarded (logged with its scope
+// and event ID). It returns the record as it was listed; ErrNoRecord when
+// no waiting record has seq, ErrNotDead when it is not dead.
+func (s *Spool) Drop(seq uint64) (Entry, error) {
+	s.mu.Lock()
+	var e *entry
+	for _, x := range s.pending[s.head:] {
+		if !x.done && x.seq == seq {
+			e = x
+			break
+		}
+	}
+	switch {
+	case e == nil:
+		s.mu.Unlock()
+		return Entry{}, ErrNoRecord
+	case !e.dead || e.trying:
+		s.mu.Unlock()
+		return Entry{}, ErrNotDead
+	}
+	e.trying = true // not retried meanwhile
+	listed := e.listed()
+	s.mu.Unlock()
+	err := s.ack(e)
+	s.mu.Lock()
+	e.trying = false
+	if err == nil {
+		s.counts.Dropped++
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return Entry{}, err
+	}
+	s.o.Logger.Warn("spool: a dead spooled delivery was dropped by an operator; it will not be forwarded",
+		zap.String("scope", listed.Scope), zap.String("event_id", listed.EventID), zap.Uint64("seq", seq),
+		zap.Int("attempts", listed.Attempts))
+	return listed, nil
 }
 
 // backoff is the wait after the n-th refusal: RetryMin doubled n-1 times,

@@ -54,6 +54,15 @@ const (
 	// upstream did not take: 1s, doubled per attempt, at most 5m.
 	DefaultRetryMin = time.Second
 	DefaultRetryMax = 5 * time.Minute
+	// DefaultConcurrency is how many records are tried at once: each try
+	// waits on the store's commits and the upstream, so a few in flight
+	// share the store's group commit (docs/spool.md: the drain rate).
+	DefaultConcurrency = 8
+	// DefaultDeadAfter is how long the upstream may refuse a record, from
+	// its first refusal, before the record is set aside (dead): kept,
+	// counted and listed, no longer tried until an operator retries or
+	// drops it.
+	DefaultDeadAfter = 72 * time.Hour
 )
 
 // Errors of Append and Open.
@@ -65,6 +74,10 @@ var (
 	ErrClosed = errors.New("spool closed")
 	// ErrLocked: another process uses the directory.
 	ErrLocked = errors.New("spool directory is in use by another process")
+	// ErrNoRecord: no waiting record has the sequence number (Drop).
+	ErrNoRecord = errors.New("no such waiting record in the spool")
+	// ErrNotDead: the record is not dead; only a dead record is dropped.
+	ErrNotDead = errors.New("the record is not dead (set aside after its refusals)")
 )
 
 // Options configure a Spool. Zero values mean the defaults above.
@@ -81,6 +94,14 @@ type Options struct {
 	// StoreRetry, MaxStoreRetry, RetryMin, RetryMax: see the Default
 	// constants.
 	StoreRetry, MaxStoreRetry, RetryMin, RetryMax time.Duration
+	// Concurrency is how many records are tried at once, started in
+	// arrival order; two records of one event are never tried at once.
+	// Default DefaultConcurrency.
+	Concurrency int
+	// DeadAfter is how long the upstream may refuse a record, from its
+	// first refusal, before it is set aside (dead). Default
+	// DefaultDeadAfter.
+	DeadAfter time.Duration
 	// Logger receives recovery notes and delivery failures with scope and
 	// event ID; never a body or header. Default: zap.NewNop().
 	Logger *zap.Logger
@@ -95,6 +116,8 @@ func (o *Options) defaults() {
 	o.MaxStoreRetry = cmp.Or(o.MaxStoreRetry, DefaultMaxStoreRetry)
 	o.RetryMin = cmp.Or(o.RetryMin, DefaultRetryMin)
 	o.RetryMax = cmp.Or(o.RetryMax, DefaultRetryMax)
+	o.Concurrency = cmp.Or(max(o.Concurrency, 0), DefaultConcurrency)
+	o.DeadAfter = cmp.Or(o.DeadAfter, DefaultDeadAfter)
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
@@ -128,6 +151,14 @@ type Spool struct {
 	storeAfter  time.Time     // no delivery before this (the store was down)
 	storeWait   time.Duration // the last wait after the store was down
 	pausedUntil time.Time     // no delivery before this (the Deliverer was not ready)
+	// inFlight counts the records being tried; busy, the events (scope
+	// and ID) they carry.
+	inFlight int
+	busy     map[string]bool
+	// probing: one record at a time until a try reaches the store (at
+	// open, and after a try found it unavailable or the Deliverer not
+	// ready), so an outage costs one failed try per wait, not Concurrency.
+	probing bool
 	// paused mirrors a set storeAfter, so Poke costs no lock while the
 	// store is up.
 	paused atomic.Bool
@@ -162,6 +193,11 @@ type entry struct {
 	notBefore time.Time // not tried again before
 	last      Outcome   // the last try's outcome; 0 before the first
 	done      bool
+	// trying: being tried (or dropped) now; refused: the first refusal
+	// of the current round; dead: set aside after refusals for DeadAfter.
+	trying  bool
+	refused time.Time
+	dead    bool
 }
 
 // pendingAppend is one Append in a group commit.
@@ -190,6 +226,8 @@ type Counts struct {
 	Full       uint64 `json:"full"`       // Appends refused with ErrFull
 	Torn       uint64 `json:"torn"`       // torn records dropped by recovery
 	Unreadable uint64 `json:"unreadable"` // records dropped because their frame no longer reads
+	Dead       uint64 `json:"dead"`       // records set aside after refusals for DeadAfter
+	Dropped    uint64 `json:"dropped"`    // dead records an operator dropped (Drop)
 }
 
 // Stats describe a spool at one moment, for metrics and the admin API.
@@ -208,6 +246,9 @@ type Stats struct {
 	// Waiting counts the records tried at least once and waiting to be
 	// tried again (claim held elsewhere, upstream refused).
 	Waiting int
+	// Dead counts the records set aside (refused for DeadAfter), kept and
+	// no longer tried until Retry or Drop; they are part of Records.
+	Dead int
 	// StoreDown is set while deliveries are paused because the store was
 	// unreachable at the last try.
 	StoreDown bool
@@ -230,7 +271,8 @@ func Open(o Options) (*Spool, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Spool{o: o, lock: lock, nextSeq: 1, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	s := &Spool{o: o, lock: lock, nextSeq: 1, wake: make(chan struct{}, 1), done: make(chan struct{}),
+		busy: map[string]bool{}, probing: true}
 	if err := s.recover(); err != nil {
 		_ = s.closeFiles()
 		return nil, err
@@ -695,7 +737,7 @@ func (s *Spool) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := Stats{Dir: s.o.Dir, Records: s.live, Bytes: s.bytes, MaxBytes: s.o.MaxBytes, Counts: s.counts,
-		StoreDown: s.o.Now().Before(s.storeAfter)}
+		StoreDown: s.paused.Load()}
 	for _, seg := range s.segs {
 		st.DiskBytes += seg.size + seg.ackSize
 	}
@@ -706,7 +748,10 @@ func (s *Spool) Stats() Stats {
 		if st.Oldest.IsZero() {
 			st.Oldest = e.arrived
 		}
-		if e.last == Wait || e.last == Refused {
+		switch {
+		case e.dead:
+			st.Dead++
+		case e.last == Wait || e.last == Refused:
 			st.Waiting++
 		}
 	}
@@ -722,6 +767,7 @@ type Entry struct {
 	Attempts  int       // tries the upstream did not take
 	NotBefore time.Time // zero when it may be tried now
 	Last      Outcome   // 0 before the first try
+	Dead      bool      // set aside after refusals: tried again only after Retry
 }
 
 // List returns up to limit waiting records in arrival order.
@@ -736,10 +782,15 @@ func (s *Spool) List(limit int) []Entry {
 		if e.done {
 			continue
 		}
-		out = append(out, Entry{Seq: e.seq, Scope: e.scope, EventID: e.eventID, Arrived: e.arrived,
-			Attempts: e.attempts, NotBefore: e.notBefore, Last: e.last})
+		out = append(out, e.listed())
 	}
 	return out
+}
+
+// listed is e as List shows it (s.mu held).
+func (e *entry) listed() Entry {
+	return Entry{Seq: e.seq, Scope: e.scope, EventID: e.eventID, Arrived: e.arrived,
+		Attempts: e.attempts, NotBefore: e.notBefore, Last: e.last, Dead: e.dead}
 }
 
 // Dir returns the spool's directory.

@@ -12,46 +12,20 @@ import (
 // every backend (River's drivers carry SQL only). Errors are already mapped
 // at the driver's edge: callers never see driver types.
 //
-// Each statement is one typed method (River's riverdriver interface): a
-// swapped argument fails to compile. Adding an operation that changes one
-// row (say, holding a claim) means a method here, its SQL in each driver's
-// table of statements (keyed by Stmt) and its method there, and a Rules
-// method giving the result its meaning (leaseHeld for token-keyed ones).
+// Rules reaches each statement through one typed method (rows, River's
+// riverdriver shape): a swapped argument fails to compile, and the order
+// of a statement's arguments is written once for every backend. Adding an
+// operation that changes one row (say, holding a claim) means a Stmt, its
+// SQL in each driver's table of statements, its method on rows, and a
+// Rules method giving the result its meaning (leaseHeld for token-keyed
+// ones).
 type Driver interface {
-	// ClaimRow runs the claim statement (StmtClaim) and returns the row's
-	// attempts and ambiguous endings; ErrNotFound when the row exists and
-	// is not claimable.
-	ClaimRow(ctx context.Context, a ClaimArgs) (ClaimedRow, error)
-	// InspectRow reads what explains a refused claim (StmtInspect);
-	// ErrNotFound when there is no row.
-	InspectRow(ctx context.Context, scope, eventID string) (Inspected, error)
-	// HoldExpiredRow holds a processing row whose lease expired under
-	// token, with reason (StmtHoldExpired), and returns its attempts;
-	// ErrNotFound when it is no longer so.
-	HoldExpiredRow(ctx context.Context, scope, eventID, token, reason string) (attempts int, err error)
-	// RenewRow sets the lease of the row processing under token to now +
-	// lease by the database clock (StmtRenew).
-	RenewRow(ctx context.Context, scope, eventID, token string, lease time.Duration) (changed bool, err error)
-	// CompleteRow completes the row processing under token with status
-	// (StmtComplete).
-	CompleteRow(ctx context.Context, scope, eventID, token string, status int) (changed bool, err error)
-	// ReleaseRow releases the row processing under token (StmtRelease).
-	ReleaseRow(ctx context.Context, scope, eventID, token string) (changed bool, err error)
-	// ReleaseAmbiguousRow releases the row processing under token and
-	// counts an ambiguous ending (StmtReleaseAmbiguous).
-	ReleaseAmbiguousRow(ctx context.Context, scope, eventID, token string) (changed bool, err error)
-	// HoldRow holds the row processing under token, with reason (StmtHold).
-	HoldRow(ctx context.Context, scope, eventID, token, reason string) (changed bool, err error)
-	// ForgetRow deletes the row, whatever its state (StmtForget).
-	ForgetRow(ctx context.Context, scope, eventID string) (changed bool, err error)
-	// ResolveRow moves a resolvable row to to (StmtResolve).
-	ResolveRow(ctx context.Context, scope, eventID string, to State) (changed bool, err error)
-	// CompleteResponseRow is CompleteRow storing the response r
-	// (StmtCompleteResponse; r.Fingerprint is not written).
-	CompleteResponseRow(ctx context.Context, scope, eventID, token string, r RawResponse) (changed bool, err error)
-	// ResponseRow reads the response stored with a completed row
-	// (StmtResponse); ErrNotFound when there is none.
-	ResponseRow(ctx context.Context, scope, eventID string) (RawResponse, error)
+	// QueryStmt runs stmt from the driver's table of statements with args
+	// in the order its Stmt documents and returns its one row; Scan
+	// returns ErrNotFound when the statement returned none.
+	QueryStmt(ctx context.Context, stmt Stmt, args ...any) Row
+	// ExecStmt runs stmt with args and reports whether it changed a row.
+	ExecStmt(ctx context.Context, stmt Stmt, args ...any) (changed bool, err error)
 
 	// GetRow reads one row; ok is false when there is none.
 	GetRow(ctx context.Context, scope, eventID string) (ev Event, ok bool, err error)

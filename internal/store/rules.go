@@ -29,6 +29,9 @@ var _ Store = Rules{}
 // NewRules returns the Store over d, one statement per operation.
 func NewRules(d Driver) Rules { return Rules{d: d} }
 
+// rows is r's driver with its statements typed.
+func (r Rules) rows() rows { return rows{r.d} }
+
 // NewBatchedRules returns the Store over d whose claims, completes and
 // releases are written in batches (see BatchOptions) when d is a
 // BatchDriver and batching is not disabled; otherwise it is NewRules(d).
@@ -71,23 +74,76 @@ func (r Rules) WithRetryObserver(f RetryObserver) Rules {
 // row found processing under that token is this claim's own, committed by
 // the first try, and is answered Claimed, never InFlight; any other row is
 // judged as usual. So a retried claim never claims an event twice.
+//
+// A caller that gives up while its claim is being written (ctx canceled:
+// the provider hung up) does not cut the statements: they run to their
+// end, bounded by ctx's deadline (at most giveUpFor without one), so that
+// whether the claim committed is known. A claim that committed for a
+// caller gone by then is released at once with its own token, on every
+// path (batched, one-statement, retried), and Claim returns ctx's error
+// instead of Claimed (other answers stand: nothing was taken). Otherwise
+// the event would stay in flight, its redelivery answered 409, until the
+// lease expires, then be held under on_ambiguous hold although it was
+// never forwarded. If that release fails, the lease expires as after a
+// crash.
 func (r Rules) Claim(ctx context.Context, p ClaimParams) (Claim, error) {
 	if p.Lease <= 0 {
 		return Claim{}, fmt.Errorf("claiming event: lease must be positive, got %s", p.Lease)
 	}
 	token := NewToken()
-	c, err := r.claim(ctx, p, token)
-	if err == nil || !errors.Is(err, ErrConnectionLost) || ctx.Err() != nil {
-		return c, err
+	sctx, cancel := finishing(ctx)
+	defer cancel()
+	c, err := r.claim(ctx, sctx, p, token)
+	if err != nil && errors.Is(err, ErrConnectionLost) && ctx.Err() == nil {
+		if r.retried != nil {
+			r.retried(RetryConnection)
+		}
+		c, err = r.claimOne(sctx, p, token)
 	}
-	if r.retried != nil {
-		r.retried(RetryConnection)
+	if ctx.Err() != nil {
+		return r.forgo(ctx, p, token, c, err)
 	}
-	return r.claimOne(ctx, p, token)
+	return c, err
 }
 
-// claim is one try of Claim with token.
-func (r Rules) claim(ctx context.Context, p ClaimParams, token string) (Claim, error) {
+// giveUpFor bounds the statements of a claim whose caller gave up and set
+// no deadline, and the release of a claim committed for it.
+const giveUpFor = 5 * time.Second
+
+// finishing returns the context a claim's statements run with: ctx's
+// values and deadline, not its cancellation (see Claim).
+func finishing(ctx context.Context) (context.Context, context.CancelFunc) {
+	if d, ok := ctx.Deadline(); ok {
+		return context.WithDeadline(context.WithoutCancel(ctx), d)
+	}
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(giveUpFor, cancel) })
+	return sctx, func() { stop(); cancel() }
+}
+
+// forgo ends a claim whose caller gave up (ctx ended) while it was being
+// written. A claim taken under token is released and ctx's error returned;
+// so is one a lost connection left unknown (a row not processing under
+// token is left alone). Any other answer (Duplicate, InFlight, Held, an
+// error) stands: nothing was taken.
+func (r Rules) forgo(ctx context.Context, p ClaimParams, token string, c Claim, err error) (Claim, error) {
+	claimed := err == nil && c.Outcome == Claimed
+	if !claimed && !errors.Is(err, ErrConnectionLost) {
+		return c, err
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), giveUpFor)
+	_ = r.Release(rctx, p.Scope, p.EventID, token) // ErrLeaseLost: nothing of ours to give back
+	cancel()
+	if err != nil {
+		return Claim{}, err
+	}
+	return Claim{}, fmt.Errorf("claiming event: the caller gave up after the claim committed (released): %w", ctx.Err())
+}
+
+// claim is one try of Claim with token: a batched claim waits for its
+// batch while ctx lasts (the batch writer gives back a claim it took for
+// a caller gone meanwhile), one-statement claims run with sctx.
+func (r Rules) claim(ctx, sctx context.Context, p ClaimParams, token string) (Claim, error) {
 	// A claim with a request fingerprint (Idempotency-Key mode) records it
 	// and reads the holder's back to compare: the one-row statements do
 	// both; the batch statements carry neither, so such claims are not
@@ -101,7 +157,10 @@ func (r Rules) claim(ctx context.Context, p ClaimParams, token string) (Claim, e
 			return c, nil
 		}
 	}
-	return r.claimOne(ctx, p, token)
+	if err := ctx.Err(); err != nil {
+		return Claim{}, fmt.Errorf("claiming event: %w", err) // nothing written yet
+	}
+	return r.claimOne(sctx, p, token)
 }
 
 // claimBatched claims through the coalescer; ok is false when the batch
@@ -139,7 +198,7 @@ func (r Rules) claimBatched(ctx context.Context, p ClaimParams, token string) (c
 // this Claim call: a row processing under it is this call's own.
 func (r Rules) claimOne(ctx context.Context, p ClaimParams, token string) (Claim, error) {
 	for range maxClaimRounds {
-		won, err := r.d.ClaimRow(ctx, ClaimArgs{Scope: p.Scope, EventID: p.EventID, Token: token, Lease: p.Lease,
+		won, err := r.rows().ClaimRow(ctx, ClaimArgs{Scope: p.Scope, EventID: p.EventID, Token: token, Lease: p.Lease,
 			Hold: p.HoldOnExpiry, Fingerprint: p.Fingerprint})
 		if err == nil {
 			return Claim{Outcome: Claimed, Token: token, Attempts: won.Attempts, Ambiguous: won.Ambiguous}, nil
@@ -164,7 +223,7 @@ func (r Rules) claimOne(ctx context.Context, p ClaimParams, token string) (Claim
 // again. A row processing under own (the claim's token) was claimed by
 // an earlier try of the same claim, whose answer was lost: it is Claimed.
 func (r Rules) explain(ctx context.Context, p ClaimParams, own string) (c Claim, ok bool, err error) {
-	row, err := r.d.InspectRow(ctx, p.Scope, p.EventID)
+	row, err := r.rows().InspectRow(ctx, p.Scope, p.EventID)
 	if err != nil {
 		return Claim{}, false, gone(err) // deleted in between: try again
 	}
@@ -186,7 +245,7 @@ func (r Rules) explain(ctx context.Context, p ClaimParams, own string) (c Claim,
 		if !p.HoldOnExpiry {
 			return Claim{}, false, nil
 		}
-		attempts, err := r.d.HoldExpiredRow(ctx, p.Scope, p.EventID, row.Token, HoldLeaseExpired)
+		attempts, err := r.rows().HoldExpiredRow(ctx, p.Scope, p.EventID, row.Token, HoldLeaseExpired)
 		if err != nil {
 			return Claim{}, false, gone(err) // renewed or settled meanwhile: try again
 		}
@@ -209,7 +268,7 @@ func (r Rules) Heartbeat(ctx context.Context, scope, eventID, token string, leas
 	if lease <= 0 {
 		return fmt.Errorf("renewing lease: lease must be positive, got %s", lease)
 	}
-	return leaseHeld("renewing lease")(r.d.RenewRow(ctx, scope, eventID, token, lease))
+	return leaseHeld("renewing lease")(r.rows().RenewRow(ctx, scope, eventID, token, lease))
 }
 
 // Complete marks the claimed event completed with the upstream's HTTP
@@ -230,7 +289,7 @@ func (r Rules) Release(ctx context.Context, scope, eventID, token string) error 
 // ending (see Store.ReleaseAmbiguous). Never batched: it is rare. It
 // returns ErrLeaseLost if the row is not processing under token.
 func (r Rules) ReleaseAmbiguous(ctx context.Context, scope, eventID, token string) error {
-	return leaseHeld("releasing event")(r.d.ReleaseAmbiguousRow(ctx, scope, eventID, token))
+	return leaseHeld("releasing event")(r.rows().ReleaseAmbiguousRow(ctx, scope, eventID, token))
 }
 
 // Hold parks the claimed event in StateHeld at once, with reason (see
@@ -271,11 +330,11 @@ func (r Rules) settle(ctx context.Context, op string, to State, s BatchSettle) e
 func (r Rules) settleRow(ctx context.Context, s BatchSettle) (bool, error) {
 	switch s.Stmt {
 	case StmtComplete:
-		return r.d.CompleteRow(ctx, s.Scope, s.EventID, s.Token, s.Status)
+		return r.rows().CompleteRow(ctx, s.Scope, s.EventID, s.Token, s.Status)
 	case StmtRelease:
-		return r.d.ReleaseRow(ctx, s.Scope, s.EventID, s.Token)
+		return r.rows().ReleaseRow(ctx, s.Scope, s.EventID, s.Token)
 	case StmtHold:
-		return r.d.HoldRow(ctx, s.Scope, s.EventID, s.Token, s.Reason)
+		return r.rows().HoldRow(ctx, s.Scope, s.EventID, s.Token, s.Reason)
 	}
 	return false, fmt.Errorf("settling event: statement %d is not a settle", s.Stmt)
 }
@@ -283,7 +342,7 @@ func (r Rules) settleRow(ctx context.Context, s BatchSettle) (bool, error) {
 // settledBefore reports whether s's row reads as s left it (state to, and
 // s.Status for a completion): a settle whose first try's answer was lost.
 func (r Rules) settledBefore(ctx context.Context, s BatchSettle, to State) (bool, error) {
-	row, err := r.d.InspectRow(ctx, s.Scope, s.EventID)
+	row, err := r.rows().InspectRow(ctx, s.Scope, s.EventID)
 	if err != nil {
 		return false, gone(err)
 	}
@@ -329,7 +388,7 @@ func (r Rules) Get(ctx context.Context, scope, eventID string) (Event, error) {
 // Forget deletes one event, whatever its state. It returns ErrNotFound when
 // there is no such row.
 func (r Rules) Forget(ctx context.Context, scope, eventID string) error {
-	ok, err := r.d.ForgetRow(ctx, scope, eventID)
+	ok, err := r.rows().ForgetRow(ctx, scope, eventID)
 	switch {
 	case err != nil:
 		return fmt.Errorf("forgetting event: %w", err)
@@ -346,7 +405,7 @@ func (r Rules) Resolve(ctx context.Context, scope, eventID string, to State) err
 	if !Resolvable(to) {
 		return fmt.Errorf("resolving event: cannot resolve to state %q", to)
 	}
-	ok, err := r.d.ResolveRow(ctx, scope, eventID, to)
+	ok, err := r.rows().ResolveRow(ctx, scope, eventID, to)
 	if err != nil {
 		return fmt.Errorf("resolving event: %w", err)
 	}
@@ -429,13 +488,13 @@ func (r Rules) CompleteResponse(ctx context.Context, scope, eventID, token strin
 			raw.Body = []byte{}
 		}
 	}
-	return leaseHeld("completing event")(r.d.CompleteResponseRow(ctx, scope, eventID, token, raw))
+	return leaseHeld("completing event")(r.rows().CompleteResponseRow(ctx, scope, eventID, token, raw))
 }
 
 // Response returns the answer stored with a completed event, or
 // ErrNotFound (no row, not completed, or completed without one).
 func (r Rules) Response(ctx context.Context, scope, eventID string) (Response, error) {
-	raw, err := r.d.ResponseRow(ctx, scope, eventID)
+	raw, err := r.rows().ResponseRow(ctx, scope, eventID)
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return Response{}, ErrNotFound

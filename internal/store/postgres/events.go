@@ -32,7 +32,7 @@ const columns = `scope, event_id, state, attempts, first_seen, updated_at, lease
 func buildQueries(ident pgx.Identifier) queries {
 	t := ident.Sanitize()
 	return queries{
-		// The statements of store.Driver's typed methods (ops.go), by store.Stmt.
+		// The statements store.Driver runs (typed in the store package), by store.Stmt.
 		stmts: [store.NumStmts]string{
 			// One statement decides the claim: the primary key settles races,
 			// and a conflicting row is taken over only when it is claimable.
@@ -214,14 +214,14 @@ func (d driver) Close() error {
 	return nil
 }
 
-// queryRow runs a statement that returns one row, when the row is
+// QueryStmt runs a statement that returns one row, when the row is
 // scanned; see args.
-func (d driver) queryRow(ctx context.Context, stmt store.Stmt, args ...any) store.Row {
+func (d driver) QueryStmt(ctx context.Context, stmt store.Stmt, args ...any) store.Row {
 	return row{d: d, ctx: ctx, sql: d.q.stmts[stmt], args: convert(args)}
 }
 
-// exec runs a statement that changes one row; see args.
-func (d driver) exec(ctx context.Context, stmt store.Stmt, args ...any) (changed bool, err error) {
+// ExecStmt runs a statement that changes one row; see args.
+func (d driver) ExecStmt(ctx context.Context, stmt store.Stmt, args ...any) (changed bool, err error) {
 	args = convert(args)
 	err = d.run.Run(ctx, func(ctx context.Context) error {
 		tag, err := d.db.Exec(ctx, d.q.stmts[stmt], args...)

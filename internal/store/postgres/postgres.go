@@ -109,12 +109,36 @@ type Store struct {
 
 var _ store.Store = (*Store)(nil)
 
+// ErrUnreachable matches (errors.Is) an error of New whose only cause is
+// that no server took the connection now (pgschema.Unreachable: refused,
+// reset, timed out, starting up, shutting down, out of connections), as
+// opposed to a configuration only an operator fixes (a malformed DSN, an
+// unknown host, authentication failed, a database that does not exist). A
+// caller may try New again later.
+var ErrUnreachable = errors.New("postgres: no server reached")
+
+// openError is an error of New: its message (password redacted) and
+// whether the server was only unreachable.
+type openError struct {
+	msg         string
+	unreachable bool
+}
+
+func (e *openError) Error() string { return e.msg }
+
+func (e *openError) Is(target error) bool { return e.unreachable && target == ErrUnreachable }
+
+// openErr is New's error for cause, worded msg.
+func openErr(cause error, msg string) error {
+	return &openError{msg: msg, unreachable: pgschema.Unreachable(cause)}
+}
+
 // New connects to PostgreSQL, pings it within Options.ConnectTimeout, and
 // creates or migrates the events table (see migrate.go), holding a
 // PostgreSQL advisory lock so that instances starting together migrate one
 // at a time. It returns an error for an empty or malformed DSN, an invalid
-// table name, an unreachable server, or a failed migration; errors never
-// contain the DSN's password.
+// table name, an unreachable server (ErrUnreachable), or a failed migration;
+// errors never contain the DSN's password.
 func New(ctx context.Context, opts Options) (*Store, error) {
 	if opts.DSN == "" {
 		return nil, errors.New("postgres: DSN is required")
@@ -169,8 +193,8 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 	cancel()
 	if err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("connecting to postgres (%s): %s",
-			redact(opts.DSN, describeTarget(cfg)), redact(opts.DSN, err.Error()))
+		return nil, openErr(err, fmt.Sprintf("connecting to postgres (%s): %s",
+			redact(opts.DSN, describeTarget(cfg)), redact(opts.DSN, err.Error())))
 	}
 
 	s := &Store{pool: pool, table: table, q: buildQueries(ident), sq: buildSecretQueries(ident),
@@ -183,11 +207,11 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 	s.Rules = store.NewRules(d)
 	if err := s.migrate(ctx, ident, opts); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("migrating postgres table %s: %s", table, redact(opts.DSN, err.Error()))
+		return nil, openErr(err, fmt.Sprintf("migrating postgres table %s: %s", table, redact(opts.DSN, err.Error())))
 	}
 	if err := s.migrateSecrets(ctx, ident, opts); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("migrating postgres table %s_secrets: %s", table, redact(opts.DSN, err.Error()))
+		return nil, openErr(err, fmt.Sprintf("migrating postgres table %s_secrets: %s", table, redact(opts.DSN, err.Error())))
 	}
 	if opts.Batch.Writers <= 0 {
 		opts.Batch.Writers = DefaultBatchWriters

@@ -333,6 +333,14 @@ func TestUpgradeAddsHoldReason(t *testing.T) {
 	require.Equal(t, 1, ev.Ambiguous)
 }
 
+// TestGaveUpAfterCommit: the one-statement claim path on PostgreSQL
+// (storetest.RunGaveUp).
+func TestGaveUpAfterCommit(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, postgres.Options{})
+	storetest.RunGaveUp(t, postgres.Driver(s), s.Get)
+}
+
 // TestCompletionsAreHOTUpdates: a completion changes no indexed column
 // (migration 7 dropped the (state, updated_at) index) and mostly finds room
 // on its row's page (fillfactor 80), so PostgreSQL writes it as a heap-only

@@ -11,6 +11,7 @@ import (
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store/sqlite"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store/storetest"
 )
 
 // gatedDriver holds every WriteBatch until the test lets it through, the
@@ -93,4 +94,12 @@ func TestAbandonedClaimReleased(t *testing.T) {
 	g.proceed <- struct{}{}
 	require.NoError(t, <-g.written)
 	require.Equal(t, store.Claimed, (<-retried).Outcome, "the retry is claimed, not answered in flight")
+}
+
+// TestGaveUpAfterCommit: the one-statement claim path on SQLite
+// (storetest.RunGaveUp).
+func TestGaveUpAfterCommit(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, sqlite.Options{})
+	storetest.RunGaveUp(t, sqlite.BatchDriver(s), s.Get)
 }

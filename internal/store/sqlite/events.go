@@ -26,7 +26,7 @@ const columns = `scope, event_id, state, attempts, first_seen, updated_at, lease
 
 func buildQueries(t string) queries {
 	return queries{
-		// The statements of store.Driver's typed methods (ops.go), by store.Stmt.
+		// The statements store.Driver runs (typed in the store package), by store.Stmt.
 		stmts: [store.NumStmts]string{
 			// One statement decides the claim, as in the postgres store. ?4 is
 			// the lease in milliseconds.
@@ -176,13 +176,13 @@ func (d driver) Close() error {
 	return interpretError(d.db.Close())
 }
 
-// queryStmt runs a statement that returns one row; see args.
-func (d driver) queryStmt(ctx context.Context, stmt store.Stmt, args ...any) store.Row {
+// QueryStmt runs a statement that returns one row; see args.
+func (d driver) QueryStmt(ctx context.Context, stmt store.Stmt, args ...any) store.Row {
 	return row{d.db.QueryRowContext(ctx, d.q.stmts[stmt], convert(args)...)}
 }
 
-// execStmt runs a statement that changes one row; see args.
-func (d driver) execStmt(ctx context.Context, stmt store.Stmt, args ...any) (bool, error) {
+// ExecStmt runs a statement that changes one row; see args.
+func (d driver) ExecStmt(ctx context.Context, stmt store.Stmt, args ...any) (bool, error) {
 	res, err := d.db.ExecContext(ctx, d.q.stmts[stmt], convert(args)...)
 	if err != nil {
 		return false, interpretError(err)
