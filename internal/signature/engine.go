@@ -138,6 +138,7 @@ func (e *engine) Verify(body []byte, h http.Header) error {
 	if err != nil {
 		return err
 	}
+	defer s.release()
 	if !e.match(s.v, s.sigs, body, s.ts, s.id) {
 		return e.noMatch(s)
 	}
@@ -154,10 +155,21 @@ type signed struct {
 	hs     HeaderSet
 	sigs   [][]byte
 	ts, id string
+	// d holds sigs' memory: the caller of read releases it once done with
+	// them.
+	d *digests
+}
+
+// release gives the signatures' memory back (see digests).
+func (s signed) release() {
+	if s.d != nil {
+		s.d.release()
+	}
 }
 
 // read parses and checks the signature headers (the timestamp against the
-// tolerance), everything Verify checks before the body.
+// tolerance), everything Verify checks before the body. The caller releases
+// what it returns (signed.release) once it has matched the signatures.
 func (e *engine) read(h http.Header) (signed, error) {
 	v, hs, err := e.pick(h)
 	if err != nil {
@@ -168,33 +180,26 @@ func (e *engine) read(h http.Header) (signed, error) {
 		return signed{}, err
 	}
 	d := digestPool.Get().(*digests)
-	defer d.release()
 	ts, err := v.parse(hs.Signature, raw, e.codec, d)
-	if err != nil {
-		return signed{}, err
+	if err == nil && hs.Timestamp != "" {
+		ts, err = oneValue(h, hs.Timestamp)
 	}
-	sigs := d.sigs
-	if hs.Timestamp != "" {
-		if ts, err = oneValue(h, hs.Timestamp); err != nil {
-			return signed{}, err
-		}
-	}
-	if e.tolerance > 0 {
+	if err == nil && e.tolerance > 0 {
 		check := checkTimestamp
 		if e.layout != "" {
 			check = layoutChecker(e.layout)
 		}
-		if err := check(ts, e.unit, e.tolerance, e.now()); err != nil {
-			return signed{}, err
-		}
+		err = check(ts, e.unit, e.tolerance, e.now())
 	}
 	var id string
-	if e.signsID {
-		if id, err = oneValue(h, hs.ID); err != nil {
-			return signed{}, err
-		}
+	if err == nil && e.signsID {
+		id, err = oneValue(h, hs.ID)
 	}
-	return signed{v: v, hs: hs, sigs: sigs, ts: ts, id: id}, nil
+	if err != nil {
+		d.release()
+		return signed{}, err
+	}
+	return signed{v: v, hs: hs, sigs: d.sigs, ts: ts, id: id, d: d}, nil
 }
 
 func (e *engine) noMatch(s signed) error {
