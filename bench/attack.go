@@ -38,6 +38,10 @@ type CPUShare struct {
 	LoadGen   float64 `json:"loadgen_cores"`
 	Machine   float64 `json:"machine_busy"` // 0..1 of all cores
 	GatewayMs float64 `json:"gateway_cpu_ms_per_delivery"`
+	// UpstreamMs and PostgresMs are the upstream's and PostgreSQL's CPU
+	// time per delivery (ms), as GatewayMs.
+	UpstreamMs float64 `json:"upstream_cpu_ms_per_delivery"`
+	PostgresMs float64 `json:"postgres_cpu_ms_per_delivery"`
 	// WAL flushes (fsync) and WAL bytes per delivery, server-wide
 	// (pg_stat_wal: other sessions' commits count too).
 	WALSyncsPerOp float64 `json:"wal_syncs_per_delivery"`
@@ -102,6 +106,8 @@ func (m *cpuMeter) stop(ok int) CPUShare {
 	}
 	if ok > 0 {
 		s.GatewayMs = float64(ticksOf(m.pids[0])-m.ticks[0]) / clockTicks * 1000 / float64(ok)
+		s.UpstreamMs = s.Upstream * secs * 1000 / float64(ok)
+		s.PostgresMs = s.Postgres * secs * 1000 / float64(ok)
 		if walCounters != nil {
 			syncs, wal := walCounters()
 			s.WALSyncsPerOp, s.WALBytesPerOp = (syncs-m.syncs)/float64(ok), (wal-m.wal)/float64(ok)

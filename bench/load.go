@@ -21,8 +21,13 @@ import (
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store/postgres"
 )
 
-// benchTable is the events table of the load scenarios; dropped at the end.
-const benchTable = "bench_events"
+// benchTable is the events table of the load scenarios, beforeTable the
+// one of the -caddy-before gateways (the two binaries' migrations may
+// differ); dropped at the end.
+const (
+	benchTable  = "bench_events"
+	beforeTable = "bench_events_before"
+)
 
 // scenario is one configuration under load.
 type scenario struct {
@@ -84,11 +89,13 @@ func scenarios(c config) []scenario {
 		{name: "async/ack", async: true, route: async(asyncTable)},
 	}
 	if c.caddyBefore != "" {
+		pg := fmt.Sprintf("storage postgres %q\n\ttable %s", c.dsn, beforeTable)
 		sqBefore := "storage sqlite " + filepath.Join(c.workdir, "sqlite-before-{round}", "events.db")
 		all = append(all,
 			scenario{name: "new/postgres" + before, route: gateway(pg, ""), bin: c.caddyBefore},
 			scenario{name: "new/sqlite" + before, route: gateway(sqBefore, ""), bin: c.caddyBefore},
 			scenario{name: "dup/store" + before, route: gateway(pg, "\tcache 0\n"), dup: true, bin: c.caddyBefore},
+			scenario{name: "dup/cached" + before, route: gateway(pg, ""), dup: true, bin: c.caddyBefore},
 			// Its own tables: the two binaries' queue migrations may differ.
 			scenario{name: "async/ack" + before, async: true, route: async(asyncBeforeTable), bin: c.caddyBefore})
 	}
@@ -105,7 +112,7 @@ func groupsOf(c config) [][]string {
 		return groups
 	}
 	return [][]string{
-		append(slices.Clone(groups[0]), "dup/store"+before, "async/ack"+before),
+		append(slices.Clone(groups[0]), "dup/cached"+before, "dup/store"+before, "async/ack"+before),
 		append(slices.Clone(groups[1]), "new/postgres"+before, "new/sqlite"+before),
 	}
 }
@@ -209,6 +216,9 @@ func runLoad(ctx context.Context, c config) (*LoadReport, error) {
 			_, _ = st.Pool().Exec(dctx, `DROP TABLE IF EXISTS `+t+`_attempts, `+t+`_queue, `+t+`_queue_goose_version, `+
 				t+`, `+t+`_goose_version, `+t+`_secrets, `+t+`_secrets_goose_version`)
 		}
+		_, _ = st.Pool().Exec(dctx, `DROP TABLE IF EXISTS `+beforeTable+`, `+beforeTable+`_goose_version, `+
+			beforeTable+`_secrets, `+beforeTable+`_secrets_goose_version`)
+		_, _ = st.Pool().Exec(dctx, `DROP FUNCTION IF EXISTS `+beforeTable+`_commit(text)`)
 	}()
 
 	slice := c.duration / time.Duration(c.rounds)
@@ -440,6 +450,8 @@ func meanCPU(s []CPUShare, oks []int) CPUShare {
 		m.LoadGen += x.LoadGen
 		m.Machine += x.Machine
 		m.GatewayMs += x.GatewayMs * float64(oks[i])
+		m.UpstreamMs += x.UpstreamMs * float64(oks[i])
+		m.PostgresMs += x.PostgresMs * float64(oks[i])
 		m.WALSyncsPerOp += x.WALSyncsPerOp * float64(oks[i])
 		m.WALBytesPerOp += x.WALBytesPerOp * float64(oks[i])
 		w += float64(oks[i])
@@ -450,6 +462,8 @@ func meanCPU(s []CPUShare, oks []int) CPUShare {
 	}
 	if w > 0 {
 		m.GatewayMs /= w
+		m.UpstreamMs /= w
+		m.PostgresMs /= w
 		m.WALSyncsPerOp /= w
 		m.WALBytesPerOp /= w
 	}
@@ -544,6 +558,15 @@ func claimComplete(ctx context.Context, st store.Store, id string) error {
 	return st.Complete(ctx, "stripe", id, cl.Token, 200)
 }
 
+// limit is the verdict of a figure whose target is at most max.
+func limit(v, max float64) string {
+	ok := "met"
+	if v > max {
+		ok = "MISSED"
+	}
+	return fmt.Sprintf("%.0f (target ≤ %.0f): %s", v, max, ok)
+}
+
 // ratios computes the figures the issue asks for from the median runs.
 func ratios(m map[string]Result) (map[string]float64, map[string]string) {
 	r := map[string]float64{}
@@ -558,6 +581,7 @@ func ratios(m map[string]Result) (map[string]float64, map[string]string) {
 	div("new/sqlite ÷ proxy", "new/sqlite", "proxy")
 	div("async/ack ÷ respond", "async/ack", "respond")
 	div("dup/store"+before+" ÷ respond", "dup/store"+before, "respond")
+	div("dup/cached"+before+" ÷ respond", "dup/cached"+before, "respond")
 	div("new/postgres"+before+" ÷ proxy", "new/postgres"+before, "proxy")
 	div("new/sqlite"+before+" ÷ proxy", "new/sqlite"+before, "proxy")
 	div("new/postgres ÷ new/postgres"+before, "new/postgres", "new/postgres"+before)
@@ -585,8 +609,26 @@ func ratios(m map[string]Result) (map[string]float64, map[string]string) {
 			targets[name] = fmt.Sprintf("%.2f (target ≥ %.2f): %s", v, min, ok)
 		}
 	}
-	verdict("dup/cached ÷ respond", 0.8)
+	verdict("dup/cached ÷ respond", 0.9)
+	verdict("dup/store ÷ respond", 0.5)
+	verdict("new/postgres ÷ proxy", 0.6)
+	verdict("new/sqlite ÷ proxy", 0.65)
 	verdict("new/postgres ÷ serial", 0.8)
+	// CPU per new event: PostgreSQL's, and the gateway's beyond plain
+	// reverse_proxy's (µs).
+	for _, sfx := range []string{"", before} {
+		np, px := m["new/postgres"+sfx], m["proxy"]
+		if np.RPS == 0 || px.RPS == 0 {
+			continue
+		}
+		pgk, gwk := "new/postgres"+sfx+" postgres CPU µs", "new/postgres"+sfx+" gateway CPU µs − proxy's"
+		r[pgk] = np.CPU.PostgresMs * 1000
+		r[gwk] = (np.CPU.GatewayMs - px.CPU.GatewayMs) * 1000
+		if sfx == "" {
+			targets[pgk] = limit(r[pgk], 40)
+			targets[gwk] = limit(r[gwk], 35)
+		}
+	}
 	return r, targets
 }
 
@@ -594,31 +636,34 @@ func printTable(rep *LoadReport) {
 	fmt.Printf("\n%d workers; per scenario %s warm-up, then %s measured in %d slices of %s, interleaved within its group; loadavg before %s, after %s\n\n",
 		rep.Settings["workers"], rep.Settings["warmup"], rep.Settings["duration"], rep.Settings["rounds"], rep.Settings["slice"],
 		rep.Machine.LoadBefore, rep.Machine.LoadAfter)
-	fmt.Println("| scenario | req/s | p50 ms | p99 ms | errors | gateway CPU ms/req | CPU cores: gateway / upstream / postgres / load gen | machine busy | WAL flushes/req |")
-	fmt.Println("| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
+	fmt.Println("| scenario | req/s | p50 ms | p99 ms | errors | CPU µs/req: gateway / upstream / postgres | CPU cores: gateway / upstream / postgres / load gen | machine busy | WAL flushes/req | WAL bytes/req |")
+	fmt.Println("| --- | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: |")
 	for _, sc := range []string{"respond", "proxy", "store-limit", "new/postgres", "new/postgres" + before,
 		"new/postgres+upstream", "new/sqlite",
-		"new/sqlite" + before, "dup/cached", "dup/store", "dup/store" + before, "async/ack", "async/ack" + before} {
+		"new/sqlite" + before, "dup/cached", "dup/cached" + before, "dup/store", "dup/store" + before, "async/ack", "async/ack" + before} {
 		r, ok := rep.Summary[sc]
 		if !ok {
 			continue
 		}
-		gwms := fmt.Sprintf("%.3f", r.CPU.GatewayMs)
+		gwus := fmt.Sprintf("%.0f", r.CPU.GatewayMs*1000)
 		if sc == "store-limit" {
-			gwms = "–"
+			gwus = "–"
 		}
-		fmt.Printf("| %s | %.0f | %.2f | %.2f | %d | %s | %.2f / %.2f / %.2f / %.2f | %.0f%% | %.2f |\n",
-			sc, r.RPS, r.P50ms, r.P99ms, r.Errors, gwms, r.CPU.Gateway, r.CPU.Upstream, r.CPU.Postgres, r.CPU.LoadGen, r.CPU.Machine*100, r.CPU.WALSyncsPerOp)
+		fmt.Printf("| %s | %.0f | %.2f | %.2f | %d | %s / %.0f / %.0f | %.2f / %.2f / %.2f / %.2f | %.0f%% | %.2f | %.0f |\n",
+			sc, r.RPS, r.P50ms, r.P99ms, r.Errors, gwus, r.CPU.UpstreamMs*1000, r.CPU.PostgresMs*1000,
+			r.CPU.Gateway, r.CPU.Upstream, r.CPU.Postgres, r.CPU.LoadGen, r.CPU.Machine*100, r.CPU.WALSyncsPerOp, r.CPU.WALBytesPerOp)
 	}
 	fmt.Println()
-	for _, k := range []string{"dup/cached ÷ respond", "dup/store ÷ respond", "dup/store" + before + " ÷ respond",
+	for _, k := range []string{"dup/cached ÷ respond", "dup/cached" + before + " ÷ respond", "dup/store ÷ respond", "dup/store" + before + " ÷ respond",
 		"new/postgres ÷ proxy", "new/postgres" + before + " ÷ proxy", "new/sqlite ÷ proxy", "new/sqlite" + before + " ÷ proxy",
 		"serial (rps)", "new/postgres ÷ serial", "new/postgres" + before + " ÷ serial",
 		"new/postgres ÷ new/postgres" + before, "new/sqlite ÷ new/sqlite" + before, "dup/store ÷ dup/store" + before,
 		"new/postgres+upstream ÷ new/postgres",
-		"async/ack ÷ async/ack" + before} {
+		"async/ack ÷ async/ack" + before,
+		"new/postgres postgres CPU µs", "new/postgres" + before + " postgres CPU µs",
+		"new/postgres gateway CPU µs − proxy's", "new/postgres" + before + " gateway CPU µs − proxy's"} {
 		if v, ok := rep.Ratios[k]; ok {
-			line := fmt.Sprintf("%-24s %.3f", k, v)
+			line := fmt.Sprintf("%-40s %.3f", k, v)
 			if rs := rep.RoundRatios[k]; len(rs) > 1 {
 				line += fmt.Sprintf("  (rounds: %.2f–%.2f)", slices.Min(rs), slices.Max(rs))
 			}

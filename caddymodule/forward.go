@@ -180,12 +180,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 	defer cut(nil)
 	defer context.AfterFunc(exiting, func() { cut(errShutdown) })()
 
-	hbDone := make(chan struct{})
-	hbStopped := make(chan struct{})
-	go func() {
-		defer close(hbStopped)
-		h.claims.Keep(fctx, claims, hbDone)
-	}()
+	endKeep := h.claims.KeepAlive(fctx, claims)
 
 	h.claimsInFlight.Inc()
 	var tee *capture // the answer stored for replay
@@ -197,8 +192,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 	upstart := time.Now()
 	panicked, err := runNext(next, rec, r.WithContext(fctx))
 	d.upstream = time.Since(upstart)
-	close(hbDone)
-	<-hbStopped
+	endKeep()
 	h.claimsInFlight.Dec()
 	h.upstreamTime.Observe(d.upstream.Seconds())
 

@@ -101,9 +101,9 @@ type Handler struct {
 	// SHA-256 under dedupe_body, else the SHA-256 of the event ID and the
 	// body; replayguard.go), and while it is kept a replay is answered as a
 	// duplicate even after retention deleted the event's row. A record is a
-	// SHA-256 and its times: about 470 bytes in PostgreSQL with its
-	// indexes, 330 in SQLite (measured; see docs/operations.md, Retention),
-	// so about 470 MB per million deliveries kept. Must be at least
+	// SHA-256 and its times: about 440 bytes in PostgreSQL with its
+	// indexes, 330 in SQLite (see docs/operations.md, Retention), so about
+	// 440 MB per million deliveries kept. Must be at least
 	// retention; only for providers without a signed timestamp or with
 	// dedupe_body. Default: 400 days, or retention when that is longer.
 	ReplayWindow caddy.Duration `json:"replay_window,omitempty"`

@@ -174,27 +174,55 @@ func (k *Keeper) Claim(parent context.Context, scope, key, fingerprint string) (
 
 // Keep renews the claims' leases every third of the lease until stop is
 // closed or ctx ends; a claim whose lease is lost is logged and renewed no
-// more. It returns once every renewal loop has ended.
+// more. It returns once every renewal under way has ended.
 func (k *Keeper) Keep(ctx context.Context, refs []Ref, stop <-chan struct{}) {
-	var wg sync.WaitGroup
-	for _, c := range refs {
-		wg.Go(func() {
-			err := lease.Keep(ctx, stop, lease.Renewal{
-				Lease: k.o.Lease,
-				Renew: func(ctx context.Context) error {
-					defer observe(k.o.Timers.Heartbeat, time.Now())
-					return k.renew(ctx, c)
-				},
-				Lost:   store.ErrLeaseLost,
-				Logger: k.o.Logger, Name: "claim lease",
-				Fields: []zap.Field{zap.String("scope", c.Scope), zap.String("event_id", c.ID)},
-			})
-			if err != nil {
-				k.o.Logger.Warn("claim lease lost while forwarding", zap.String("scope", c.Scope), zap.String("event_id", c.ID))
-			}
-		})
+	end := k.KeepAlive(ctx, refs)
+	select {
+	case <-stop:
+	case <-ctx.Done():
 	}
-	wg.Wait()
+	end()
+}
+
+// KeepAlive renews the claims' leases every third of the lease, on timers
+// (no goroutine waits while the forward runs), until the returned func is
+// called or ctx ends. That func returns once every renewal under way has
+// ended, so a settle after it never races a renewal; a claim whose lease
+// was lost is logged then.
+func (k *Keeper) KeepAlive(ctx context.Context, refs []Ref) (end func()) {
+	if len(refs) == 1 { // the common forward: no slice of leases
+		h := k.keepOne(ctx, refs[0])
+		return func() { k.ended(refs[0], h) }
+	}
+	held := make([]*lease.Held, len(refs))
+	for i, c := range refs {
+		held[i] = k.keepOne(ctx, c)
+	}
+	return func() {
+		for i, h := range held {
+			k.ended(refs[i], h)
+		}
+	}
+}
+
+func (k *Keeper) keepOne(ctx context.Context, c Ref) *lease.Held {
+	return lease.Start(ctx, lease.Renewal{
+		Lease: k.o.Lease,
+		Renew: func(ctx context.Context) error {
+			defer observe(k.o.Timers.Heartbeat, time.Now())
+			return k.renew(ctx, c)
+		},
+		Lost:   store.ErrLeaseLost,
+		Logger: k.o.Logger, Name: "claim lease",
+		Fields: []zap.Field{zap.String("scope", c.Scope), zap.String("event_id", c.ID)},
+	})
+}
+
+// ended stops h and logs a lease it lost.
+func (k *Keeper) ended(c Ref, h *lease.Held) {
+	if h.Stop() != nil {
+		k.o.Logger.Warn("claim lease lost while forwarding", zap.String("scope", c.Scope), zap.String("event_id", c.ID))
+	}
 }
 
 // Settle completes, releases or holds every claim, with a context detached

@@ -6,6 +6,7 @@ package lease
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -35,30 +36,104 @@ type Renewal struct {
 // or a renewal reports r.Lost (it returns that error and renews no more).
 // Other failures are logged, unless ctx ended meanwhile (the work is
 // over), and renewing goes on: a store that comes back in time keeps the
-// lease.
+// lease. A renewal under way when stop closes is finished first.
 func Keep(ctx context.Context, stop <-chan struct{}, r Renewal) error {
+	h := Start(ctx, r)
+	select {
+	case <-stop:
+	case <-ctx.Done():
+	case <-h.lost:
+	}
+	return h.Stop()
+}
+
+// Held is a lease kept alive by Start. Between renewals nothing runs for
+// it: a timer, not a goroutine, waits for the next one, so work that ends
+// before its first renewal is due (a forward shorter than a third of its
+// lease, the common case) costs a timer set and stopped.
+type Held struct {
+	ctx      context.Context //nolint:containedctx // the work's: it bounds every renewal
+	r        Renewal
+	interval time.Duration
+	t        *time.Timer
+
+	mu       sync.Mutex
+	stopped  bool
+	renewing chan struct{} // closed when the renewal under way ends; nil when none is
+	err      error         // r.Lost, once a renewal reported it
+	lost     chan struct{} // closed with err set
+}
+
+// Start keeps r's lease alive, renewing it every third of r.Lease (at
+// least every 10 ms; each renewal bounded by that much too) on a timer's
+// goroutine, until Stop is called, ctx ends, or a renewal reports r.Lost.
+// Failed renewals are logged as Keep's are.
+func Start(ctx context.Context, r Renewal) *Held {
 	if r.Logger == nil {
 		r.Logger = zap.NewNop()
 	}
-	t := time.NewTicker(max(r.Lease/3, minInterval))
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return nil
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-		rctx, cancel := context.WithTimeout(ctx, max(r.Lease/3, minInterval))
-		err := r.Renew(rctx)
-		cancel()
-		switch {
-		case err == nil:
-		case r.Lost != nil && errors.Is(err, r.Lost):
-			return err
-		case ctx.Err() == nil:
-			r.Logger.Warn("renewing "+r.Name+" failed", append(r.Fields[:len(r.Fields):len(r.Fields)], zap.Error(err))...)
-		}
+	h := &Held{ctx: ctx, r: r, interval: max(r.Lease/3, minInterval), lost: make(chan struct{})}
+	h.mu.Lock()
+	h.t = time.AfterFunc(h.interval, h.renew)
+	h.mu.Unlock()
+	return h
+}
+
+// renew runs one renewal, then sets the timer for the next one: a third of
+// the lease after this one started, as a ticker would.
+func (h *Held) renew() {
+	h.mu.Lock()
+	if h.stopped || h.err != nil || h.ctx.Err() != nil {
+		h.mu.Unlock()
+		return
+	}
+	done := make(chan struct{})
+	h.renewing = done
+	h.mu.Unlock()
+
+	began := time.Now()
+	rctx, cancel := context.WithTimeout(h.ctx, h.interval)
+	err := h.r.Renew(rctx)
+	cancel()
+	lost := false
+	switch {
+	case err == nil:
+	case h.r.Lost != nil && errors.Is(err, h.r.Lost):
+		lost = true
+	case h.ctx.Err() == nil:
+		h.r.Logger.Warn("renewing "+h.r.Name+" failed", append(h.r.Fields[:len(h.r.Fields):len(h.r.Fields)], zap.Error(err))...)
+	}
+
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.renewing = nil
+	close(done)
+	if lost {
+		h.err = err
+		close(h.lost)
+		return
+	}
+	if !h.stopped {
+		h.t.Reset(max(h.interval-time.Since(began), 0))
 	}
 }
+
+// Stop ends the renewals: none starts after it returns, and one under way
+// is waited for. It returns the r.Lost error a renewal reported, if one
+// did. Stop may be called more than once.
+func (h *Held) Stop() error {
+	h.mu.Lock()
+	h.stopped = true
+	h.t.Stop()
+	done := h.renewing
+	h.mu.Unlock()
+	if done != nil {
+		<-done
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.err
+}
+
+// Lost is closed once a renewal reported r.Lost.
+func (h *Held) Lost() <-chan struct{} { return h.lost }

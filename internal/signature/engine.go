@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/eventid"
@@ -137,6 +138,7 @@ func (e *engine) Verify(body []byte, h http.Header) error {
 	if err != nil {
 		return err
 	}
+	defer s.release()
 	if !e.match(s.v, s.sigs, body, s.ts, s.id) {
 		return e.noMatch(s)
 	}
@@ -153,10 +155,21 @@ type signed struct {
 	hs     HeaderSet
 	sigs   [][]byte
 	ts, id string
+	// d holds sigs' memory: the caller of read releases it once done with
+	// them.
+	d *digests
+}
+
+// release gives the signatures' memory back (see digests).
+func (s signed) release() {
+	if s.d != nil {
+		s.d.release()
+	}
 }
 
 // read parses and checks the signature headers (the timestamp against the
-// tolerance), everything Verify checks before the body.
+// tolerance), everything Verify checks before the body. The caller releases
+// what it returns (signed.release) once it has matched the signatures.
 func (e *engine) read(h http.Header) (signed, error) {
 	v, hs, err := e.pick(h)
 	if err != nil {
@@ -166,31 +179,27 @@ func (e *engine) read(h http.Header) (signed, error) {
 	if err != nil {
 		return signed{}, err
 	}
-	ts, sigs, err := v.parse(hs.Signature, raw, e.codec)
-	if err != nil {
-		return signed{}, err
+	d := digestPool.Get().(*digests)
+	ts, err := v.parse(hs.Signature, raw, e.codec, d)
+	if err == nil && hs.Timestamp != "" {
+		ts, err = oneValue(h, hs.Timestamp)
 	}
-	if hs.Timestamp != "" {
-		if ts, err = oneValue(h, hs.Timestamp); err != nil {
-			return signed{}, err
-		}
-	}
-	if e.tolerance > 0 {
+	if err == nil && e.tolerance > 0 {
 		check := checkTimestamp
 		if e.layout != "" {
 			check = layoutChecker(e.layout)
 		}
-		if err := check(ts, e.unit, e.tolerance, e.now()); err != nil {
-			return signed{}, err
-		}
+		err = check(ts, e.unit, e.tolerance, e.now())
 	}
 	var id string
-	if e.signsID {
-		if id, err = oneValue(h, hs.ID); err != nil {
-			return signed{}, err
-		}
+	if err == nil && e.signsID {
+		id, err = oneValue(h, hs.ID)
 	}
-	return signed{v: v, hs: hs, sigs: sigs, ts: ts, id: id}, nil
+	if err != nil {
+		d.release()
+		return signed{}, err
+	}
+	return signed{v: v, hs: hs, sigs: d.sigs, ts: ts, id: id, d: d}, nil
 }
 
 func (e *engine) noMatch(s signed) error {
@@ -217,32 +226,29 @@ func (e *engine) pick(h http.Header) (*variant, HeaderSet, error) {
 }
 
 // parse splits a signature header into its timestamp (list formats with a
-// TimestampKey) and its decoded signatures.
-func (v *variant) parse(name, raw string, c codec) (ts string, sigs [][]byte, err error) {
+// TimestampKey) and its decoded signatures, added to d.
+func (v *variant) parse(name, raw string, c codec, d *digests) (ts string, err error) {
 	f := v.format
 	if f.List == "" {
 		rest, ok := strings.CutPrefix(raw, f.Prefix)
 		if !ok {
-			return "", nil, fmt.Errorf("header %s does not start with %q: %w", name, f.Prefix, ErrMalformedHeader)
+			return "", fmt.Errorf("header %s does not start with %q: %w", name, f.Prefix, ErrMalformedHeader)
 		}
-		sig, ok := c.decodeDigest(strings.TrimSpace(rest), v.size)
-		if !ok {
-			return "", nil, fmt.Errorf("header %s does not hold a %s digest of %d bytes: %w", name, c.name, v.size, ErrMalformedHeader)
+		if !d.add(c, strings.TrimSpace(rest), v.size) {
+			return "", fmt.Errorf("header %s does not hold a %s digest of %d bytes: %w", name, c.name, v.size, ErrMalformedHeader)
 		}
-		return "", [][]byte{sig}, nil
+		return "", nil
 	}
 	if f.TimestampFirst {
 		entries := strings.Split(raw, f.List)
 		ts = strings.TrimSpace(entries[0])
 		for _, e := range entries[1:] {
-			if sig, ok := c.decodeDigest(strings.TrimSpace(e), v.size); ok {
-				sigs = append(sigs, sig)
-			}
+			d.add(c, strings.TrimSpace(e), v.size)
 		}
-		if len(sigs) == 0 {
-			return "", nil, fmt.Errorf("header %s has no usable signature after its timestamp: %w", name, ErrMalformedHeader)
+		if len(d.sigs) == 0 {
+			return "", fmt.Errorf("header %s has no usable signature after its timestamp: %w", name, ErrMalformedHeader)
 		}
-		return ts, sigs, nil
+		return ts, nil
 	}
 	seenTS := false
 	for entry := range strings.SplitSeq(raw, f.List) {
@@ -252,30 +258,28 @@ func (v *variant) parse(name, raw string, c codec) (ts string, sigs [][]byte, er
 			if f.Lenient {
 				continue
 			}
-			return "", nil, fmt.Errorf("header %s has an entry without %q: %w", name, f.Pair, ErrMalformedHeader)
+			return "", fmt.Errorf("header %s has an entry without %q: %w", name, f.Pair, ErrMalformedHeader)
 		}
 		key, val = strings.TrimSpace(key), strings.TrimSpace(val)
 		switch {
 		case f.TimestampKey != "" && key == f.TimestampKey:
 			if seenTS {
-				return "", nil, fmt.Errorf("header %s has more than one %s= timestamp: %w", name, f.TimestampKey, ErrMalformedHeader)
+				return "", fmt.Errorf("header %s has more than one %s= timestamp: %w", name, f.TimestampKey, ErrMalformedHeader)
 			}
 			seenTS, ts = true, val
 		case key == f.SigKey:
 			// Undecodable entries are skipped, as the providers' libraries
 			// do; they can never match anyway.
-			if sig, ok := c.decodeDigest(val, v.size); ok {
-				sigs = append(sigs, sig)
-			}
+			d.add(c, val, v.size)
 		}
 	}
 	if f.TimestampKey != "" && !seenTS {
-		return "", nil, fmt.Errorf("header %s has no %s= timestamp: %w", name, f.TimestampKey, ErrMalformedHeader)
+		return "", fmt.Errorf("header %s has no %s= timestamp: %w", name, f.TimestampKey, ErrMalformedHeader)
 	}
-	if len(sigs) == 0 {
-		return "", nil, fmt.Errorf("header %s has no usable %s signature: %w", name, f.SigKey, ErrMalformedHeader)
+	if len(d.sigs) == 0 {
+		return "", fmt.Errorf("header %s has no usable %s signature: %w", name, f.SigKey, ErrMalformedHeader)
 	}
-	return ts, sigs, nil
+	return ts, nil
 }
 
 // match reports whether any signature equals the MAC of the signed bytes
@@ -533,22 +537,69 @@ type codec struct {
 	name   string
 	encode func([]byte) string
 	decode func(string) ([]byte, error)
+	// appendDecode appends the decoding of src to dst (hex.AppendDecode,
+	// base64.Encoding.AppendDecode): Verify decodes into pooled memory.
+	appendDecode func(dst, src []byte) ([]byte, error)
 }
 
 func newCodec(name string) (codec, error) {
 	switch name {
 	case "hex":
 		// Hex decoding accepts either case; the providers write lower case.
-		return codec{name: name, encode: hex.EncodeToString, decode: hex.DecodeString}, nil
+		return codec{name: name, encode: hex.EncodeToString, decode: hex.DecodeString, appendDecode: hex.AppendDecode}, nil
 	case "base64":
 		b := base64.StdEncoding.Strict()
-		return codec{name: name, encode: b.EncodeToString, decode: b.DecodeString}, nil
+		return codec{name: name, encode: b.EncodeToString, decode: b.DecodeString, appendDecode: b.AppendDecode}, nil
 	case "base64url":
 		// Unpadded URL-safe base64 (RFC 4648 section 5), as Sanity writes it.
 		b := base64.RawURLEncoding.Strict()
-		return codec{name: name, encode: b.EncodeToString, decode: b.DecodeString}, nil
+		return codec{name: name, encode: b.EncodeToString, decode: b.DecodeString, appendDecode: b.AppendDecode}, nil
 	}
 	return codec{}, fmt.Errorf("unknown encoding %q (want hex, base64 or base64url)", name)
+}
+
+// digests holds the signatures Verify decoded from a header, in memory
+// reused from one verification to the next (digestPool): a delivery's
+// check allocates nothing for them.
+type digests struct {
+	sigs [][]byte
+	buf  []byte
+}
+
+var digestPool = sync.Pool{New: func() any { return &digests{sigs: make([][]byte, 0, 4), buf: make([]byte, 0, 256)} }}
+
+// add decodes s with c and keeps it when it is a digest of size bytes. A
+// digest is appended to buf only where it fits, so the earlier ones, which
+// sigs points into, never move.
+func (d *digests) add(c codec, s string, size int) bool {
+	if s == "" || len(s) > 4*size {
+		return false
+	}
+	if c.appendDecode == nil {
+		b, ok := c.decodeDigest(s, size)
+		if ok {
+			d.sigs = append(d.sigs, b)
+		}
+		return ok
+	}
+	if cap(d.buf)-len(d.buf) < len(s) { // no decoding is longer than its text
+		d.buf = make([]byte, 0, max(2*cap(d.buf), len(s)))
+	}
+	start := len(d.buf)
+	out, err := c.appendDecode(d.buf, unsafe.Slice(unsafe.StringData(s), len(s))) //nolint:gosec // audited: the decoders only read src and keep none of it
+	if err != nil || len(out)-start != size {
+		return false
+	}
+	d.buf = out
+	d.sigs = append(d.sigs, out[start:len(out):len(out)])
+	return true
+}
+
+// release empties d and returns it to the pool.
+func (d *digests) release() {
+	clear(d.sigs)
+	d.sigs, d.buf = d.sigs[:0], d.buf[:0]
+	digestPool.Put(d)
 }
 
 // decodeDigest decodes s and checks it is a digest of size bytes.

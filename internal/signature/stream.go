@@ -53,6 +53,7 @@ func (e *engine) VerifyReader(body io.Reader, h http.Header) error {
 	if err != nil {
 		return err
 	}
+	defer s.release()
 	macs := make([]hash.Hash, len(e.keys))
 	ws := make([]io.Writer, len(e.keys))
 	for i, key := range e.keys {

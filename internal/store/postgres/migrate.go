@@ -98,6 +98,26 @@ func migrations(ident pgx.Identifier) []*goose.Migration {
 			&goose.GoFunc{RunTx: migrateCommit(ident)},
 			&goose.GoFunc{RunTx: dropCommit(ident)},
 		),
+		// Completions as HOT updates: an update that changes no indexed
+		// column, and finds room on its row's page, writes no index entry
+		// (the heap tuple only, a fraction of the WAL). The (state,
+		// updated_at) index made every settle change two indexed columns,
+		// so each completion added an entry to all three indexes; it served
+		// only the admin API's listing, which now scans the table (an
+		// operator's occasional query, bounded by retention). fillfactor
+		// leaves a fifth of each new page free for the rows' settles, which
+		// follow their inserts by milliseconds; pages written before keep
+		// their fill.
+		goose.NewGoMigration(7,
+			&goose.GoFunc{RunTx: pgschema.ExecAll(
+				`DROP INDEX IF EXISTS `+schemaIdx(ident, "_state_updated_at_idx"),
+				`ALTER TABLE `+table+` SET (fillfactor = 80)`,
+			)},
+			&goose.GoFunc{RunTx: pgschema.ExecAll(
+				`CREATE INDEX IF NOT EXISTS `+idx("_state_updated_at_idx")+` ON `+table+` (state, updated_at)`,
+				`ALTER TABLE `+table+` RESET (fillfactor)`,
+			)},
+		),
 	}
 }
 

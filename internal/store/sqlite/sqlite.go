@@ -241,6 +241,16 @@ func migrations(table string) []*goose.Migration {
 			&goose.GoFunc{RunTx: addColumns(table, `ambiguous INTEGER NOT NULL DEFAULT 0`)},
 			&goose.GoFunc{RunTx: execAll(`ALTER TABLE ` + t + ` DROP COLUMN ambiguous`)},
 		),
+		// No (state, updated_at) index, as in the postgres store: every
+		// settle moved the row's entry in it (a delete and an insert in a
+		// second b-tree); it served only the admin API's listing, which now
+		// scans the table.
+		goose.NewGoMigration(6,
+			&goose.GoFunc{RunTx: execAll(`DROP INDEX IF EXISTS ` + quoteIdent(table+"_state_updated_at_idx"))},
+			&goose.GoFunc{RunTx: execAll(
+				`CREATE INDEX IF NOT EXISTS ` + quoteIdent(table+"_state_updated_at_idx") + ` ON ` + t + ` (state, updated_at)`,
+			)},
+		),
 	}
 }
 
