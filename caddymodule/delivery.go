@@ -27,6 +27,12 @@ type delivery struct {
 	// spill holds a body past spillAbove on a route that spills
 	// (spill.go); raw and signed are nil then.
 	spill *spillFile
+	// decoded holds the decoded body of a gzip delivery past spillAbove
+	// on a route that spills: what was signed, while raw (in memory) is
+	// what the upstream gets; signed is nil then. A small compressed body
+	// can decode to max_body: in memory, each such request would cost
+	// max_body before its signature is checked.
+	decoded *spillFile
 	// items are the items of a batch forwarded one by one (split).
 	items []signature.BatchItem
 	split bool
@@ -76,6 +82,9 @@ func (d *delivery) done() {
 	if d.spill != nil {
 		d.spill.remove()
 	}
+	if d.decoded != nil {
+		d.decoded.remove()
+	}
 	d.buf.release()
 	*d = delivery{}
 	deliveryPool.Put(d)
@@ -93,10 +102,20 @@ func (d *delivery) forwardable() *http.Request {
 	return d.r
 }
 
+// signedFile is the file of the verified body when it was spilled (the
+// body as it arrived, or a gzip delivery's decoded body); nil when it is
+// in memory (signed).
+func (d *delivery) signedFile() *spillFile {
+	if d.spill != nil {
+		return d.spill
+	}
+	return d.decoded
+}
+
 // bodyKey is bodyKey of the verified body, in memory or spilled.
 func (d *delivery) bodyKey() string {
-	if d.spill != nil {
-		return d.spill.key()
+	if f := d.signedFile(); f != nil {
+		return f.key()
 	}
 	return bodyKey(d.signed)
 }

@@ -113,13 +113,15 @@ type Handler struct {
 	// provider documents where that is more than 5 MB (github and gitlab
 	// 25 MiB, pubsub 16 MiB; docs/providers.md, "max body"), else 5000000
 	// (5MB). A body past 1 MiB on a route that verifies a stream (an HMAC
-	// over the body, an event ID from headers only, no handshake or batch,
-	// sync mode, no gzip: github, shopify, standard, svix, bitbucket, jira,
-	// sentry, hmac with a header event_id, ...) is written to a temporary file
-	// (mode 0600, in the system's temporary directory, removed when the
-	// request ends) while it is read, verified and forwarded from there,
-	// so memory does not grow with the body; other routes hold the body
-	// in memory.
+	// over the body or a token, an event ID from headers only, no handshake
+	// or batch, sync mode: github, gitlab, shopify, standard, svix,
+	// bitbucket, jira, sentry, hmac with a header event_id, ...) is written
+	// to a temporary file (mode 0600, in the system's temporary directory,
+	// removed when the request ends) while it is read, verified and
+	// forwarded from there, so memory does not grow with the body; a gzip
+	// body's decoded bytes past 1 MiB go to such a file too (the compressed
+	// bytes, forwarded as they arrived, stay in memory). Other routes hold
+	// the body, and a gzip body's decoded bytes, in memory.
 	MaxBody int64 `json:"max_body,omitempty"`
 
 	// Cache is how many completed event IDs are held in memory to answer

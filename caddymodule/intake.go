@@ -189,8 +189,8 @@ func (in webhookIntake) take(w http.ResponseWriter, next caddyhttp.Handler, d *d
 // verifyBody verifies the delivery's body: in memory (verifyDelivery), or
 // spilled, read from its file by the streaming verifier.
 func (h *Handler) verifyBody(d *delivery) error {
-	if d.spill != nil {
-		return h.stream.VerifyReader(d.spill.reader(), d.r.Header)
+	if f := d.signedFile(); f != nil {
+		return h.stream.VerifyReader(f.reader(), d.r.Header)
 	}
 	return h.verifyDelivery(d.r.Context(), d.signed, d.r.Header)
 }
@@ -345,15 +345,32 @@ func (h *Handler) read(w http.ResponseWriter, d *delivery) (status int, reason s
 	if err != nil {
 		return http.StatusBadRequest, "gzip body is malformed"
 	}
+	// On a route that spills, at most spillAbove decoded bytes are held
+	// in memory; the rest goes to a file (d.decoded), as a large body
+	// that arrived uncompressed does.
+	inMemory := h.MaxBody
+	if h.stream != nil {
+		inMemory = min(inMemory, spillAbove)
+	}
 	var dec bytes.Buffer
-	m, err := dec.ReadFrom(io.LimitReader(zr, h.MaxBody+1))
-	if m > h.MaxBody {
+	m, err := dec.ReadFrom(io.LimitReader(zr, inMemory+1))
+	if m > inMemory && inMemory < h.MaxBody && err == nil {
+		d.decoded, m, err = spillBody(dec.Bytes(), zr, h.MaxBody)
+	}
+	switch {
+	case errors.Is(err, errSpillDisk):
+		h.logger.Warn("writing the decoded body to a temporary file failed; answered 503, nothing forwarded",
+			zap.String("scope", h.Scope), zap.Error(err))
+		return http.StatusServiceUnavailable, ""
+	case m > h.MaxBody:
 		return http.StatusRequestEntityTooLarge, "decoded body exceeds max_body"
-	}
-	if err != nil {
+	case err != nil:
 		return http.StatusBadRequest, "gzip body is malformed"
+	case d.decoded == nil:
+		d.signed = dec.Bytes()
+	default:
+		d.signed = nil
 	}
-	d.signed = dec.Bytes()
 	return 0, ""
 }
 

@@ -149,13 +149,14 @@ func deliveryKey(id string, body []byte) string {
 // replayKeyOf is replayKey of a delivery's body, in memory or spilled
 // (read back from its file: the error wraps errSpillDisk).
 func (h *Handler) replayKeyOf(d *delivery, id string) (string, error) {
+	f := d.signedFile()
 	switch {
-	case d.spill == nil:
+	case f == nil:
 		return h.replayKey(id, d.signed), nil
 	case h.dedupeBody:
-		return d.spill.key(), nil
+		return f.key(), nil
 	}
-	return d.spill.deliveryKey(id)
+	return f.deliveryKey(id)
 }
 
 // claimItemRecord claims the replay record of a batch item forwarded on

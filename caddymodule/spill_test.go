@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"bytes"
+	"compress/gzip"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -212,6 +213,8 @@ http://localhost:9080 {
 
 	// Forwarded once, exactly: held at the upstream to see the file.
 	gate := make(chan struct{})
+	release := sync.OnceFunc(func() { close(gate) })
+	t.Cleanup(release) // before the upstream closes: a failed check must not leave the forward waiting
 	up.mu.Lock()
 	up.gate = gate
 	up.mu.Unlock()
@@ -231,7 +234,7 @@ http://localhost:9080 {
 	up.mu.Lock()
 	up.gate = nil
 	up.mu.Unlock()
-	close(gate)
+	release()
 	res := <-done
 	require.Equal(t, http.StatusOK, res.status, res.body)
 	fw := up.forwards()
@@ -287,4 +290,118 @@ func bigPush(n int) []byte {
 	head := `{"ref":"refs/heads/main","commits":[{"message":"`
 	tail := `"}]}`
 	return []byte(head + strings.Repeat("x", n-len(head)-len(tail)) + tail)
+}
+
+// TestGzipBodiesDecodeToFile: on a route that spills, a gzip delivery's
+// decoded body past spillAbove goes to a temporary file, not to memory, so
+// a small compressed body cannot cost max_body before its signature is
+// checked (a gzip bomb); it is verified from the file and the upstream
+// gets the compressed bytes as they arrived. Decoding past max_body is
+// refused 413, and no file outlives its request.
+func TestGzipBodiesDecodeToFile(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	secret := "gh-" + randomHex(8)
+	up := newBigUpstream(t)
+	dsn := pgDSN(t)
+	table := "spillgz_" + randomHex(6)
+	t.Cleanup(func() { dropTable(dsn, table) })
+	startCaddy(t, fmt.Sprintf(`{
+`+caddyTestGlobals+`}
+http://localhost:9080 {
+	handle /github {
+		webhook_idempotency {
+			provider github
+			secret %q
+			storage postgres %q
+			table %s
+			scope %s
+			spool off
+		}
+		reverse_proxy %s
+	}
+}`, secret, dsn, table, uniqueScope("gh_gz"), up.Listener.Addr().String()))
+
+	gz := func(b []byte) []byte {
+		var buf bytes.Buffer
+		zw := gzip.NewWriter(&buf)
+		_, err := zw.Write(b)
+		require.NoError(t, err)
+		require.NoError(t, zw.Close())
+		return buf.Bytes()
+	}
+	post := func(compressed, signed []byte, guid string) result {
+		req, err := http.NewRequest(http.MethodPost, gatewayBase+"/github", bytes.NewReader(compressed))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Encoding", "gzip")
+		req.Header.Set("X-GitHub-Event", "push")
+		req.Header.Set("X-GitHub-Delivery", guid)
+		req.Header.Set("X-Hub-Signature-256", "sha256="+hexOf(mac256([]byte(secret), signed)))
+		return send(t, req)
+	}
+	requireNoSpill := func() {
+		t.Helper()
+		require.Eventually(t, func() bool { return len(spilledFiles(t, tmp)) == 0 }, 5*time.Second, 10*time.Millisecond,
+			"the temporary file outlived its request")
+	}
+
+	decoded := bigPush(3 << 20)
+	compressed := gz(decoded)
+	require.Less(t, len(compressed), spillAbove, "the compressed body itself stays in memory")
+
+	gate := make(chan struct{})
+	release := sync.OnceFunc(func() { close(gate) })
+	t.Cleanup(release) // before the upstream closes: a failed check must not leave the forward waiting
+	up.mu.Lock()
+	up.gate = gate
+	up.mu.Unlock()
+	done := make(chan result, 1)
+	go func() { done <- post(compressed, decoded, "gz-1") }()
+	select {
+	case <-up.in:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the delivery never reached the upstream")
+	}
+	files := spilledFiles(t, tmp)
+	require.Len(t, files, 1, "the decoded body is in one temporary file")
+	fi, err := os.Stat(files[0])
+	require.NoError(t, err)
+	require.Equal(t, int64(len(decoded)), fi.Size())
+	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+	up.mu.Lock()
+	up.gate = nil
+	up.mu.Unlock()
+	release()
+	res := <-done
+	require.Equal(t, http.StatusOK, res.status, res.body)
+	fw := up.forwards()
+	require.Len(t, fw, 1)
+	require.Equal(t, sha256.Sum256(compressed), fw[0].sum, "the upstream got the compressed bytes as they arrived")
+	require.Equal(t, int64(len(compressed)), fw[0].declared)
+	requireNoSpill()
+
+	res = post(compressed, decoded, "gz-1")
+	require.Equal(t, http.StatusOK, res.status)
+	require.True(t, res.replayed, res.body)
+	require.Len(t, up.forwards(), 1)
+
+	// Signed over other decoded bytes: refused from the file.
+	other := bytes.Clone(decoded)
+	other[len(other)/2] ^= 1
+	res = post(compressed, other, "gz-2")
+	require.Equal(t, http.StatusBadRequest, res.status, res.body)
+	require.Contains(t, res.body, "no matching signature")
+	require.Len(t, up.forwards(), 1)
+	requireNoSpill()
+
+	// A bomb: 26 MiB of zeros in about 26 KB; refused once decoding passes
+	// max_body (GitHub's 25 MiB), never forwarded.
+	bomb := gz(make([]byte, 26<<20))
+	require.Less(t, len(bomb), 64<<10)
+	res = post(bomb, []byte("x"), "gz-bomb")
+	require.Equal(t, http.StatusRequestEntityTooLarge, res.status, res.body)
+	require.Contains(t, res.body, "decoded body exceeds max_body")
+	require.Len(t, up.forwards(), 1)
+	requireNoSpill()
 }
