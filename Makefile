@@ -4,7 +4,7 @@ GO    ?= go
 BIN   := bin/caddy
 export STRIPE_WEBHOOK_SECRET ?= whsec_demo_not_a_real_secret
 
-.PHONY: run demo test test-short failover pgbouncer build accept fuzz soak bench bench-growth bench-sweep bench-memory bench-micro vet lint xcaddy-check clean
+.PHONY: run demo test test-short failover pgbouncer build fuzz soak bench bench-growth bench-sweep bench-memory bench-micro vet lint xcaddy-check clean
 
 ## build: the custom Caddy binary (what xcaddy builds) into bin/caddy
 build:
@@ -35,10 +35,6 @@ pgbouncer:
 ## test-short: the fast loop, no PostgreSQL, no in-process Caddy
 test-short:
 	$(GO) test -race -short ./...
-
-## accept: the black-box acceptance suite in ../shared/accept against this checkout
-accept:
-	@DSN=$$(bash scripts/postgres.sh) && cd ../shared/accept && DATABASE_URL="$$DSN" $(GO) run . -repo $(CURDIR)
 
 ## soak: 200,000+ deliveries through two gateways on one PostgreSQL, upstream failing 10% (see RELIABILITY.md)
 soak:
