@@ -160,17 +160,15 @@ func (u *bigUpstream) forwards() []bigForward {
 	return append([]bigForward(nil), u.got...)
 }
 
-// TestBigGitHubDelivery (issue 21): a 25 MB signed GitHub push through a
-// real Caddy on PostgreSQL is forwarded once with exactly its bytes and
-// Content-Length, from a 0600 temporary file that is gone once the request
-// ends; its duplicate is answered at the edge; the same body tampered is
-// refused and not forwarded; a body over max_body gets 413, announced or
-// not, and is not forwarded. The default max_body is GitHub's 25 MiB.
-func TestBigGitHubDelivery(t *testing.T) {
-	tmp := t.TempDir()
+// bigRoute starts a real Caddy with one GitHub route on PostgreSQL in
+// front of a bigUpstream, with spool as given, temporary files in a
+// directory of the test's own; it returns the route's secret, the
+// upstream and that directory.
+func bigRoute(t *testing.T, scope, spool string) (secret string, up *bigUpstream, tmp string) {
+	tmp = t.TempDir()
 	t.Setenv("TMPDIR", tmp)
-	secret := "gh-" + randomHex(8)
-	up := newBigUpstream(t)
+	secret = "gh-" + randomHex(8)
+	up = newBigUpstream(t)
 	dsn := pgDSN(t)
 	table := "spill_" + randomHex(6)
 	t.Cleanup(func() { dropTable(dsn, table) })
@@ -188,7 +186,54 @@ http://localhost:9080 {
 		}
 		reverse_proxy %s
 	}
-}`, secret, dsn, table, uniqueScope("gh_big"), filepath.Join(t.TempDir(), "spool"), up.Listener.Addr().String()))
+}`, secret, dsn, table, uniqueScope(scope), spool, up.Listener.Addr().String()))
+	return secret, up, tmp
+}
+
+// hold makes the upstream's next forward wait, once it has read the body,
+// until the returned release is called (at the latest when the test ends,
+// before the upstream closes, so a failed check leaves no forward waiting).
+func (u *bigUpstream) hold(t *testing.T) (release func()) {
+	gate := make(chan struct{})
+	release = sync.OnceFunc(func() {
+		u.mu.Lock()
+		u.gate = nil
+		u.mu.Unlock()
+		close(gate)
+	})
+	t.Cleanup(release)
+	u.mu.Lock()
+	u.gate = gate
+	u.mu.Unlock()
+	return release
+}
+
+// entered waits for the held forward to reach the upstream.
+func (u *bigUpstream) entered(t *testing.T) {
+	t.Helper()
+	select {
+	case <-u.in:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the delivery never reached the upstream")
+	}
+}
+
+// requireNoSpill requires every temporary file of tmp gone: it goes when
+// ServeHTTP returns, just after the answer.
+func requireNoSpill(t *testing.T, tmp string) {
+	t.Helper()
+	require.Eventually(t, func() bool { return len(spilledFiles(t, tmp)) == 0 }, 5*time.Second, 10*time.Millisecond,
+		"the temporary file outlived its request")
+}
+
+// TestBigGitHubDelivery (issue 21): a 25 MB signed GitHub push through a
+// real Caddy on PostgreSQL is forwarded once with exactly its bytes and
+// Content-Length, from a 0600 temporary file that is gone once the request
+// ends; its duplicate is answered at the edge; the same body tampered is
+// refused and not forwarded; a body over max_body gets 413, announced or
+// not, and is not forwarded. The default max_body is GitHub's 25 MiB.
+func TestBigGitHubDelivery(t *testing.T) {
+	secret, up, tmp := bigRoute(t, "gh_big", filepath.Join(t.TempDir(), "spool"))
 
 	body := bigPush(25_000_000)
 	post := func(body []byte, guid string, chunked bool) result {
@@ -204,36 +249,18 @@ http://localhost:9080 {
 		req.Header.Set("X-Hub-Signature-256", "sha256="+hexOf(mac256([]byte(secret), body)))
 		return send(t, req)
 	}
-	requireNoSpill := func() {
-		t.Helper()
-		// The file goes when ServeHTTP returns, just after the answer.
-		require.Eventually(t, func() bool { return len(spilledFiles(t, tmp)) == 0 }, 5*time.Second, 10*time.Millisecond,
-			"the temporary file outlived its request")
-	}
 
 	// Forwarded once, exactly: held at the upstream to see the file.
-	gate := make(chan struct{})
-	release := sync.OnceFunc(func() { close(gate) })
-	t.Cleanup(release) // before the upstream closes: a failed check must not leave the forward waiting
-	up.mu.Lock()
-	up.gate = gate
-	up.mu.Unlock()
+	release := up.hold(t)
 	done := make(chan result, 1)
 	go func() { done <- post(body, "guid-1", false) }()
-	select {
-	case <-up.in:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the delivery never reached the upstream")
-	}
+	up.entered(t)
 	files := spilledFiles(t, tmp)
 	require.Len(t, files, 1, "the body is spilled to one temporary file while forwarded")
 	fi, err := os.Stat(files[0])
 	require.NoError(t, err)
 	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
 	require.Equal(t, int64(len(body)), fi.Size())
-	up.mu.Lock()
-	up.gate = nil
-	up.mu.Unlock()
 	release()
 	res := <-done
 	require.Equal(t, http.StatusOK, res.status, res.body)
@@ -243,14 +270,14 @@ http://localhost:9080 {
 	require.Equal(t, int64(len(body)), fw[0].read)
 	require.Equal(t, int64(len(body)), fw[0].declared, "with its exact Content-Length")
 	require.Empty(t, fw[0].transferEncoding)
-	requireNoSpill()
+	requireNoSpill(t, tmp)
 
 	// The redelivery: a duplicate at the edge.
 	res = post(body, "guid-1", false)
 	require.Equal(t, http.StatusOK, res.status)
 	require.True(t, res.replayed, res.body)
 	require.Len(t, up.forwards(), 1)
-	requireNoSpill()
+	requireNoSpill(t, tmp)
 
 	// Tampered: the signature of the body, one byte changed.
 	tampered := bytes.Clone(body)
@@ -263,7 +290,7 @@ http://localhost:9080 {
 	require.Equal(t, http.StatusBadRequest, res.status, res.body) // github's refuse_status
 	require.Contains(t, res.body, "no matching signature")
 	require.Len(t, up.forwards(), 1)
-	requireNoSpill()
+	requireNoSpill(t, tmp)
 
 	// Over max_body (25 MiB by default): announced, then not.
 	over := bigPush(25<<20 + 1)
@@ -271,7 +298,7 @@ http://localhost:9080 {
 		res = post(over, fmt.Sprintf("guid-over-%v", chunked), chunked)
 		require.Equal(t, http.StatusRequestEntityTooLarge, res.status, res.body)
 		require.Len(t, up.forwards(), 1)
-		requireNoSpill()
+		requireNoSpill(t, tmp)
 	}
 
 	// A body just under the cap, sent chunked, goes through too.
@@ -282,7 +309,7 @@ http://localhost:9080 {
 	require.Len(t, fw, 2)
 	require.Equal(t, sha256.Sum256(under), fw[1].sum)
 	require.Equal(t, int64(len(under)), fw[1].declared)
-	requireNoSpill()
+	requireNoSpill(t, tmp)
 }
 
 // bigPush is a GitHub push payload of exactly n bytes (n > 100).
@@ -299,28 +326,7 @@ func bigPush(n int) []byte {
 // gets the compressed bytes as they arrived. Decoding past max_body is
 // refused 413, and no file outlives its request.
 func TestGzipBodiesDecodeToFile(t *testing.T) {
-	tmp := t.TempDir()
-	t.Setenv("TMPDIR", tmp)
-	secret := "gh-" + randomHex(8)
-	up := newBigUpstream(t)
-	dsn := pgDSN(t)
-	table := "spillgz_" + randomHex(6)
-	t.Cleanup(func() { dropTable(dsn, table) })
-	startCaddy(t, fmt.Sprintf(`{
-`+caddyTestGlobals+`}
-http://localhost:9080 {
-	handle /github {
-		webhook_idempotency {
-			provider github
-			secret %q
-			storage postgres %q
-			table %s
-			scope %s
-			spool off
-		}
-		reverse_proxy %s
-	}
-}`, secret, dsn, table, uniqueScope("gh_gz"), up.Listener.Addr().String()))
+	secret, up, tmp := bigRoute(t, "gh_gz", "off")
 
 	gz := func(b []byte) []byte {
 		var buf bytes.Buffer
@@ -340,38 +346,21 @@ http://localhost:9080 {
 		req.Header.Set("X-Hub-Signature-256", "sha256="+hexOf(mac256([]byte(secret), signed)))
 		return send(t, req)
 	}
-	requireNoSpill := func() {
-		t.Helper()
-		require.Eventually(t, func() bool { return len(spilledFiles(t, tmp)) == 0 }, 5*time.Second, 10*time.Millisecond,
-			"the temporary file outlived its request")
-	}
 
 	decoded := bigPush(3 << 20)
 	compressed := gz(decoded)
 	require.Less(t, len(compressed), spillAbove, "the compressed body itself stays in memory")
 
-	gate := make(chan struct{})
-	release := sync.OnceFunc(func() { close(gate) })
-	t.Cleanup(release) // before the upstream closes: a failed check must not leave the forward waiting
-	up.mu.Lock()
-	up.gate = gate
-	up.mu.Unlock()
+	release := up.hold(t)
 	done := make(chan result, 1)
 	go func() { done <- post(compressed, decoded, "gz-1") }()
-	select {
-	case <-up.in:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the delivery never reached the upstream")
-	}
+	up.entered(t)
 	files := spilledFiles(t, tmp)
 	require.Len(t, files, 1, "the decoded body is in one temporary file")
 	fi, err := os.Stat(files[0])
 	require.NoError(t, err)
 	require.Equal(t, int64(len(decoded)), fi.Size())
 	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
-	up.mu.Lock()
-	up.gate = nil
-	up.mu.Unlock()
 	release()
 	res := <-done
 	require.Equal(t, http.StatusOK, res.status, res.body)
@@ -379,7 +368,7 @@ http://localhost:9080 {
 	require.Len(t, fw, 1)
 	require.Equal(t, sha256.Sum256(compressed), fw[0].sum, "the upstream got the compressed bytes as they arrived")
 	require.Equal(t, int64(len(compressed)), fw[0].declared)
-	requireNoSpill()
+	requireNoSpill(t, tmp)
 
 	res = post(compressed, decoded, "gz-1")
 	require.Equal(t, http.StatusOK, res.status)
@@ -393,7 +382,7 @@ http://localhost:9080 {
 	require.Equal(t, http.StatusBadRequest, res.status, res.body)
 	require.Contains(t, res.body, "no matching signature")
 	require.Len(t, up.forwards(), 1)
-	requireNoSpill()
+	requireNoSpill(t, tmp)
 
 	// A bomb: 26 MiB of zeros in about 26 KB; refused once decoding passes
 	// max_body (GitHub's 25 MiB), never forwarded.
@@ -403,5 +392,5 @@ http://localhost:9080 {
 	require.Equal(t, http.StatusRequestEntityTooLarge, res.status, res.body)
 	require.Contains(t, res.body, "decoded body exceeds max_body")
 	require.Len(t, up.forwards(), 1)
-	requireNoSpill()
+	requireNoSpill(t, tmp)
 }
