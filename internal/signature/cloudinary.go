@@ -22,15 +22,9 @@ import (
 // an asset, not an event: configure an event ID.
 func init() {
 	register(Preset{ //nolint:gosec // SecretFormat describes the secret; it holds none
-		Name:         "cloudinary",
-		SecretFormat: "the account's API secret",
-		Delivery: Delivery{
-			Retry:   Retry{Source: Undocumented},
-			MaxBody: MaxBody{Source: Undocumented},
-			Timeout: Timeout{Source: Undocumented},
-			Answer:  Answer{Source: Undocumented},
-			Refusal: Refusal{Source: Undocumented},
-		},
+		Name:             "cloudinary",
+		SecretFormat:     "the account's API secret",
+		Delivery:         allUndocumented,
 		Doc:              "https://cloudinary.com/documentation/notification_signatures",
 		SignatureHeader:  "X-Cld-Signature: <hex> (with X-Cld-Timestamp)",
 		DefaultTolerance: 2 * time.Hour,

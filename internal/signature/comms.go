@@ -33,15 +33,9 @@ func init() {
 	// headers may list several signatures separated by commas. Plivo names
 	// no event ID and signs no time: configure an ID; DedupeBody.
 	register(Preset{ //nolint:gosec // SecretFormat describes the secret; it holds none
-		Name:         "plivo",
-		SecretFormat: "the Auth Token of the account (or subaccount) the callback belongs to",
-		Delivery: Delivery{
-			Retry:   Retry{Source: Undocumented},
-			MaxBody: MaxBody{Source: Undocumented},
-			Timeout: Timeout{Source: Undocumented},
-			Answer:  Answer{Source: Undocumented},
-			Refusal: Refusal{Source: Undocumented},
-		},
+		Name:            "plivo",
+		SecretFormat:    "the Auth Token of the account (or subaccount) the callback belongs to",
+		Delivery:        allUndocumented,
 		Doc:             "https://docs.plivo.com/docs/voice/xml/request/validation",
 		SignatureHeader: "X-Plivo-Signature-V3: <base64>[,<base64>] (with X-Plivo-Signature-V3-Nonce)",
 		DedupeBody:      true,

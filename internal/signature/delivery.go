@@ -36,6 +36,13 @@ type Delivery struct {
 	Refusal Refusal
 }
 
+// allUndocumented is the delivery facts of a provider whose documents,
+// read, state none of them.
+var allUndocumented = Delivery{
+	Retry: Retry{Source: Undocumented}, MaxBody: MaxBody{Source: Undocumented}, Timeout: Timeout{Source: Undocumented},
+	Answer: Answer{Source: Undocumented}, Refusal: Refusal{Source: Undocumented},
+}
+
 // Source is where a fact comes from: the https URL of the provider's
 // document (an anchor where one exists), or Undocumented.
 type Source string

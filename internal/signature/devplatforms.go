@@ -76,14 +76,8 @@ func init() {
 	// Buildkite's webhook pages (buildkite/docs, pages/apis/webhooks)
 	// state no redelivery, size, timeout or expected answer.
 	register(Preset{
-		Name: "buildkite",
-		Delivery: Delivery{
-			Retry:   Retry{Source: Undocumented},
-			MaxBody: MaxBody{Source: Undocumented},
-			Timeout: Timeout{Source: Undocumented},
-			Answer:  Answer{Source: Undocumented},
-			Refusal: Refusal{Source: Undocumented},
-		},
+		Name:             "buildkite",
+		Delivery:         allUndocumented,
 		Doc:              "https://buildkite.com/docs/apis/webhooks#webhook-signature",
 		SignatureHeader:  "X-Buildkite-Signature: timestamp=<ts>,signature=<hex>",
 		DefaultTolerance: 5 * time.Minute,

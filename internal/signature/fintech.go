@@ -9,15 +9,9 @@ func init() {
 	// the webhook key (modern-treasury's webhooks.validateSignature).
 	// Payloads carry no top-level event ID: configure one.
 	register(Preset{ //nolint:gosec // SecretFormat describes the secret; it holds none
-		Name:         "moderntreasury",
-		SecretFormat: "the webhook key",
-		Delivery: Delivery{
-			Retry:   Retry{Source: Undocumented},
-			MaxBody: MaxBody{Source: Undocumented},
-			Timeout: Timeout{Source: Undocumented},
-			Answer:  Answer{Source: Undocumented},
-			Refusal: Refusal{Source: Undocumented},
-		},
+		Name:            "moderntreasury",
+		SecretFormat:    "the webhook key",
+		Delivery:        allUndocumented,
 		Doc:             "https://github.com/Modern-Treasury/modern-treasury-node/blob/main/src/resources/webhooks.ts",
 		SignatureHeader: "X-Signature: <hex>",
 		DedupeBody:      true,
@@ -33,14 +27,8 @@ func init() {
 	// entries over "<finch-event-id>.<finch-timestamp>.<body>"), keyed with
 	// the base64-decoded secret; @tryfinch/finch-api allows five minutes.
 	register(Preset{
-		Name: "finch",
-		Delivery: Delivery{
-			Retry:   Retry{Source: Undocumented},
-			MaxBody: MaxBody{Source: Undocumented},
-			Timeout: Timeout{Source: Undocumented},
-			Answer:  Answer{Source: Undocumented},
-			Refusal: Refusal{Source: Undocumented},
-		},
+		Name:             "finch",
+		Delivery:         allUndocumented,
 		Doc:              "https://github.com/Finch-API/finch-api-node/blob/main/src/resources/webhooks.ts",
 		SignatureHeader:  "finch-signature: v1,<base64> (with finch-event-id, finch-timestamp)",
 		DefaultTolerance: 5 * time.Minute,
@@ -59,15 +47,9 @@ func init() {
 	// under the webhook token (@onfido/api WebhookEventVerifier). Payloads
 	// name a resource, not an event: configure an event ID.
 	register(Preset{ //nolint:gosec // SecretFormat describes the secret; it holds none
-		Name:         "onfido",
-		SecretFormat: "the webhook token",
-		Delivery: Delivery{
-			Retry:   Retry{Source: Undocumented},
-			MaxBody: MaxBody{Source: Undocumented},
-			Timeout: Timeout{Source: Undocumented},
-			Answer:  Answer{Source: Undocumented},
-			Refusal: Refusal{Source: Undocumented},
-		},
+		Name:            "onfido",
+		SecretFormat:    "the webhook token",
+		Delivery:        allUndocumented,
 		Doc:             "https://documentation.identity.entrust.com/api/manual-webhook-signature-verification/",
 		SignatureHeader: "X-SHA2-Signature: <hex>",
 		DedupeBody:      true,
@@ -112,11 +94,8 @@ func init() {
 	// webhooks.verifySignature allows five minutes either way. The event's
 	// ID is not documented here: configure one.
 	register(Preset{
-		Name: "orb",
-		Delivery: Delivery{
-			Retry: Retry{Source: Undocumented}, MaxBody: MaxBody{Source: Undocumented}, Timeout: Timeout{Source: Undocumented},
-			Answer: Answer{Source: Undocumented}, Refusal: Refusal{Source: Undocumented},
-		},
+		Name:             "orb",
+		Delivery:         allUndocumented,
 		Doc:              "https://github.com/orbcorp/orb-typescript/blob/main/src/resources/webhooks.ts",
 		SignatureHeader:  "X-Orb-Signature: v1=<hex> (with X-Orb-Timestamp, ISO 8601 UTC)",
 		DefaultTolerance: 5 * time.Minute,
@@ -135,11 +114,8 @@ func init() {
 	// vector (pinned in TestDocumentedFormulaVectors). No event ID is
 	// documented there: configure one.
 	register(Preset{
-		Name: "coinify",
-		Delivery: Delivery{
-			Retry: Retry{Source: Undocumented}, MaxBody: MaxBody{Source: Undocumented}, Timeout: Timeout{Source: Undocumented},
-			Answer: Answer{Source: Undocumented}, Refusal: Refusal{Source: Undocumented},
-		},
+		Name:            "coinify",
+		Delivery:        allUndocumented,
 		Doc:             "https://coinify.readme.io/docs/webhook-signature",
 		SignatureHeader: "X-Coinify-Webhook-Signature: <hex>",
 		DedupeBody:      true,
@@ -156,11 +132,8 @@ func init() {
 	// bound on the timestamp's age: five minutes, as every timestamped
 	// preset. Configure an event ID.
 	register(Preset{
-		Name: "moonpay",
-		Delivery: Delivery{
-			Retry: Retry{Source: Undocumented}, MaxBody: MaxBody{Source: Undocumented}, Timeout: Timeout{Source: Undocumented},
-			Answer: Answer{Source: Undocumented}, Refusal: Refusal{Source: Undocumented},
-		},
+		Name:             "moonpay",
+		Delivery:         allUndocumented,
 		Doc:              "https://dev.moonpay.com/reference/reference-webhooks-signature",
 		SignatureHeader:  "Moonpay-Signature-V2: t=<ts>,s=<hex>",
 		DefaultTolerance: 5 * time.Minute,
@@ -177,11 +150,8 @@ func init() {
 	// WebhookSignature.verifyHeader allows 300 s either way. Configure an
 	// event ID.
 	register(Preset{
-		Name: "fintoc",
-		Delivery: Delivery{
-			Retry: Retry{Source: Undocumented}, MaxBody: MaxBody{Source: Undocumented}, Timeout: Timeout{Source: Undocumented},
-			Answer: Answer{Source: Undocumented}, Refusal: Refusal{Source: Undocumented},
-		},
+		Name:             "fintoc",
+		Delivery:         allUndocumented,
 		Doc:              "https://docs.fintoc.com/docs/webhooks-validating",
 		SignatureHeader:  "Fintoc-Signature: t=<ts>,v1=<hex>",
 		DefaultTolerance: 5 * time.Minute,

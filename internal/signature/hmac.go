@@ -18,13 +18,7 @@ func init() {
 		// hmac stands for any sender: no document states how it delivers
 		// (TestDeliveryFacts requires exactly this), so the spool is on by
 		// default and max_body keeps the gateway's own default.
-		Delivery: Delivery{
-			Retry:   Retry{Source: Undocumented},
-			MaxBody: MaxBody{Source: Undocumented},
-			Timeout: Timeout{Source: Undocumented},
-			Answer:  Answer{Source: Undocumented},
-			Refusal: Refusal{Source: Undocumented},
-		},
+		Delivery:        allUndocumented,
 		Doc:             "https://www.rfc-editor.org/rfc/rfc2104",
 		SignatureHeader: "<header>: [<prefix>]<hex|base64> (configured)",
 		DedupeBody:      true,

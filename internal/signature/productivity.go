@@ -187,13 +187,7 @@ func init() {
 	register(Preset{
 		Name: "calcom",
 		// Cal.com's webhook pages state none of the delivery facts.
-		Delivery: Delivery{
-			Retry:   Retry{Source: Undocumented},
-			MaxBody: MaxBody{Source: Undocumented},
-			Timeout: Timeout{Source: Undocumented},
-			Answer:  Answer{Source: Undocumented},
-			Refusal: Refusal{Source: Undocumented},
-		},
+		Delivery:        allUndocumented,
 		Doc:             "https://cal.com/docs/developing/guides/automation/webhooks",
 		SignatureHeader: "X-Cal-Signature-256: <hex>",
 		DedupeBody:      true,

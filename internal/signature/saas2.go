@@ -125,10 +125,7 @@ func init() {
 	}
 	register(liveblocks)
 	lithic := standardBased("lithic", "https://github.com/lithic-com/lithic-go/blob/main/webhook.go", "whsec", "lithic")
-	lithic.Delivery = Delivery{
-		Retry: Retry{Source: Undocumented}, MaxBody: MaxBody{Source: Undocumented}, Timeout: Timeout{Source: Undocumented},
-		Answer: Answer{Source: Undocumented}, Refusal: Refusal{Source: Undocumented},
-	}
+	lithic.Delivery = allUndocumented
 	register(lithic)
 	// Attio: Attio-Signature (duplicated as X-Attio-Signature), the hex
 	// HMAC-SHA256 of the body under the webhook secret. Idempotency-Key is
@@ -181,11 +178,8 @@ func init() {
 	// under the webhook's secret key. Payloads are the changed object, with
 	// no event ID: configure one.
 	register(Preset{
-		Name: "helpscout",
-		Delivery: Delivery{
-			Retry: Retry{Source: Undocumented}, MaxBody: MaxBody{Source: Undocumented}, Timeout: Timeout{Source: Undocumented},
-			Answer: Answer{Source: Undocumented}, Refusal: Refusal{Source: Undocumented},
-		},
+		Name:            "helpscout",
+		Delivery:        allUndocumented,
 		Doc:             "https://developer.helpscout.com/webhooks/",
 		SignatureHeader: "X-HelpScout-Signature: <base64>",
 		DedupeBody:      true,
@@ -201,11 +195,8 @@ func init() {
 	// apps register are not signed this way. X-Atlassian-Webhook-Identifier
 	// names the delivery, unsigned and without a timestamp, hence DedupeBody.
 	register(Preset{
-		Name: "jira",
-		Delivery: Delivery{
-			Retry: Retry{Source: Undocumented}, MaxBody: MaxBody{Source: Undocumented}, Timeout: Timeout{Source: Undocumented},
-			Answer: Answer{Source: Undocumented}, Refusal: Refusal{Source: Undocumented},
-		},
+		Name:            "jira",
+		Delivery:        allUndocumented,
 		Doc:             "https://developer.atlassian.com/cloud/jira/platform/webhooks/#secure-admin-webhooks",
 		SignatureHeader: "X-Hub-Signature: sha256=<hex>",
 		EventID:         ids(headerID("X-Atlassian-Webhook-Identifier")),
@@ -251,11 +242,8 @@ func init() {
 // preset allows five minutes). The engine cannot rebuild that text.
 func init() {
 	register(Preset{
-		Name: "hygraph",
-		Delivery: Delivery{
-			Retry: Retry{Source: Undocumented}, MaxBody: MaxBody{Source: Undocumented}, Timeout: Timeout{Source: Undocumented},
-			Answer: Answer{Source: Undocumented}, Refusal: Refusal{Source: Undocumented},
-		},
+		Name:             "hygraph",
+		Delivery:         allUndocumented,
 		Doc:              "https://www.npmjs.com/package/@hygraph/utils",
 		SignatureHeader:  "gcms-signature: sign=<base64>, env=<environment>, t=<ms>",
 		DefaultTolerance: 5 * time.Minute,
