@@ -91,14 +91,12 @@ func (r Rules) Claim(ctx context.Context, p ClaimParams) (Claim, error) {
 		return Claim{}, fmt.Errorf("claiming event: lease must be positive, got %s", p.Lease)
 	}
 	token := NewToken()
-	sctx, cancel := finishing(ctx)
-	defer cancel()
-	c, err := r.claim(ctx, sctx, p, token)
+	c, err := r.claim(ctx, p, token)
 	if err != nil && errors.Is(err, ErrConnectionLost) && ctx.Err() == nil {
 		if r.retried != nil {
 			r.retried(RetryConnection)
 		}
-		c, err = r.claimOne(sctx, p, token)
+		c, err = r.claimFinishing(ctx, p, token)
 	}
 	if ctx.Err() != nil {
 		return r.forgo(ctx, p, token, c, err)
@@ -142,8 +140,9 @@ func (r Rules) forgo(ctx context.Context, p ClaimParams, token string, c Claim, 
 
 // claim is one try of Claim with token: a batched claim waits for its
 // batch while ctx lasts (the batch writer gives back a claim it took for
-// a caller gone meanwhile), one-statement claims run with sctx.
-func (r Rules) claim(ctx, sctx context.Context, p ClaimParams, token string) (Claim, error) {
+// a caller gone meanwhile), one-statement claims run to their end
+// (claimFinishing).
+func (r Rules) claim(ctx context.Context, p ClaimParams, token string) (Claim, error) {
 	// A claim with a request fingerprint (Idempotency-Key mode) records it
 	// and reads the holder's back to compare: the one-row statements do
 	// both; the batch statements carry neither, so such claims are not
@@ -160,6 +159,15 @@ func (r Rules) claim(ctx, sctx context.Context, p ClaimParams, token string) (Cl
 	if err := ctx.Err(); err != nil {
 		return Claim{}, fmt.Errorf("claiming event: %w", err) // nothing written yet
 	}
+	return r.claimFinishing(ctx, p, token)
+}
+
+// claimFinishing is claimOne with the statements run to their end
+// (finishing), made only for the claims that take that path: a batched
+// claim costs no context or timer for it.
+func (r Rules) claimFinishing(ctx context.Context, p ClaimParams, token string) (Claim, error) {
+	sctx, cancel := finishing(ctx)
+	defer cancel()
 	return r.claimOne(sctx, p, token)
 }
 
