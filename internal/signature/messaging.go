@@ -30,6 +30,7 @@ func init() {
 			// do not match; no text requires a status or says what Twitch
 			// does with it.
 			Refusal: Refusal{Note: "the documented example answers 403 to a signature mismatch", Source: "https://dev.twitch.tv/docs/eventsub/handling-webhook-events/#simple-nodejs-example"},
+			MaxBody: MaxBody{Source: Undocumented},
 		},
 		Doc:              "https://dev.twitch.tv/docs/eventsub/handling-webhook-events/#verifying-the-event-message",
 		SignatureHeader:  "Twitch-Eventsub-Message-Signature: sha256=<hex> (with Twitch-Eventsub-Message-Id, -Timestamp)",

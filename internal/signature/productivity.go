@@ -213,6 +213,16 @@ func init() {
 			},
 			Timeout: Timeout{Duration: 100 * time.Second, Source: "https://developers.docusign.com/docs/esign-rest-api/reference/connect/connectconfigurations/create/"},
 			Answer:  Answer{Note: "a status in 200-299; DocuSign awaits a 200", Source: "https://developers.docusign.com/docs/esign-rest-api/reference/connect/connectconfigurations/create/"},
+			// Only a lower bound is stated (for messages that carry the
+			// envelope's PDFs), so max_body keeps the gateway's default.
+			MaxBody: MaxBody{
+				Note:   "no maximum stated; a message that includes the envelope's documents can be 25 MB or larger",
+				Source: "https://github.com/docusign/OpenAPI-Specifications/blob/master/esignature.rest.swagger-v2.json",
+			},
+			Refusal: Refusal{
+				Note:   "a status outside 200-299 is a failed delivery: queued and retried only with requiresAcknowledgement",
+				Source: "https://developers.docusign.com/docs/esign-rest-api/reference/connect/connectconfigurations/create/",
+			},
 		},
 		Doc:             "https://developers.docusign.com/platform/webhooks/connect/hmac/",
 		SignatureHeader: "X-DocuSign-Signature-1: <base64>",

@@ -42,11 +42,8 @@ var unresearched = map[string]bool{
 	"authorizenet": true,
 
 	"fastspring": true,
-	"rapyd":      true,
 
-	"docusign": true,
 	"easypost": true,
 	"heroku":   true,
 	"trello":   true,
-	"twitch":   true,
 }
