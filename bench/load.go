@@ -190,7 +190,7 @@ func runLoad(ctx context.Context, c config) (*LoadReport, error) {
 		defer cancel()
 		_, _ = st.Pool().Exec(dctx, `DROP TABLE IF EXISTS `+benchTable+`, `+benchTable+`_goose_version, `+
 			benchTable+`_secrets, `+benchTable+`_secrets_goose_version`)
-		_, _ = st.Pool().Exec(dctx, `DROP FUNCTION IF EXISTS `+benchTable+`_commit(text)`)
+		_, _ = st.Pool().Exec(dctx, `DROP FUNCTION IF EXISTS `+benchTable+`_commit, `+benchTable+`_claim`)
 		_ = st.Close()
 	}()
 	if _, err := st.Pool().Exec(ctx, `TRUNCATE `+benchTable); err != nil {
@@ -218,7 +218,7 @@ func runLoad(ctx context.Context, c config) (*LoadReport, error) {
 		}
 		_, _ = st.Pool().Exec(dctx, `DROP TABLE IF EXISTS `+beforeTable+`, `+beforeTable+`_goose_version, `+
 			beforeTable+`_secrets, `+beforeTable+`_secrets_goose_version`)
-		_, _ = st.Pool().Exec(dctx, `DROP FUNCTION IF EXISTS `+beforeTable+`_commit(text)`)
+		_, _ = st.Pool().Exec(dctx, `DROP FUNCTION IF EXISTS `+beforeTable+`_commit, `+beforeTable+`_claim`)
 	}()
 
 	slice := c.duration / time.Duration(c.rounds)

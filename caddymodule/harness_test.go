@@ -879,7 +879,7 @@ func dropTable(dsn, table string) {
 	defer conn.Close(ctx)
 	_, _ = conn.Exec(ctx, fmt.Sprintf("DROP TABLE IF EXISTS %s, %s_goose_version, %s_secrets, %s_secrets_goose_version",
 		pgx.Identifier{table}.Sanitize(), table, table, table))
-	_, _ = conn.Exec(ctx, "DROP FUNCTION IF EXISTS "+pgx.Identifier{table + "_commit"}.Sanitize()+"(text)")
+	_, _ = conn.Exec(ctx, "DROP FUNCTION IF EXISTS "+pgx.Identifier{table + "_commit"}.Sanitize()+", "+pgx.Identifier{table + "_claim"}.Sanitize())
 }
 
 // eachBackend runs f once on SQLite and once on PostgreSQL.

@@ -68,7 +68,7 @@ func New(t testing.TB, prefix string, opts pgstore.Options, qopts pgqueue.Option
 		for _, n := range []string{table + "_attempts", table + "_queue", table + "_queue_goose_version", table, table + "_goose_version", table + "_secrets", table + "_secrets_goose_version"} {
 			_, _ = s.Pool().Exec(ctx, "DROP TABLE IF EXISTS "+pgx.Identifier{n}.Sanitize())
 		}
-		_, _ = s.Pool().Exec(ctx, "DROP FUNCTION IF EXISTS "+pgx.Identifier{table + "_commit"}.Sanitize()+"(text)")
+		_, _ = s.Pool().Exec(ctx, "DROP FUNCTION IF EXISTS "+pgx.Identifier{table + "_commit"}.Sanitize()+", "+pgx.Identifier{table + "_claim"}.Sanitize())
 		_ = s.Close()
 	})
 	q, err = pgqueue.New(ctx, s, qopts)

@@ -13,86 +13,23 @@ import (
 )
 
 // batchQueries are the statements of WriteBatch: each takes a whole batch
-// as arrays, unnested WITH ORDINALITY so results come back by position.
+// as arrays and its results come back by position.
 type batchQueries struct {
 	claim, complete, release, hold string
-	// claimOne is claim for a batch of one, on scalars: cheaper to plan.
+	// claimOne is claim for a batch of one, on scalars.
 	claimOne string
 }
 
-// buildBatchQueries builds the batch statements on the quoted table t.
-func buildBatchQueries(t string) batchQueries {
+// buildBatchQueries builds the batch statements on the table ident.
+func buildBatchQueries(ident pgx.Identifier) batchQueries {
+	t, fn := ident.Sanitize(), claimFunction(ident)
 	return batchQueries{
 		// $1 scopes, $2 event IDs, $3 tokens, $4 leases in microseconds, $5
-		// hold (the batch is split by it). cur reads each row first; only
-		// the rows that read as absent or claimable enter the INSERT, so a
-		// completed (held, live) row is answered from the read: no row lock,
-		// no WAL, and a statement that writes nothing commits without a
-		// flush. The INSERT still decides by the primary key: a row that
-		// changed since the read is judged again by ON CONFLICT ... WHERE,
-		// and a refused one comes back unclaimed for the store to explain.
-		// lk locks the rows that read as claimable, skipping those another
-		// transaction holds (an upstream between its <table>_commit and its
-		// commit, under complete_by upstream): such a row is left out of the
-		// INSERT, whose ON CONFLICT would wait for that transaction with the
-		// whole batch behind it, and reads as in flight (see lockedStateSQL).
-		claim: `WITH i AS (
-				SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[])
-					WITH ORDINALITY AS i(scope, event_id, token, lease, ord)
-			), cur AS (
-				SELECT i.ord, e.state, e.attempts, e.status,
-					` + LeaseLeftSQL("e.") + ` AS lease_left,
-					(e.state IS NULL OR (` + store.ClaimableSQL("now()", "$5::boolean") + `)) AS claimable
-				FROM i LEFT JOIN ` + t + ` e ON e.scope = i.scope AND e.event_id = i.event_id
-			), lk AS (
-				SELECT e.scope, e.event_id FROM ` + t + ` e JOIN i ON e.scope = i.scope AND e.event_id = i.event_id
-				WHERE ` + store.ClaimableSQL("now()", "$5::boolean") + `
-				ORDER BY e.scope, e.event_id
-				FOR UPDATE OF e SKIP LOCKED
-			), cl AS (
-				SELECT cur.ord, cur.claimable AND (cur.state IS NULL OR EXISTS (
-						SELECT 1 FROM i JOIN lk ON lk.scope = i.scope AND lk.event_id = i.event_id WHERE i.ord = cur.ord)) AS ok
-				FROM cur
-			), ins AS (
-				INSERT INTO ` + t + ` AS e
-					(scope, event_id, state, token, attempts, lease_until, first_seen, updated_at)
-				SELECT i.scope, i.event_id, 'processing', i.token, 1, now() + i.lease * interval '1 microsecond', now(), now()
-				FROM i JOIN cl ON cl.ord = i.ord
-				WHERE cl.ok
-				ORDER BY i.ord
-				` + takeoverSQL("$5::boolean") + `
-				RETURNING e.scope, e.event_id, e.attempts, e.ambiguous
-			)
-			SELECT ins.attempts IS NOT NULL, COALESCE(ins.attempts, cur.attempts, 0),
-				` + lockedStateSQL("cur", "cl") + `, COALESCE(cur.status, 0), ` + lockedLeaseSQL("cur", "cl") + `, COALESCE(ins.ambiguous, 0)
-			FROM i JOIN cur ON cur.ord = i.ord JOIN cl ON cl.ord = i.ord
-			LEFT JOIN ins ON ins.scope = i.scope AND ins.event_id = i.event_id
-			ORDER BY i.ord`,
+		// hold (the batch is split by it), keys sorted: <table>_claim.
+		claim: `SELECT * FROM ` + fn + `($1::text[], $2::text[], $3::text[], $4::bigint[], $5::boolean)`,
 		// claim for one row: $1 scope, $2 event ID, $3 token, $4 lease in
 		// microseconds, $5 hold; the same columns.
-		claimOne: `WITH cur AS (
-				SELECT e.state, e.attempts, e.status,
-					` + LeaseLeftSQL("e.") + ` AS lease_left,
-					(` + store.ClaimableSQL("now()", "$5::boolean") + `) AS claimable
-				FROM ` + t + ` e WHERE e.scope = $1 AND e.event_id = $2
-			), lk AS (
-				SELECT 1 FROM ` + t + ` e WHERE e.scope = $1 AND e.event_id = $2
-					AND (` + store.ClaimableSQL("now()", "$5::boolean") + `)
-				FOR UPDATE SKIP LOCKED
-			), cl AS (
-				SELECT COALESCE((SELECT claimable FROM cur), true)
-					AND (NOT EXISTS (SELECT 1 FROM cur) OR EXISTS (SELECT 1 FROM lk)) AS ok
-			), ins AS (
-				INSERT INTO ` + t + ` AS e
-					(scope, event_id, state, token, attempts, lease_until, first_seen, updated_at)
-				SELECT $1, $2, 'processing', $3, 1, now() + $4::bigint * interval '1 microsecond', now(), now()
-				WHERE (SELECT ok FROM cl)
-				` + takeoverSQL("$5::boolean") + `
-				RETURNING e.attempts, e.ambiguous
-			)
-			SELECT ins.attempts IS NOT NULL, COALESCE(ins.attempts, cur.attempts, 0),
-				` + lockedStateSQL("cur", "cl") + `, COALESCE(cur.status, 0), ` + lockedLeaseSQL("cur", "cl") + `, COALESCE(ins.ambiguous, 0)
-			FROM (SELECT 1) one LEFT JOIN cur ON true LEFT JOIN ins ON true CROSS JOIN cl`,
+		claimOne: `SELECT * FROM ` + fn + `(ARRAY[$1::text], ARRAY[$2::text], ARRAY[$3::text], ARRAY[$4::bigint], $5::boolean)`,
 		// $1 scopes, $2 event IDs, $3 tokens, $4 statuses; returns the
 		// positions of the rows changed. The settles find their rows by
 		// primary key: "e.state || ''" keeps the planner off the (state,
@@ -116,21 +53,6 @@ func buildBatchQueries(t string) batchQueries {
 			WHERE e.scope = i.scope AND e.event_id = i.event_id AND e.token = i.token AND e.state || '' = 'processing'
 			RETURNING i.ord`,
 	}
-}
-
-// lockedStateSQL and lockedLeaseSQL are a batch claim's state and lease
-// left in microseconds as read (cur), except for a row that read as
-// claimable but another transaction held (cl.ok false): it reads as
-// processing with one second left, so the claim answers in flight
-// (Retry-After 1s) instead of waiting in the batch for that transaction.
-// The provider's retry finds the row as that transaction left it:
-// completed when an upstream committed the claim, claimable otherwise.
-func lockedStateSQL(cur, cl string) string {
-	return `CASE WHEN ` + cur + `.claimable AND NOT ` + cl + `.ok THEN 'processing' ELSE COALESCE(` + cur + `.state, '') END`
-}
-
-func lockedLeaseSQL(cur, cl string) string {
-	return `CASE WHEN ` + cur + `.claimable AND NOT ` + cl + `.ok THEN 1000000 ELSE COALESCE(` + cur + `.lease_left, 0) END::bigint`
 }
 
 var _ store.BatchDriver = driver{}

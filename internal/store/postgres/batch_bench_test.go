@@ -48,6 +48,7 @@ func newStoreB(b *testing.B, opts postgres.Options) *postgres.Store {
 	}
 	b.Cleanup(func() {
 		_, _ = s.Pool().Exec(context.Background(), "DROP TABLE IF EXISTS "+opts.Table+", "+opts.Table+"_goose_version")
+		_, _ = s.Pool().Exec(context.Background(), "DROP FUNCTION IF EXISTS "+opts.Table+"_commit, "+opts.Table+"_claim")
 		_ = s.Close()
 	})
 	return s

@@ -2,11 +2,13 @@ package postgres_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
@@ -204,4 +206,53 @@ func TestBatchClosedStore(t *testing.T) {
 	require.NoError(t, s2.Close())
 	_, err = s2.Claim(t.Context(), store.ClaimParams{Scope: "stripe", EventID: "evt_x", Lease: time.Minute})
 	require.ErrorIs(t, err, store.ErrClosed)
+}
+
+// TestClaimPlansStayOnThePrimaryKey: <table>_claim's cached plans are made
+// while the table is empty (the worst case for a generic plan, which then
+// weighs the retention index (scope, first_seen) as cheap as the primary
+// key) and are kept as the scope grows; no claim, new or duplicate, ever
+// reads the retention index, which would read the whole scope per claim.
+func TestClaimPlansStayOnThePrimaryKey(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	// One connection, so every claim runs on the session whose plans were
+	// cached on the empty table.
+	s := newStore(t, postgres.Options{MaxConns: 1, Batch: store.BatchOptions{MaxWait: time.Millisecond}})
+	name := s.Table().Name
+	table := pgx.Identifier{name}.Sanitize()
+	claim := func(prefix string, n int) {
+		var wg sync.WaitGroup
+		for k := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, err := s.Claim(ctx, store.ClaimParams{Scope: "stripe", EventID: fmt.Sprintf("%s_%d", prefix, k), Lease: time.Minute})
+				assert.NoError(t, err)
+			}()
+		}
+		wg.Wait()
+	}
+	for range 10 { // past PL/pgSQL's five custom plans, on the empty table
+		claim("first", 8)
+		_, err := s.Pool().Exec(ctx, "DELETE FROM "+table)
+		require.NoError(t, err)
+	}
+	_, err := s.Pool().Exec(ctx, "INSERT INTO "+table+` (scope, event_id, state, status, completed_at)
+		SELECT 'stripe', 'old_' || g, 'completed', 200, now() FROM generate_series(1, 5000) g`)
+	require.NoError(t, err)
+	claim("new", 16)
+	claim("new", 16) // duplicates: answered from the read
+	claim("old", 16)
+
+	var scans, pkScans int64
+	require.Eventually(t, func() bool {
+		// The claims' backend reports its counters when idle, within a second.
+		require.NoError(t, s.Pool().QueryRow(ctx, `SELECT
+				coalesce(sum(idx_scan) FILTER (WHERE indexrelname = $1), 0),
+				coalesce(sum(idx_scan) FILTER (WHERE indexrelname = $2), 0)
+			FROM pg_stat_user_indexes`, name+"_scope_first_seen_idx", name+"_pkey").Scan(&scans, &pkScans))
+		return pkScans >= 48
+	}, 10*time.Second, 100*time.Millisecond)
+	require.Zero(t, scans, "claims read the retention index (scope, first_seen)")
 }

@@ -101,7 +101,7 @@ func buildQueries(ident pgx.Identifier) queries {
 					response_sha256, fingerprint
 				FROM ` + t + ` WHERE scope = $1 AND event_id = $2 AND state || '' = 'completed' AND response_headers IS NOT NULL`,
 		},
-		batch: buildBatchQueries(t),
+		batch: buildBatchQueries(ident),
 		get:   `SELECT ` + columns + ` FROM ` + t + ` WHERE scope = $1 AND event_id = $2`,
 		list:  `SELECT ` + columns + ` FROM ` + t,
 		// Bounded: at most $2 rows of the scopes $3, skipping rows other

@@ -118,6 +118,12 @@ func migrations(ident pgx.Identifier) []*goose.Migration {
 				`ALTER TABLE `+table+` RESET (fillfactor)`,
 			)},
 		),
+		// Claims through <table>_claim, whose statements PL/pgSQL plans
+		// once per connection (see createClaimFunction).
+		goose.NewGoMigration(8,
+			&goose.GoFunc{RunTx: migrateClaim(ident)},
+			&goose.GoFunc{RunTx: dropClaim(ident)},
+		),
 	}
 }
 

@@ -72,7 +72,8 @@ func dropTable(t *testing.T, dsn, table string) {
 		_, err := pool.Exec(ctx, "DROP TABLE IF EXISTS "+pgx.Identifier(strings.Split(name, ".")).Sanitize())
 		require.NoError(t, err)
 	}
-	_, err = pool.Exec(ctx, "DROP FUNCTION IF EXISTS "+pgx.Identifier(strings.Split(table+"_commit", ".")).Sanitize()+"(text)")
+	_, err = pool.Exec(ctx, "DROP FUNCTION IF EXISTS "+pgx.Identifier(strings.Split(table+"_commit", ".")).Sanitize()+", "+
+		pgx.Identifier(strings.Split(table+"_claim", ".")).Sanitize())
 	require.NoError(t, err)
 }
 
