@@ -442,7 +442,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if !ok {
 		return err
 	}
-	if d.eventID != "" {
+	switch {
+	case d.idValue != nil:
+		setPlaceholder(r, placeholderEventID, d.idValue)
+	case d.eventID != "":
 		setPlaceholder(r, placeholderEventID, d.eventID)
 	}
 	return h.mode.serve(w, next, d)
