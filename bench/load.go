@@ -529,8 +529,11 @@ func storeLimit(ctx context.Context, c config, st *postgres.Store, g *ids, du ti
 				t0 := time.Now()
 				err := claimComplete(ctx, st, id)
 				lat := time.Since(t0)
-				if ctx.Err() != nil {
-					return // cut by the window's end: not a result
+				// Cut by the window's end: not a result. The clock, not
+				// ctx.Err(): a statement's own deadline (the window's) can
+				// fail it a moment before ctx's timer has marked ctx done.
+				if d, _ := ctx.Deadline(); ctx.Err() != nil || !time.Now().Before(d) {
+					return
 				}
 				mu.Lock()
 				col.add(t0, lat, err)
