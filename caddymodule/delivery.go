@@ -2,10 +2,8 @@ package caddymodule
 
 import (
 	"net/http"
-	"strings"
 	"sync"
 	"time"
-	"unsafe"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -43,9 +41,6 @@ type delivery struct {
 	refusedItems int
 
 	eventID string
-	// idValue is the event ID placeholder's value: the box eventID lives
-	// in on the webhook path (keepEventID), else nil.
-	idValue *eventIDBox
 	outcome string
 	attempt int
 	// ambiguousBefore counts the event's earlier forwards that ended with
@@ -162,26 +157,3 @@ var logFields = sync.Pool{New: func() any {
 	s := make([]zap.Field, 0, 16)
 	return &s
 }}
-
-// eventIDBox holds an event ID with its bytes in one allocation. The ID a
-// delivery keeps is a copy (the body it is read from is a pooled buffer),
-// and the event ID placeholder takes it as an interface value: a string
-// there would cost a second allocation, a pointer costs none.
-type eventIDBox struct {
-	id  string
-	buf [48]byte // the usual IDs (Stripe's 28 bytes, a UUID's 36) fit
-}
-
-// String is the event ID, for Caddy's replacer.
-func (b *eventIDBox) String() string { return b.id }
-
-// keepEventID copies id, which may share the body's memory, into a new box.
-func keepEventID(id string) *eventIDBox {
-	b := new(eventIDBox)
-	if n := copy(b.buf[:], id); n == len(id) {
-		b.id = unsafe.String(&b.buf[0], n) //nolint:gosec // audited: buf is never written again, and b lives as long as the string points into it
-	} else {
-		b.id = strings.Clone(id)
-	}
-	return b
-}

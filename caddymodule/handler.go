@@ -442,10 +442,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if !ok {
 		return err
 	}
-	switch {
-	case d.idValue != nil:
-		setPlaceholder(r, placeholderEventID, d.idValue)
-	case d.eventID != "":
+	if d.eventID != "" {
 		setPlaceholder(r, placeholderEventID, d.eventID)
 	}
 	return h.mode.serve(w, next, d)

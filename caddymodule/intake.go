@@ -182,8 +182,7 @@ func (in webhookIntake) take(w http.ResponseWriter, next caddyhttp.Handler, d *d
 		h.answer(w, d, ansBadRequest, say{reason: eventIDReason(err)})
 		return false, nil
 	}
-	d.idValue = keepEventID(id)
-	d.eventID = d.idValue.id
+	d.eventID = id
 	return true, nil
 }
 
@@ -241,12 +240,12 @@ func (h *Handler) verify(ctx context.Context, body []byte, hdr http.Header) erro
 
 // eventID returns the delivery's event ID: the configured or default
 // source's, or under batch set the key of the set of its item IDs
-// (batch.go). It may share body's memory: keepEventID copies it.
+// (batch.go).
 func (h *Handler) eventID(body []byte, hdr http.Header) (string, error) {
 	if h.batch != nil && h.batched(body) {
 		return h.batchKey(body)
 	}
-	return h.extractor.ExtractShared(body, hdr)
+	return h.extractor.Extract(body, hdr)
 }
 
 // keyIntake takes in a request of provider idempotency_key: safe methods

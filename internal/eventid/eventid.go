@@ -159,20 +159,6 @@ func (e *Extractor) AssumeValidJSON() { e.validJSON = true }
 // (after unescaping, or ignoring case), a form field given twice, or a
 // header sent on several lines with different values.
 func (e *Extractor) Extract(body []byte, h http.Header) (string, error) {
-	return e.extract(body, h, strings.Clone)
-}
-
-// ExtractShared is Extract without the copy of a value read from the body:
-// the ID may share body's memory, so it is valid only while body is
-// unchanged, and the caller copies it before keeping it (into memory of
-// its choosing: the gateway puts it in one allocation with the
-// placeholder that carries it).
-func (e *Extractor) ExtractShared(body []byte, h http.Header) (string, error) {
-	return e.extract(body, h, func(v string) string { return v })
-}
-
-// extract is Extract; keep copies a value that may share body's memory.
-func (e *Extractor) extract(body []byte, h http.Header, keep func(string) string) (string, error) {
 	body = JSONText(body)
 	var form url.Values
 	var small [4]string // no allocation for the usual one-part key
@@ -183,7 +169,7 @@ func (e *Extractor) extract(body []byte, h http.Header, keep func(string) string
 			err error
 		)
 		for j, s := range alts {
-			v, err = extractOne(s, e.paths[len(vals)][j], body, h, &form, e.validJSON, keep)
+			v, err = extractOne(s, e.paths[len(vals)][j], body, h, &form, e.validJSON)
 			if !errors.Is(err, ErrMissing) {
 				break
 			}
@@ -205,7 +191,7 @@ func (e *Extractor) extract(body []byte, h http.Header, keep func(string) string
 }
 
 // extractOne reads one source; path is a json source's parsed member names.
-func extractOne(s Source, path []string, body []byte, h http.Header, form *url.Values, validJSON bool, keep func(string) string) (string, error) {
+func extractOne(s Source, path []string, body []byte, h http.Header, form *url.Values, validJSON bool) (string, error) {
 	switch s.Kind {
 	case Header:
 		vs := headerValues(h, s.Name)
@@ -230,7 +216,7 @@ func extractOne(s Source, path []string, body []byte, h http.Header, form *url.V
 			return "", fmt.Errorf("json %s: %w", s.Name, err)
 		}
 		// r shares the body's memory (a pooled buffer): checkValue's result
-		// is copied by keep before it is kept.
+		// is cloned before it is kept.
 		switch r.Type {
 		case gjson.String:
 			if loneSurrogate(r.Raw) {
@@ -239,12 +225,10 @@ func extractOne(s Source, path []string, body []byte, h http.Header, form *url.V
 				// key: refuse such IDs instead of merging distinct events.
 				return "", fmt.Errorf("%s: %w", s, ErrNotText)
 			}
-			id, err := checkValue(s, r.Str)
-			return keep(id), err
+			return cloned(checkValue(s, r.Str))
 		case gjson.Number:
 			// Keyed by the exact decimal text, so 2^63+1 is not rounded.
-			id, err := checkValue(s, r.Raw)
-			return keep(id), err
+			return cloned(checkValue(s, r.Raw))
 		case gjson.Null:
 			if !r.Exists() {
 				return "", fmt.Errorf("json %s: %w", s.Name, ErrMissing)
@@ -284,7 +268,7 @@ func extractOne(s Source, path []string, body []byte, h http.Header, form *url.V
 	return "", fmt.Errorf("unknown event id source %q", s.Kind)
 }
 
-// cloned copies a value that may share a buffer the caller does not keep.
+// cloned copies a value that may share the body's memory.
 func cloned(v string, err error) (string, error) {
 	return strings.Clone(v), err
 }
