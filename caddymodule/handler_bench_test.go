@@ -35,3 +35,22 @@ func (w *discardWriter) SetReadDeadline(time.Time) error { return nil }
 // never called. The logger is Caddy's default (info, JSON) into io.Discard,
 // so the log line's encoding is counted but not the terminal.
 func BenchmarkServeHTTPDuplicateCached(b *testing.B) { benchRedelivery(b, "short", true) }
+
+// TestDuplicateCachedAllocations: a cached duplicate allocates at most
+// three times beyond its body: the event ID's copy (it outlives the pooled
+// body), the same ID as the placeholder's value (a string in an interface:
+// Caddy's expression matchers accept only native values, so it cannot be
+// a pointer that would cost nothing), and the answer's header values
+// (writeFixed).
+func TestDuplicateCachedAllocations(t *testing.T) {
+	if raceEnabled() {
+		t.Skip("allocation counts differ under -race")
+	}
+	res := testing.Benchmark(BenchmarkServeHTTPDuplicateCached)
+	if res.N == 0 {
+		t.Fatal("the benchmark did not run")
+	}
+	if a := res.AllocsPerOp(); a > 3 {
+		t.Fatalf("a cached duplicate allocates %d times per request, want at most 3", a)
+	}
+}

@@ -95,7 +95,10 @@ func setPlaceholders(r *http.Request, scope string) {
 }
 
 // setPlaceholder sets http.webhook_idempotency.<name> on r's replacer.
-func setPlaceholder(r *http.Request, key string, value any) {
+// Always a string: Caddy's expression (CEL) matchers convert only native
+// values, and a placeholder of another type (a fmt.Stringer) fails the
+// request there.
+func setPlaceholder(r *http.Request, key, value string) {
 	if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
 		repl.Set(key, value)
 	}

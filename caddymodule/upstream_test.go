@@ -149,3 +149,38 @@ http://localhost:9080 {
 		}
 	}
 }
+
+// The event ID placeholder is a string every consumer of Caddy's
+// placeholders accepts, an expression (CEL) matcher included: a test event
+// is answered by the matched route, another forwarded once. A placeholder
+// of another type made the matcher fail every delivery (502, then the
+// event released as ambiguous and held on its redelivery).
+func TestEventIDPlaceholderInExpressionMatcher(t *testing.T) {
+	secret := "whsec_" + randomHex(16)
+	up := newHeaderUpstream(t)
+	startCaddy(t, fmt.Sprintf(`{
+`+caddyTestGlobals+`}
+http://localhost:9080 {
+	route /webhooks/stripe {
+		webhook_idempotency {
+			provider stripe
+			secret %[1]q
+			storage sqlite %[2]q
+		}
+		@test expression `+"`"+`{http.webhook_idempotency.event_id}.startsWith("evt_test_")`+"`"+`
+		respond @test "test event" 200
+		reverse_proxy %[3]s
+	}
+}`, secret, filepath.Join(t.TempDir(), "events.db"), up.Listener.Addr().String()))
+
+	test := "evt_test_" + randomHex(8)
+	r := send(t, stripeDelivery(t, gatewayBase+"/webhooks/stripe", secret, test, time.Now()))
+	require.Equal(t, 200, r.status, r.body)
+	require.Equal(t, "test event", r.body)
+	live := "evt_live_" + randomHex(8)
+	for range 3 {
+		r = send(t, stripeDelivery(t, gatewayBase+"/webhooks/stripe", secret, live, time.Now()))
+		require.Equal(t, 200, r.status, r.body)
+	}
+	require.Len(t, up.headers("/webhooks/stripe"), 1, "the live event is forwarded once, its redeliveries answered at the edge")
+}
