@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"bytes"
-	"compress/gzip"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -218,6 +217,19 @@ func (u *bigUpstream) entered(t *testing.T) {
 	}
 }
 
+// requireOneSpill requires one temporary file in tmp, readable by the
+// gateway's user only, holding the body's size bytes: the body of the
+// forward held at the upstream.
+func requireOneSpill(t *testing.T, tmp string, size int) {
+	t.Helper()
+	files := spilledFiles(t, tmp)
+	require.Len(t, files, 1, "the body is spilled to one temporary file while forwarded")
+	fi, err := os.Stat(files[0])
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+	require.Equal(t, int64(size), fi.Size())
+}
+
 // requireNoSpill requires every temporary file of tmp gone: it goes when
 // ServeHTTP returns, just after the answer.
 func requireNoSpill(t *testing.T, tmp string) {
@@ -255,12 +267,7 @@ func TestBigGitHubDelivery(t *testing.T) {
 	done := make(chan result, 1)
 	go func() { done <- post(body, "guid-1", false) }()
 	up.entered(t)
-	files := spilledFiles(t, tmp)
-	require.Len(t, files, 1, "the body is spilled to one temporary file while forwarded")
-	fi, err := os.Stat(files[0])
-	require.NoError(t, err)
-	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
-	require.Equal(t, int64(len(body)), fi.Size())
+	requireOneSpill(t, tmp, len(body))
 	release()
 	res := <-done
 	require.Equal(t, http.StatusOK, res.status, res.body)
@@ -328,14 +335,6 @@ func bigPush(n int) []byte {
 func TestGzipBodiesDecodeToFile(t *testing.T) {
 	secret, up, tmp := bigRoute(t, "gh_gz", "off")
 
-	gz := func(b []byte) []byte {
-		var buf bytes.Buffer
-		zw := gzip.NewWriter(&buf)
-		_, err := zw.Write(b)
-		require.NoError(t, err)
-		require.NoError(t, zw.Close())
-		return buf.Bytes()
-	}
 	post := func(compressed, signed []byte, guid string) result {
 		req, err := http.NewRequest(http.MethodPost, gatewayBase+"/github", bytes.NewReader(compressed))
 		require.NoError(t, err)
@@ -348,19 +347,14 @@ func TestGzipBodiesDecodeToFile(t *testing.T) {
 	}
 
 	decoded := bigPush(3 << 20)
-	compressed := gz(decoded)
+	compressed := gzipped(t, decoded)
 	require.Less(t, len(compressed), spillAbove, "the compressed body itself stays in memory")
 
 	release := up.hold(t)
 	done := make(chan result, 1)
 	go func() { done <- post(compressed, decoded, "gz-1") }()
 	up.entered(t)
-	files := spilledFiles(t, tmp)
-	require.Len(t, files, 1, "the decoded body is in one temporary file")
-	fi, err := os.Stat(files[0])
-	require.NoError(t, err)
-	require.Equal(t, int64(len(decoded)), fi.Size())
-	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+	requireOneSpill(t, tmp, len(decoded))
 	release()
 	res := <-done
 	require.Equal(t, http.StatusOK, res.status, res.body)
@@ -386,7 +380,7 @@ func TestGzipBodiesDecodeToFile(t *testing.T) {
 
 	// A bomb: 26 MiB of zeros in about 26 KB; refused once decoding passes
 	// max_body (GitHub's 25 MiB), never forwarded.
-	bomb := gz(make([]byte, 26<<20))
+	bomb := gzipped(t, make([]byte, 26<<20))
 	require.Less(t, len(bomb), 64<<10)
 	res = post(bomb, []byte("x"), "gz-bomb")
 	require.Equal(t, http.StatusRequestEntityTooLarge, res.status, res.body)
