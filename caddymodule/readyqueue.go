@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue"
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
 
 // pendingQueue is async mode's queue on a pendingStore: created (its
@@ -57,12 +58,8 @@ func (pq *pendingQueue) run() {
 		}
 		pq.p.logger.Warn("creating async mode's queue failed; trying again", zap.String("storage", pq.p.desc),
 			zap.Duration("retry_in", wait), zap.Error(err))
-		t := time.NewTimer(wait)
-		select {
-		case <-pq.ctx.Done():
-			t.Stop()
+		if !store.Sleep(pq.ctx, wait) {
 			return
-		case <-t.C:
 		}
 	}
 }

@@ -84,12 +84,8 @@ func (p *pendingStore) run(c Storage, k *backendKind, since time.Time) {
 	defer close(p.done)
 	wait, refused := openRetryMin, false
 	for {
-		t := time.NewTimer(wait)
-		select {
-		case <-p.ctx.Done():
-			t.Stop()
+		if !store.Sleep(p.ctx, wait) {
 			return
-		case <-t.C:
 		}
 		ctx, cancel := context.WithTimeout(p.ctx, openTimeout)
 		o, err := k.open(ctx, c)
