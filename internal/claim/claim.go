@@ -172,18 +172,6 @@ func (k *Keeper) Claim(parent context.Context, scope, key, fingerprint string) (
 	return c, err
 }
 
-// Keep renews the claims' leases every third of the lease until stop is
-// closed or ctx ends; a claim whose lease is lost is logged and renewed no
-// more. It returns once every renewal under way has ended.
-func (k *Keeper) Keep(ctx context.Context, refs []Ref, stop <-chan struct{}) {
-	end := k.KeepAlive(ctx, refs)
-	select {
-	case <-stop:
-	case <-ctx.Done():
-	}
-	end()
-}
-
 // KeepAlive renews the claims' leases every third of the lease, on timers
 // (no goroutine waits while the forward runs), until the returned func is
 // called or ctx ends. That func returns once every renewal under way has

@@ -193,9 +193,9 @@ func TestSettleLeaseLost(t *testing.T) {
 	require.Equal(t, store.StateProcessing, b.state(t, "s", "evt_lost"))
 }
 
-// TestKeepRenews: Keep renews a claim's lease while its work runs, so a
-// second claim finds it in flight after the first lease would have
-// expired, and returns once stopped.
+// TestKeepRenews: KeepAlive renews a claim's lease while its work runs, so
+// a second claim finds it in flight after the first lease would have
+// expired, and its end returns once the renewals have stopped.
 func TestKeepRenews(t *testing.T) {
 	t.Parallel()
 	// A lease long enough that a loaded machine's scheduling cannot let it
@@ -206,12 +206,7 @@ func TestKeepRenews(t *testing.T) {
 	require.NoError(t, err)
 	first, err := b.store.Get(t.Context(), "s", "evt_keep")
 	require.NoError(t, err)
-	stop := make(chan struct{})
-	kept := make(chan struct{})
-	go func() {
-		b.keeper.Keep(t.Context(), []claim.Ref{{Scope: "s", ID: "evt_keep", Token: c.Token}}, stop)
-		close(kept)
-	}()
+	end := b.keeper.KeepAlive(t.Context(), []claim.Ref{{Scope: "s", ID: "evt_keep", Token: c.Token}})
 	renewed := false
 	for deadline := time.Now().Add(10 * time.Second); !renewed && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 		e, err := b.store.Get(t.Context(), "s", "evt_keep")
@@ -222,8 +217,7 @@ func TestKeepRenews(t *testing.T) {
 	again, err := b.keeper.Claim(t.Context(), "s", "evt_keep", "")
 	require.NoError(t, err)
 	require.Equal(t, store.InFlight, again.Outcome, "a renewed claim is in flight")
-	close(stop)
-	<-kept
+	end()
 }
 
 // TestSweeperOnce: rows first seen before their scope's cutoff are

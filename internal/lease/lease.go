@@ -134,6 +134,3 @@ func (h *Held) Stop() error {
 	defer h.mu.Unlock()
 	return h.err
 }
-
-// Lost is closed once a renewal reported r.Lost.
-func (h *Held) Lost() <-chan struct{} { return h.lost }
