@@ -538,7 +538,8 @@ type codec struct {
 	encode func([]byte) string
 	decode func(string) ([]byte, error)
 	// appendDecode appends the decoding of src to dst (hex.AppendDecode,
-	// base64.Encoding.AppendDecode): Verify decodes into pooled memory.
+	// base64.Encoding.AppendDecode): Verify decodes into pooled memory. Set
+	// by newCodec, which builds every engine's codec.
 	appendDecode func(dst, src []byte) ([]byte, error)
 }
 
@@ -572,15 +573,8 @@ var digestPool = sync.Pool{New: func() any { return &digests{sigs: make([][]byte
 // digest is appended to buf only where it fits, so the earlier ones, which
 // sigs points into, never move.
 func (d *digests) add(c codec, s string, size int) bool {
-	if s == "" || len(s) > 4*size {
+	if !digestSized(s, size) {
 		return false
-	}
-	if c.appendDecode == nil {
-		b, ok := c.decodeDigest(s, size)
-		if ok {
-			d.sigs = append(d.sigs, b)
-		}
-		return ok
 	}
 	if cap(d.buf)-len(d.buf) < len(s) { // no decoding is longer than its text
 		d.buf = make([]byte, 0, max(2*cap(d.buf), len(s)))
@@ -602,9 +596,15 @@ func (d *digests) release() {
 	digestPool.Put(d)
 }
 
+// digestSized reports whether s is short enough to be the text of a digest
+// of size bytes (the bound, 4 characters a byte, is above every codec's:
+// hex, the longest, takes 2), so that longer text is refused before it is
+// decoded.
+func digestSized(s string, size int) bool { return s != "" && len(s) <= 4*size }
+
 // decodeDigest decodes s and checks it is a digest of size bytes.
 func (c codec) decodeDigest(s string, size int) ([]byte, bool) {
-	if s == "" || len(s) > 4*size {
+	if !digestSized(s, size) {
 		return nil, false
 	}
 	b, err := c.decode(s)
