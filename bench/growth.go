@@ -197,8 +197,7 @@ func medianF(v []float64) float64 {
 func dropStore(st *postgres.Store, table string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	_, _ = st.Pool().Exec(ctx, `DROP TABLE IF EXISTS `+table+`, `+table+`_goose_version`)
-	_, _ = st.Pool().Exec(ctx, `DROP FUNCTION IF EXISTS `+table+`_commit, `+table+`_claim`)
+	dropEventTables(ctx, st, table)
 	_ = st.Close()
 }
 

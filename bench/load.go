@@ -188,9 +188,7 @@ func runLoad(ctx context.Context, c config) (*LoadReport, error) {
 	defer func() {
 		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		_, _ = st.Pool().Exec(dctx, `DROP TABLE IF EXISTS `+benchTable+`, `+benchTable+`_goose_version, `+
-			benchTable+`_secrets, `+benchTable+`_secrets_goose_version`)
-		_, _ = st.Pool().Exec(dctx, `DROP FUNCTION IF EXISTS `+benchTable+`_commit, `+benchTable+`_claim`)
+		dropEventTables(dctx, st, benchTable)
 		_ = st.Close()
 	}()
 	if _, err := st.Pool().Exec(ctx, `TRUNCATE `+benchTable); err != nil {
@@ -212,13 +210,9 @@ func runLoad(ctx context.Context, c config) (*LoadReport, error) {
 	defer func() {
 		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		for _, t := range []string{asyncTable, asyncBeforeTable} {
-			_, _ = st.Pool().Exec(dctx, `DROP TABLE IF EXISTS `+t+`_attempts, `+t+`_queue, `+t+`_queue_goose_version, `+
-				t+`, `+t+`_goose_version, `+t+`_secrets, `+t+`_secrets_goose_version`)
+		for _, t := range []string{asyncTable, asyncBeforeTable, beforeTable} {
+			dropEventTables(dctx, st, t)
 		}
-		_, _ = st.Pool().Exec(dctx, `DROP TABLE IF EXISTS `+beforeTable+`, `+beforeTable+`_goose_version, `+
-			beforeTable+`_secrets, `+beforeTable+`_secrets_goose_version`)
-		_, _ = st.Pool().Exec(dctx, `DROP FUNCTION IF EXISTS `+beforeTable+`_commit, `+beforeTable+`_claim`)
 	}()
 
 	slice := c.duration / time.Duration(c.rounds)
@@ -546,6 +540,15 @@ func storeLimit(ctx context.Context, c config, st *postgres.Store, g *ids, du ti
 	}
 	wg.Wait()
 	return fatal
+}
+
+// dropEventTables drops an events table t and what its migrations made
+// next to it: histories, learned secrets and their enrolment windows,
+// async mode's queue, functions.
+func dropEventTables(ctx context.Context, st *postgres.Store, t string) {
+	_, _ = st.Pool().Exec(ctx, `DROP TABLE IF EXISTS `+t+`_attempts, `+t+`_queue, `+t+`_queue_goose_version, `+
+		t+`, `+t+`_goose_version, `+t+`_secrets, `+t+`_secrets_enroll, `+t+`_secrets_goose_version`)
+	_, _ = st.Pool().Exec(ctx, `DROP FUNCTION IF EXISTS `+t+`_commit, `+t+`_claim`)
 }
 
 // claimComplete is what the gateway asks of the store for a delivery that
