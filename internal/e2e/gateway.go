@@ -28,6 +28,10 @@ type GatewayConfig struct {
 	Upstream string
 	// Handler holds the lines of the webhook_idempotency block.
 	Handler []string
+	// GitHub, when set, holds the lines of a second webhook_idempotency
+	// block, for the requests to /webhooks/github (Gateway.GitHubURL),
+	// in front of the same upstream: two routes of one process.
+	GitHub []string
 	// LogLevel is the default logger's level; "" leaves Caddy's (INFO, one
 	// line per delivery).
 	LogLevel string
@@ -193,16 +197,32 @@ func (cfg GatewayConfig) caddyfile(addr, adminAddr, filter string) string {
 		b.WriteString("\t}\n")
 	}
 	b.WriteString("}\n\n")
-	fmt.Fprintf(&b, "http://%s {\n\tbind 127.0.0.1\n\twebhook_idempotency {\n", addr)
-	for _, l := range cfg.Handler {
-		b.WriteString("\t\t" + l + "\n")
+	fmt.Fprintf(&b, "http://%s {\n\tbind 127.0.0.1\n", addr)
+	route := func(indent string, lines []string) {
+		b.WriteString(indent + "webhook_idempotency {\n")
+		for _, l := range lines {
+			b.WriteString(indent + "\t" + l + "\n")
+		}
+		fmt.Fprintf(&b, "%s}\n%sreverse_proxy %s\n", indent, indent, cfg.Upstream)
 	}
-	fmt.Fprintf(&b, "\t}\n\treverse_proxy %s\n}\n", cfg.Upstream)
+	if cfg.GitHub != nil {
+		b.WriteString("\thandle /webhooks/github {\n")
+		route("\t\t", cfg.GitHub)
+		b.WriteString("\t}\n\thandle {\n")
+		route("\t\t", cfg.Handler)
+		b.WriteString("\t}\n")
+	} else {
+		route("\t", cfg.Handler)
+	}
+	b.WriteString("}\n")
 	return b.String()
 }
 
 // URL is the address deliveries are posted to.
 func (g *Gateway) URL() string { return "http://" + g.Addr + "/webhooks/stripe" }
+
+// GitHubURL is the address of the GitHub route (GatewayConfig.GitHub).
+func (g *Gateway) GitHubURL() string { return "http://" + g.Addr + "/webhooks/github" }
 
 // SpoolDir is the default spool directory of scope in the gateway's Caddy
 // data directory. A gateway started again with the same Name uses it again.

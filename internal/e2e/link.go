@@ -15,10 +15,11 @@ type Link struct {
 	target string
 	ln     net.Listener
 
-	mu    sync.Mutex
-	cut   bool
-	conns map[net.Conn]struct{}
-	flows map[*flow]struct{}
+	mu     sync.Mutex
+	cut    bool
+	silent bool
+	conns  map[net.Conn]struct{}
+	flows  map[*flow]struct{}
 }
 
 // flow is one relayed connection's two directions, each of which the link
@@ -56,9 +57,21 @@ func (l *Link) serve() {
 			continue
 		}
 		l.conns[c] = struct{}{}
+		silent := l.silent
 		l.mu.Unlock()
+		if silent {
+			go l.swallow(c)
+			continue
+		}
 		go l.relay(c)
 	}
+}
+
+// swallow reads and drops what c sends until it closes or the link is cut:
+// a connection accepted by a load balancer whose backend is gone.
+func (l *Link) swallow(c net.Conn) {
+	defer l.forget(c)
+	_, _ = io.Copy(io.Discard, c)
 }
 
 func (l *Link) relay(c net.Conn) {
@@ -146,10 +159,22 @@ func (l *Link) Cut() {
 	}
 }
 
+// Silence black-holes the flows open now (BlackHole) and accepts new
+// connections without ever answering them, until Restore: a load balancer
+// or proxy in front of a server that is gone. The connections it accepted
+// meanwhile stay silent after Restore.
+func (l *Link) Silence() {
+	l.BlackHole()
+	l.mu.Lock()
+	l.silent = true
+	l.mu.Unlock()
+}
+
 // Restore relays new connections again.
 func (l *Link) Restore() {
 	l.mu.Lock()
 	l.cut = false
+	l.silent = false
 	l.mu.Unlock()
 }
 

@@ -217,3 +217,55 @@ func TestSerializableDatabase(t *testing.T) {
 	t.Logf("conflicts run again: %d serialization failures, %d deadlocks",
 		r.count(store.RetrySerialization), r.count(store.RetryDeadlock))
 }
+
+// A relay that accepts connections but never answers them (a load balancer
+// whose backend is gone) for a few seconds while deliveries keep coming:
+// their claims fail (each within its own store timeout), and the pool's
+// openings of new connections hang in the startup handshake. Once the
+// relay passes connections on again, claims succeed within the connect
+// timeout: an opening still hanging must not hold a slot of the pool
+// (pgxpool's own bound is 2 minutes, which answered claims
+// ErrConnectionLost for minutes after the store was back).
+func TestClaimsRecoverAfterSilentAcceptingRelay(t *testing.T) {
+	t.Parallel()
+	link, dsn := via(t, testDSN(t))
+	const connect = time.Second
+	// Unbatched (as Idempotency-Key claims are): each claim acquires its
+	// own connection, as the gateway's lookups, heartbeats and spool do
+	// next to the batch writer.
+	s := newStore(t, postgres.Options{DSN: dsn, ConnectTimeout: connect, MaxConns: 4,
+		Batch: store.BatchOptions{Disabled: true}})
+	ctx := t.Context()
+	_, err := s.Claim(ctx, store.ClaimParams{Scope: "s", EventID: "warm", Lease: time.Minute})
+	require.NoError(t, err)
+
+	link.Silence()
+	var wg sync.WaitGroup
+	for i := range 12 { // 3x the pool: every slot taken by a silent opening
+		wg.Go(func() {
+			sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			defer cancel()
+			_, err := s.Claim(sctx, store.ClaimParams{Scope: "s", EventID: fmt.Sprintf("out%d", i), Lease: time.Minute})
+			require.Error(t, err, "no server answered claim %d", i)
+		})
+	}
+	wg.Wait()
+	link.Restore()
+
+	t0 := time.Now()
+	deadline := t0.Add(connect + 5*time.Second)
+	var last error
+	for i := 0; time.Now().Before(deadline); i++ {
+		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		c, err := s.Claim(sctx, store.ClaimParams{Scope: "s", EventID: fmt.Sprintf("after%d", i), Lease: time.Minute})
+		cancel()
+		if err == nil {
+			require.Equal(t, store.Claimed, c.Outcome)
+			t.Logf("first claim after the relay answered again: %s", time.Since(t0).Round(time.Millisecond))
+			return
+		}
+		last = err
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("no claim succeeded within %s of the relay answering again: %v", time.Since(t0).Round(time.Millisecond), last)
+}

@@ -57,7 +57,14 @@ type Options struct {
 	// Defaults to store.DefaultTable ("webhook_events"); see store.ParseTable.
 	Table string
 	// ConnectTimeout bounds the first connection (the ping in New), so a
-	// wrong DSN or a down server fails clearly. Defaults to 5s.
+	// wrong DSN or a down server fails clearly, and, unless the DSN sets
+	// connect_timeout, every connection the pool opens later: dial, TLS
+	// and startup handshake. pgxpool lets an opening connection run on
+	// after its caller gave up, for up to 2 minutes when nothing bounds
+	// it, and counts it against the pool's size: behind a load balancer
+	// or relay that accepts connections but never answers, the openings
+	// of a few seconds' outage held every slot and claims failed for
+	// minutes after the server was back. Defaults to 5s.
 	ConnectTimeout time.Duration
 	// MigrationTimeout bounds waiting for the migration lock (another
 	// instance may be migrating) plus running the migrations. Defaults to 1m.
@@ -179,6 +186,9 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 	}
 	if opts.StatementTimeout <= 0 {
 		opts.StatementTimeout = pgschema.DefaultStatementTimeout
+	}
+	if cfg.ConnConfig.ConnectTimeout <= 0 {
+		cfg.ConnConfig.ConnectTimeout = opts.ConnectTimeout
 	}
 	watch := pgschema.PrepareFailover(cfg, opts.DSN)
 	pgschema.PrepareLiveness(cfg, watch, 0)

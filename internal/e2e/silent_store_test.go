@@ -1,0 +1,118 @@
+package e2e_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/e2e"
+)
+
+// One gateway, a Stripe route (no spool: a failed delivery is Stripe's to
+// redeliver) and a GitHub route (spool on by default), its store behind a
+// relay that accepts connections but never answers them (a load balancer
+// whose backend is gone) for 15 s while deliveries arrive on both: Stripe's
+// are answered 503, GitHub's kept in the spool. Once the relay passes
+// connections on again, a Stripe delivery is forwarded within seconds;
+// every spooled GitHub delivery is forwarded exactly once.
+//
+// Found in a trial: Stripe deliveries were answered 503 for 45 to 105 s
+// after the relay was back. The store's pool counted connections still
+// opening through the silent relay (pgxpool lets an opening outlive its
+// caller, bounded by 2 minutes when the DSN sets no connect_timeout)
+// against its size; they now give up within the store's connect timeout.
+func TestDeliveriesRecoverAfterSilentStoreRelay(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(string, int) e2e.Answer { return e2e.Answer{} })
+	link := b.storeLink()
+	dsn := b.db.DSNVia(link.Addr())
+	g := b.start(e2e.GatewayConfig{Name: "a", Upstream: b.up.Addr(),
+		Handler: e2e.StripeHandler(b.secret, dsn), GitHub: e2e.GitHubHandler(b.secret, dsn)})
+	stripe := func(id string, timeout time.Duration) e2e.Result {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		r, err := e2e.Deliver(ctx, b.client, g.URL(), b.secret, id)
+		require.NoError(t, err)
+		return r
+	}
+	github := func(id string) e2e.Result {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		r, err := e2e.DeliverGitHub(ctx, b.client, g.GitHubURL(), b.secret, id)
+		require.NoError(t, err)
+		return r
+	}
+	require.True(t, stripe(e2e.NewEventID(), 20*time.Second).Forwarded(), "the store is up: forwarded at once")
+	require.True(t, github("warm-"+e2e.RandomHex(6)).Forwarded(), "the store is up: forwarded at once")
+
+	link.Silence()
+	silencedAt := time.Now()
+	var (
+		spooled []string
+		mu      sync.Mutex
+		wg      sync.WaitGroup
+	)
+	for i := range 10 {
+		wg.Go(func() {
+			r := stripe(e2e.NewEventID(), 20*time.Second)
+			require.Equal(t, http.StatusServiceUnavailable, r.Status, "Stripe during the outage: %s", r.Body)
+		})
+		wg.Go(func() {
+			id := fmt.Sprintf("%08x-%04d-4000-8000-%012d", 1, i, i)
+			r := github(id)
+			require.Equal(t, http.StatusOK, r.Status, "GitHub during the outage: kept in the spool: %s", r.Body)
+			mu.Lock()
+			spooled = append(spooled, id)
+			mu.Unlock()
+		})
+	}
+	time.Sleep(8 * time.Second)
+	for range 5 {
+		wg.Go(func() {
+			r := stripe(e2e.NewEventID(), 20*time.Second)
+			require.Equal(t, http.StatusServiceUnavailable, r.Status, "Stripe during the outage: %s", r.Body)
+		})
+	}
+	wg.Wait()
+	time.Sleep(time.Until(silencedAt.Add(15 * time.Second)))
+	link.Restore()
+	restoredAt := time.Now()
+
+	var (
+		live     time.Duration
+		answered []string
+	)
+	for range 60 {
+		r := stripe(e2e.NewEventID(), 20*time.Second)
+		answered = append(answered, fmt.Sprint(r.Status))
+		if r.Forwarded() {
+			live = time.Since(restoredAt)
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	require.NotZero(t, live, "no Stripe delivery forwarded within 60 tries after the store answered again: %v", answered)
+	// Openings through the silent relay give up within the store's
+	// connect timeout (5s), a delivery's claim within its store timeout
+	// (5s).
+	require.Less(t, live, 12*time.Second, "forwarded only %s after the store answered again: %v", live, answered)
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, id := range spooled {
+		require.NoError(t, b.up.WaitFor(ctx, id, func(cs []e2e.Call) bool { return len(cs) >= 1 }), "spooled %s forwarded", id)
+	}
+	time.Sleep(time.Second) // a second forward would show by now
+	for _, id := range spooled {
+		require.Len(t, b.up.Calls(id), 1, "spooled %s forwarded exactly once", id)
+	}
+	t.Logf("a Stripe delivery forwarded %s after the store answered again (answers %v); %d spooled GitHub deliveries forwarded once each",
+		live.Round(time.Millisecond), answered, len(spooled))
+}
