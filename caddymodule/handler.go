@@ -263,6 +263,9 @@ type Handler struct {
 	scopeUsed bool
 	// trust describes how a request becomes a claim here (trust.go).
 	trust string
+	// scopeValue is Scope as the placeholder's value, made once: a string
+	// put in an interface on every request is an allocation.
+	scopeValue any
 	// warnedUncommitted latches the route's warning about an upstream
 	// answering 2xx without committing its claim (complete_by upstream).
 	warnedUncommitted *atomic.Bool
@@ -286,6 +289,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.prepareConfig(); err != nil {
 		return err // before any store, pool or queue is opened
 	}
+	h.scopeValue = h.Scope
 	if err := h.provisionIntake(); err != nil {
 		return err
 	}
@@ -432,7 +436,7 @@ func (h *Handler) Cleanup() error {
 // one outcome table (answer.go).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	stripClaimHeader(r)
-	setPlaceholders(r, h.Scope)
+	setPlaceholders(r, h.scopeValue)
 	if rp := replayOf(r); rp != nil {
 		return h.serveReplay(w, r, rp, next)
 	}

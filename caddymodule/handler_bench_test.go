@@ -36,12 +36,13 @@ func (w *discardWriter) SetReadDeadline(time.Time) error { return nil }
 // so the log line's encoding is counted but not the terminal.
 func BenchmarkServeHTTPDuplicateCached(b *testing.B) { benchRedelivery(b, "short", true) }
 
-// TestDuplicateCachedAllocations: a cached duplicate allocates at most
-// three times beyond its body: the event ID's copy (it outlives the pooled
+// TestDuplicateCachedAllocations: a cached duplicate, on a request that
+// carries Caddy's replacer as a server's does, allocates at most three
+// times beyond its body: the event ID's copy (it outlives the pooled
 // body), the same ID as the placeholder's value (a string in an interface:
 // Caddy's expression matchers accept only native values, so it cannot be
 // a pointer that would cost nothing), and the answer's header values
-// (writeFixed).
+// (writeFixed). The scope's placeholder value is made once per handler.
 func TestDuplicateCachedAllocations(t *testing.T) {
 	if raceEnabled() {
 		t.Skip("allocation counts differ under -race")

@@ -83,9 +83,9 @@ func stripClaimHeader(r *http.Request) {
 }
 
 // setPlaceholders sets the route's placeholders on r's replacer: the
-// scope, and the others empty until known (an unset placeholder would reach
-// a header_up as its own text).
-func setPlaceholders(r *http.Request, scope string) {
+// scope (a string, Handler.scopeValue), and the others empty until known
+// (an unset placeholder would reach a header_up as its own text).
+func setPlaceholders(r *http.Request, scope any) {
 	if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
 		repl.Set(placeholderScope, scope)
 		repl.Set(placeholderEventID, "")
