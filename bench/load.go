@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	vegeta "github.com/tsenart/vegeta/v12/lib"
 
+	pgqueue "github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue/postgres"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store/postgres"
 )
@@ -542,13 +543,12 @@ func storeLimit(ctx context.Context, c config, st *postgres.Store, g *ids, du ti
 	return fatal
 }
 
-// dropEventTables drops an events table t and what its migrations made
-// next to it: histories, learned secrets and their enrolment windows,
-// async mode's queue, functions.
+// dropEventTables drops an events table t and what its store and async
+// mode's queue made next to it.
 func dropEventTables(ctx context.Context, st *postgres.Store, t string) {
-	_, _ = st.Pool().Exec(ctx, `DROP TABLE IF EXISTS `+t+`_attempts, `+t+`_queue, `+t+`_queue_goose_version, `+
-		t+`, `+t+`_goose_version, `+t+`_secrets, `+t+`_secrets_enroll, `+t+`_secrets_goose_version`)
-	_, _ = st.Pool().Exec(ctx, `DROP FUNCTION IF EXISTS `+t+`_commit, `+t+`_claim`)
+	if tbl, err := store.ParseTable(t); err == nil {
+		_ = pgqueue.Drop(ctx, st.Pool(), tbl)
+	}
 }
 
 // claimComplete is what the gateway asks of the store for a delivery that

@@ -81,18 +81,7 @@ func asyncTable(t *testing.T) string {
 	t.Helper()
 	table := "aq_" + asyncToken()
 	dsn := asyncDSN(t, "cleanup")
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, dsn)
-		if err != nil {
-			return
-		}
-		defer conn.Close(ctx)
-		for _, n := range []string{table + "_attempts", table + "_queue", table + "_queue_goose_version", table, table + "_goose_version", table + "_secrets", table + "_secrets_goose_version"} {
-			_, _ = conn.Exec(ctx, "DROP TABLE IF EXISTS "+pgx.Identifier{n}.Sanitize())
-		}
-	})
+	t.Cleanup(func() { dropTable(dsn, table) })
 	return table
 }
 

@@ -42,6 +42,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/cli"
+	pgqueue "github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue/postgres"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store/postgres"
 )
@@ -259,16 +260,7 @@ func startOpsGateway(t *testing.T, cfg opsConfig) *opsGateway {
 		table: "ops_" + randomHex(6),
 		up:    newWebhookUpstream(t),
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, g.dsn)
-		if err != nil {
-			return
-		}
-		defer conn.Close(ctx)
-		_, _ = conn.Exec(ctx, "DROP TABLE IF EXISTS "+g.table+", "+g.table+"_goose_version, "+g.table+"_secrets, "+g.table+"_secrets_goose_version")
-	})
+	t.Cleanup(func() { dropTable(g.dsn, g.table) })
 	var secrets, global strings.Builder
 	for _, s := range cfg.secrets {
 		fmt.Fprintf(&secrets, "\t\t\tsecret %q\n", s)
@@ -869,17 +861,21 @@ func pgDSN(t testing.TB) string {
 	return dsn
 }
 
+// dropTable drops a test table and everything the store and the queue made
+// next to it.
 func dropTable(dsn, table string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	tbl, err := store.ParseTable(table)
+	if err != nil {
+		return
+	}
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		return
 	}
 	defer conn.Close(ctx)
-	_, _ = conn.Exec(ctx, fmt.Sprintf("DROP TABLE IF EXISTS %s, %s_goose_version, %s_secrets, %s_secrets_goose_version",
-		pgx.Identifier{table}.Sanitize(), table, table, table))
-	_, _ = conn.Exec(ctx, "DROP FUNCTION IF EXISTS "+pgx.Identifier{table + "_commit"}.Sanitize()+", "+pgx.Identifier{table + "_claim"}.Sanitize())
+	_ = pgqueue.Drop(ctx, conn, tbl)
 }
 
 // eachBackend runs f once on SQLite and once on PostgreSQL.

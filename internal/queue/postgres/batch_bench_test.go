@@ -9,8 +9,6 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/coalesce"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
@@ -49,10 +47,7 @@ func benchEnqueue(b *testing.B, dsn, mode string, conc int) {
 		b.Skipf("PostgreSQL unreachable: %v", err)
 	}
 	defer func() {
-		for _, n := range []string{table + "_attempts", table + "_queue", table + "_queue_goose_version", table,
-			table + "_goose_version", table + "_secrets", table + "_secrets_goose_version"} {
-			_, _ = s.Pool().Exec(ctx, "DROP TABLE IF EXISTS "+pgx.Identifier{n}.Sanitize())
-		}
+		_ = Drop(ctx, s.Pool(), s.Table())
 		_ = s.Close()
 	}()
 	q, err := New(ctx, s, Options{Batch: BatchOptions{Disabled: mode == "one"}})

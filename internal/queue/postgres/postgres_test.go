@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue"
@@ -514,4 +515,34 @@ func TestEnqueueExpiredClaim(t *testing.T) {
 	require.Equal(t, 0, out.Refused)
 	_, err = f.q.Get(ctxT(t), "s", "evt_hold")
 	require.ErrorIs(t, err, queue.ErrNotFound)
+}
+
+// Drop leaves nothing of a store and its queue behind: no table, index,
+// sequence or function named after the events table. A migration that
+// creates an object Drop does not know of fails here (the test tables of
+// every package's cleanup would leak it).
+func TestDropLeavesNothing(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.enqueue(entry("s", "evt_1"))
+	ctx := ctxT(t)
+	pool := f.store.Pool()
+	left := func() []string {
+		t.Helper()
+		rows, err := pool.Query(ctx, `
+			SELECT relname FROM pg_class WHERE starts_with(relname, $1)
+			UNION ALL
+			SELECT proname || '()' FROM pg_proc WHERE starts_with(proname, $1)
+			ORDER BY 1`, f.table)
+		require.NoError(t, err)
+		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return names
+	}
+	before := left()
+	for _, want := range []string{f.table, f.table + "_queue", f.table + "_secrets_enroll", f.table + "_claim()", f.table + "_commit()"} {
+		require.Contains(t, before, want, "the migrations made it")
+	}
+	require.NoError(t, pgqueue.Drop(ctx, pool, f.store.Table()))
+	require.Empty(t, left(), "left behind of the %d objects there were: %v", len(before), before)
 }

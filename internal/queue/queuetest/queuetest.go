@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	pgqueue "github.com/webhook-idempotency/caddy-webhook-idempotency/internal/queue/postgres"
@@ -65,10 +64,7 @@ func New(t testing.TB, prefix string, opts pgstore.Options, qopts pgqueue.Option
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		for _, n := range []string{table + "_attempts", table + "_queue", table + "_queue_goose_version", table, table + "_goose_version", table + "_secrets", table + "_secrets_goose_version"} {
-			_, _ = s.Pool().Exec(ctx, "DROP TABLE IF EXISTS "+pgx.Identifier{n}.Sanitize())
-		}
-		_, _ = s.Pool().Exec(ctx, "DROP FUNCTION IF EXISTS "+pgx.Identifier{table + "_commit"}.Sanitize()+", "+pgx.Identifier{table + "_claim"}.Sanitize())
+		_ = pgqueue.Drop(ctx, s.Pool(), s.Table())
 		_ = s.Close()
 	})
 	q, err = pgqueue.New(ctx, s, qopts)

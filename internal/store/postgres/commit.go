@@ -37,6 +37,10 @@ func CommitFunction(t store.Table) store.Table { return t.Suffixed("_commit") }
 // again, while a call from any later transaction raises.
 const commitGUC = "webhook_idempotency.committed"
 
+// commitFunctionArgs is <table>_commit's parameter type, as REVOKE and
+// DROP FUNCTION name it.
+const commitFunctionArgs = `(text)`
+
 // createCommitFunction returns the statements that create <table>_commit
 // for the schema-qualified table ident. The function is SECURITY DEFINER
 // with a fixed search_path, so the application's role needs only EXECUTE
@@ -99,7 +103,7 @@ func createCommitFunction(ident pgx.Identifier) []string {
 				PERFORM set_config('` + commitGUC + `', concat_ws(' ', NULLIF(done, ''), v_token), true);
 			END
 			$fn$`,
-		`REVOKE ALL ON FUNCTION ` + fn + `(text) FROM PUBLIC`,
+		`REVOKE ALL ON FUNCTION ` + fn + commitFunctionArgs + ` FROM PUBLIC`,
 	}
 }
 
@@ -281,7 +285,7 @@ func dropCommit(ident pgx.Identifier) func(context.Context, *sql.Tx) error {
 	return func(ctx context.Context, tx *sql.Tx) error {
 		fn := append(pgx.Identifier{}, ident...)
 		fn[len(fn)-1] += "_commit"
-		_, err := tx.ExecContext(ctx, `DROP FUNCTION IF EXISTS `+fn.Sanitize()+`(text)`)
+		_, err := tx.ExecContext(ctx, `DROP FUNCTION IF EXISTS `+fn.Sanitize()+commitFunctionArgs)
 		return err
 	}
 }

@@ -60,7 +60,7 @@ func tableName() string {
 	return "wh_test_" + store.NewToken()[:16]
 }
 
-// dropTable drops a test table and its goose history.
+// dropTable drops a test table and everything the store made next to it.
 func dropTable(t *testing.T, dsn, table string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -68,13 +68,9 @@ func dropTable(t *testing.T, dsn, table string) {
 	pool, err := pgxpool.New(ctx, dsn)
 	require.NoError(t, err)
 	defer pool.Close()
-	for _, name := range []string{table, table + "_goose_version", table + "_secrets", table + "_secrets_goose_version"} {
-		_, err := pool.Exec(ctx, "DROP TABLE IF EXISTS "+pgx.Identifier(strings.Split(name, ".")).Sanitize())
-		require.NoError(t, err)
-	}
-	_, err = pool.Exec(ctx, "DROP FUNCTION IF EXISTS "+pgx.Identifier(strings.Split(table+"_commit", ".")).Sanitize()+", "+
-		pgx.Identifier(strings.Split(table+"_claim", ".")).Sanitize())
+	tbl, err := store.ParseTable(table)
 	require.NoError(t, err)
+	require.NoError(t, postgres.Drop(ctx, pool, tbl))
 }
 
 func newStore(t *testing.T, opts postgres.Options) *postgres.Store {
