@@ -162,6 +162,17 @@ func (b *bundle) deliver(g *e2e.Gateway, id string) e2e.Result {
 	return r
 }
 
+// deliverGitHub sends one signed GitHub delivery of id to url (a GitHub
+// route's) and fails the test on a transport error.
+func (b *bundle) deliverGitHub(url, id string) e2e.Result {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r, err := e2e.DeliverGitHub(ctx, b.client, url, b.secret, id)
+	require.NoError(b.t, err)
+	return r
+}
+
 // deliverLater sends one signed delivery of id to g in the background;
 // the result comes on the channel, a transport error in its Body.
 func (b *bundle) deliverLater(g *e2e.Gateway, id string) <-chan e2e.Result {

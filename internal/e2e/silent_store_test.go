@@ -33,23 +33,9 @@ func TestDeliveriesRecoverAfterSilentStoreRelay(t *testing.T) {
 	dsn := b.db.DSNVia(link.Addr())
 	g := b.start(e2e.GatewayConfig{Name: "a", Upstream: b.up.Addr(),
 		Handler: e2e.StripeHandler(b.secret, dsn), GitHub: e2e.GitHubHandler(b.secret, dsn)})
-	stripe := func(id string, timeout time.Duration) e2e.Result {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		defer cancel()
-		r, err := e2e.Deliver(ctx, b.client, g.URL(), b.secret, id)
-		require.NoError(t, err)
-		return r
-	}
-	github := func(id string) e2e.Result {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		r, err := e2e.DeliverGitHub(ctx, b.client, g.GitHubURL(), b.secret, id)
-		require.NoError(t, err)
-		return r
-	}
-	require.True(t, stripe(e2e.NewEventID(), 20*time.Second).Forwarded(), "the store is up: forwarded at once")
+	stripe := func(id string) e2e.Result { return b.deliver(g, id) }
+	github := func(id string) e2e.Result { return b.deliverGitHub(g.GitHubURL(), id) }
+	require.True(t, stripe(e2e.NewEventID()).Forwarded(), "the store is up: forwarded at once")
 	require.True(t, github("warm-"+e2e.RandomHex(6)).Forwarded(), "the store is up: forwarded at once")
 
 	link.Silence()
@@ -61,7 +47,7 @@ func TestDeliveriesRecoverAfterSilentStoreRelay(t *testing.T) {
 	)
 	for i := range 10 {
 		wg.Go(func() {
-			r := stripe(e2e.NewEventID(), 20*time.Second)
+			r := stripe(e2e.NewEventID())
 			require.Equal(t, http.StatusServiceUnavailable, r.Status, "Stripe during the outage: %s", r.Body)
 		})
 		wg.Go(func() {
@@ -76,7 +62,7 @@ func TestDeliveriesRecoverAfterSilentStoreRelay(t *testing.T) {
 	time.Sleep(8 * time.Second)
 	for range 5 {
 		wg.Go(func() {
-			r := stripe(e2e.NewEventID(), 20*time.Second)
+			r := stripe(e2e.NewEventID())
 			require.Equal(t, http.StatusServiceUnavailable, r.Status, "Stripe during the outage: %s", r.Body)
 		})
 	}
@@ -90,7 +76,7 @@ func TestDeliveriesRecoverAfterSilentStoreRelay(t *testing.T) {
 		answered []string
 	)
 	for range 60 {
-		r := stripe(e2e.NewEventID(), 20*time.Second)
+		r := stripe(e2e.NewEventID())
 		answered = append(answered, fmt.Sprint(r.Status))
 		if r.Forwarded() {
 			live = time.Since(restoredAt)

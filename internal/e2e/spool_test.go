@@ -170,14 +170,7 @@ func spoolOutage(t *testing.T, b *bundle, dsn string, o storeOutage, kill bool) 
 		gb = b.start(cfgOf("b"))
 		gws = append(gws, gb)
 	}
-	deliver := func(g *e2e.Gateway, id string) e2e.Result {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		r, err := e2e.DeliverGitHub(ctx, b.client, g.URL(), b.secret, id)
-		require.NoError(t, err)
-		return r
-	}
+	deliver := func(g *e2e.Gateway, id string) e2e.Result { return b.deliverGitHub(g.URL(), id) }
 	for _, g := range gws {
 		if o.atStart {
 			break
