@@ -38,6 +38,16 @@ func TestDeliveriesRecoverAfterSilentStoreRelay(t *testing.T) {
 	require.True(t, stripe(e2e.NewEventID()).Forwarded(), "the store is up: forwarded at once")
 	require.True(t, github("warm-"+e2e.RandomHex(6)).Forwarded(), "the store is up: forwarded at once")
 
+	// The outage begins with the pool empty, as after a reset that closed
+	// its connections: each slot it takes is an opening through the
+	// silent relay. A connection still in the pool would be destroyed as
+	// the outage begins, and its destruction (pgconn's cancel request,
+	// which the relay swallows too, bounded by 15 s) would hold a slot
+	// until just after the relay answers again, then free it for the
+	// first claim: that hid the openings' 2 minutes.
+	link.Cut()
+	require.Equal(t, http.StatusServiceUnavailable, stripe(e2e.NewEventID()).Status, "the store's connections are reset")
+	link.Restore()
 	link.Silence()
 	silencedAt := time.Now()
 	var (
