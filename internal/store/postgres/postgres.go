@@ -59,7 +59,7 @@ type Options struct {
 	// ConnectTimeout bounds the first connection (the ping in New), so a
 	// wrong DSN or a down server fails clearly, and, unless the DSN sets
 	// connect_timeout, every connection the pool opens later: dial, TLS
-	// and startup handshake. pgxpool lets an opening connection run on
+	// and startup handshake, per host of a multi-host DSN. pgxpool lets an opening connection run on
 	// after its caller gave up, for up to 2 minutes when nothing bounds
 	// it, and counts it against the pool's size: behind a load balancer
 	// or relay that accepts connections but never answers, the openings
