@@ -128,6 +128,8 @@ type Keeper struct {
 	busy busy
 	// own counts this Keeper's completions after answers, for Drain.
 	own sync.WaitGroup
+	// givingBack holds a slot per claim being given back (giveback.go).
+	givingBack chan struct{}
 }
 
 // New returns a Keeper with o's defaults applied. It does no I/O.
@@ -147,7 +149,7 @@ func New(o Options) *Keeper {
 	if o.Completions == nil {
 		o.Completions = NewCompletions()
 	}
-	return &Keeper{o: o}
+	return &Keeper{o: o, givingBack: make(chan struct{}, maxGivingBack)}
 }
 
 // Claim claims key in scope with the Keeper's lease and expiry policy
@@ -159,7 +161,7 @@ func New(o Options) *Keeper {
 // a completion under way waits for it and claims again.
 func (k *Keeper) Claim(parent context.Context, scope, key, fingerprint string) (store.Claim, error) {
 	p := store.ClaimParams{Scope: scope, EventID: key, Lease: k.o.Lease,
-		HoldOnExpiry: k.o.HoldOnExpiry, Fingerprint: fingerprint}
+		HoldOnExpiry: k.o.HoldOnExpiry, Fingerprint: fingerprint, Token: store.NewToken()}
 	ctx, cancel := context.WithTimeout(parent, k.o.StoreTimeout)
 	defer cancel()
 	t0 := time.Now()
@@ -169,6 +171,9 @@ func (k *Keeper) Claim(parent context.Context, scope, key, fingerprint string) (
 		c, err = k.o.Store.Claim(ctx, p)
 	}
 	observe(k.o.Timers.Claim, t0)
+	if err != nil && unknownOutcome(err) {
+		k.giveBack(p.Scope, p.EventID, p.Token) // giveback.go
+	}
 	return c, err
 }
 

@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Link is a TCP relay on 127.0.0.1 in front of a server (PostgreSQL), that
@@ -28,6 +29,8 @@ type Link struct {
 // that forgot the flow).
 type flow struct {
 	dropUp, dropDown atomic.Bool // client to server, server to client
+	// held: what arrives either way waits, kept in order, until Resume.
+	held atomic.Bool
 }
 
 // NewLink listens on a free port of 127.0.0.1 and relays to target.
@@ -97,18 +100,21 @@ func (l *Link) relay(c net.Conn) {
 	}()
 	defer l.forget(s)
 	go func() {
-		_ = pump(s, c, &f.dropUp)
+		_ = pump(s, c, &f.dropUp, &f.held)
 		_ = s.Close()
 	}()
-	_ = pump(c, s, &f.dropDown)
+	_ = pump(c, s, &f.dropDown, &f.held)
 }
 
 // pump copies src to dst until either fails, dropping what it reads while
-// drop is set.
-func pump(dst io.Writer, src io.Reader, drop *atomic.Bool) error {
+// drop is set, and keeping it while held is.
+func pump(dst io.Writer, src io.Reader, drop, held *atomic.Bool) error {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
+		for held.Load() {
+			time.Sleep(10 * time.Millisecond)
+		}
 		if n > 0 && !drop.Load() {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return werr
@@ -156,6 +162,26 @@ func (l *Link) Cut() {
 	l.cut = true
 	for c := range l.conns {
 		_ = c.Close()
+	}
+}
+
+// Stall holds everything on the flows open now, both ways, and accepts
+// new connections without ever answering them (as Silence), until Resume,
+// which delivers what the open flows held, in order: a relay that paused.
+// A statement sent on an open flow meanwhile runs, and commits, when the
+// flow resumes, long after its client gave up on it.
+func (l *Link) Stall() { l.setHeld(true) }
+
+// Resume lets the stalled flows' bytes through and relays new connections
+// again; those accepted while stalled stay silent.
+func (l *Link) Resume() { l.setHeld(false) }
+
+func (l *Link) setHeld(held bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.silent = held
+	for f := range l.flows {
+		f.held.Store(held)
 	}
 }
 

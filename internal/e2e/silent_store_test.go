@@ -112,3 +112,54 @@ func TestDeliveriesRecoverAfterSilentStoreRelay(t *testing.T) {
 	t.Logf("a Stripe delivery forwarded %s after the store answered again (answers %v); %d spooled GitHub deliveries forwarded once each",
 		live.Round(time.Millisecond), answered, len(spooled))
 }
+
+// A claim whose answer never came, and whose statement the network held
+// and let through later: the delivery is answered 503 (nothing forwarded),
+// the store's connection stalls with the claim in it and resumes after
+// the gateway gave up, so the claim commits under a token nobody holds.
+// The gateway gives such a claim back: the next delivery of the event is
+// forwarded at once, not answered 409 for the claim's 30 s lease and then
+// forwarded as if a forward had ended with no known outcome (counted
+// ambiguous: held at once under on_ambiguous hold).
+func TestClaimCommittedAfterItsDeliveryWasAnswered(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(string, int) e2e.Answer { return e2e.Answer{} })
+	link := b.storeLink()
+	g := b.gatewayOn("a", "", b.db.DSNVia(link.Addr()))
+	warm := e2e.NewEventID()
+	require.True(t, b.deliver(g, warm).Forwarded(), "the store is up: forwarded at once")
+
+	// Its completion written, its connection idle for less than the
+	// second after which the pool pings a connection before use: the next
+	// claim goes out on it.
+	b.waitState(warm, "completed")
+	id := e2e.NewEventID()
+	link.Stall()
+	r := b.deliver(g, id)
+	require.Equal(t, http.StatusServiceUnavailable, r.Status, "no answer from the store: %s", r.Body)
+	link.Resume() // the claim's statement reaches PostgreSQL and commits now
+	resumedAt := time.Now()
+	for _, ok := b.row(id); !ok; _, ok = b.row(id) {
+		require.Less(t, time.Since(resumedAt), 5*time.Second, "the stalled claim never committed")
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	var answers []e2e.Result
+	forwarded := false
+	for range 30 {
+		r := b.deliver(g, id)
+		answers = append(answers, r)
+		if forwarded = r.Forwarded(); forwarded {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	took := time.Since(resumedAt)
+	require.True(t, forwarded, "redeliveries after the stalled claim committed: %s", summary(answers))
+	require.Less(t, took, 10*time.Second, "forwarded only %s after the claim committed: %s", took, summary(answers))
+	row := b.waitState(id, "completed")
+	require.Zero(t, row.Ambiguous, "no forward of the event ended unknown")
+	require.Len(t, b.up.Calls(id), 1)
+	t.Logf("forwarded %s after the stalled claim committed: %s; row attempts %d, ambiguous %d",
+		took.Round(time.Millisecond), summary(answers), row.Attempts, row.Ambiguous)
+}

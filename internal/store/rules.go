@@ -90,7 +90,10 @@ func (r Rules) Claim(ctx context.Context, p ClaimParams) (Claim, error) {
 	if p.Lease <= 0 {
 		return Claim{}, fmt.Errorf("claiming event: lease must be positive, got %s", p.Lease)
 	}
-	token := NewToken()
+	token := p.Token
+	if token == "" {
+		token = NewToken()
+	}
 	c, err := r.claim(ctx, p, token)
 	if err != nil && errors.Is(err, ErrConnectionLost) && ctx.Err() == nil {
 		if r.retried != nil {

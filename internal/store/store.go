@@ -76,6 +76,10 @@ type ClaimParams struct {
 	// hash of the request), so a later request with the same key can be
 	// told apart when it differs. "" records none.
 	Fingerprint string
+	// Token is the claim's token when the caller chooses it (NewToken), so
+	// that it can give back a claim whose answer it never got (one that
+	// committed after the caller gave up); "" draws a new one.
+	Token string
 }
 
 // Claim is the result of Store.Claim.

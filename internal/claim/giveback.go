@@ -1,0 +1,67 @@
+package claim
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
+)
+
+// A claim whose answer never came (the statement's connection stalled: a
+// load balancer or relay that held the bytes, a network that queued them)
+// may still commit after the delivery was answered 503, when the network
+// lets the statement through: a processing row under a token nobody holds.
+// Every delivery of the event would be answered 409 until its lease ran
+// out, and then forwarded as if a forward had ended with no known outcome
+// (counted ambiguous, held at once under on_ambiguous hold). The Keeper
+// draws a claim's token itself, and gives back a claim whose outcome it does
+// not know by that token, in the background, for as long as such a late
+// commit could still block the event.
+
+// maxGivingBack bounds the claims a Keeper gives back at once; past it (a
+// long outage under load) a claim is not given back: its late commit, if
+// any, blocks the event for a lease, as before.
+const maxGivingBack = 256
+
+// unknownOutcome reports whether a claim's error leaves open that it
+// committed: its statement may have been sent and not answered.
+func unknownOutcome(err error) bool {
+	return errors.Is(err, store.ErrConnectionLost) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// giveBack releases the claim of key under token if it is, or becomes, a
+// row: tries at once and then with growing waits (up to 2s) for a lease
+// and a store timeout from now, since a commit later than that finds the
+// event claimable again anyway. It stops at the first release that finds
+// the row. It does not keep Cleanup waiting: a claim it has not found by
+// then is left as it would have been without it.
+func (k *Keeper) giveBack(scope, key, token string) {
+	select {
+	case k.givingBack <- struct{}{}:
+	default:
+		k.o.Logger.Debug("not giving back a claim whose answer was lost: too many already",
+			zap.String("scope", scope), zap.String("event_id", key))
+		return
+	}
+	go func() {
+		defer func() { <-k.givingBack }()
+		deadline := time.Now().Add(k.o.Lease + k.o.StoreTimeout)
+		for delay := 250 * time.Millisecond; ; delay = min(2*delay, 2*time.Second) {
+			ctx, cancel := context.WithTimeout(context.Background(), k.o.StoreTimeout)
+			err := k.o.Store.Release(ctx, scope, key, token)
+			cancel()
+			if err == nil {
+				k.o.Logger.Info("gave back a claim that committed after its delivery was answered 503",
+					zap.String("scope", scope), zap.String("event_id", key))
+				return
+			}
+			if time.Now().Add(delay).After(deadline) {
+				return
+			}
+			time.Sleep(delay)
+		}
+	}()
+}
