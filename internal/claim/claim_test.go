@@ -3,6 +3,7 @@ package claim_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
@@ -244,4 +245,39 @@ func TestSweeperOnce(t *testing.T) {
 	_, err = b.store.Get(t.Context(), "old", "a")
 	require.ErrorIs(t, err, store.ErrNotFound)
 	require.Equal(t, store.StateCompleted, b.state(t, "kept", "c"))
+}
+
+// answerLost commits each claim and loses its answer, as a connection that
+// stalled with the claim in it and let it through after the caller gave
+// up.
+type answerLost struct{ store.Store }
+
+func (s answerLost) Claim(ctx context.Context, p store.ClaimParams) (store.Claim, error) {
+	if _, err := s.Store.Claim(ctx, p); err != nil {
+		return store.Claim{}, err
+	}
+	return store.Claim{}, fmt.Errorf("claiming event: %w", store.ErrConnectionLost)
+}
+
+// A claim whose answer was lost but which committed is given back by its
+// token: the event is released, not left processing under a token nobody
+// holds, and the next claim takes it without an ambiguous ending.
+func TestClaimWithLostAnswerGivenBack(t *testing.T) {
+	t.Parallel()
+	s, err := sqlite.New(t.Context(), sqlite.Options{Path: filepath.Join(t.TempDir(), "events.db")})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	k := claim.New(claim.Options{Store: answerLost{s}, Lease: time.Minute})
+
+	_, err = k.Claim(t.Context(), "s", "evt_1", "")
+	require.ErrorIs(t, err, store.ErrConnectionLost)
+	require.Eventually(t, func() bool {
+		e, err := s.Get(context.Background(), "s", "evt_1")
+		return err == nil && e.State == store.StateReleased
+	}, 5*time.Second, 20*time.Millisecond, "the committed claim is given back")
+
+	c, err := s.Claim(t.Context(), store.ClaimParams{Scope: "s", EventID: "evt_1", Lease: time.Minute})
+	require.NoError(t, err)
+	require.Equal(t, store.Claimed, c.Outcome)
+	require.Zero(t, c.Ambiguous, "no forward ended with no known outcome")
 }
