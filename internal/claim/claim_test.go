@@ -247,16 +247,19 @@ func TestSweeperOnce(t *testing.T) {
 	require.Equal(t, store.StateCompleted, b.state(t, "kept", "c"))
 }
 
-// answerLost commits each claim and loses its answer, as a connection that
-// stalled with the claim in it and let it through after the caller gave
-// up.
-type answerLost struct{ store.Store }
+// answerLost commits each claim and then fails it with err, as a
+// connection that stalled with the claim in it and let it through after the
+// caller gave up (the store timeout passed, or the provider hung up).
+type answerLost struct {
+	store.Store
+	err error
+}
 
 func (s answerLost) Claim(ctx context.Context, p store.ClaimParams) (store.Claim, error) {
 	if _, err := s.Store.Claim(ctx, p); err != nil {
 		return store.Claim{}, err
 	}
-	return store.Claim{}, fmt.Errorf("claiming event: %w", store.ErrConnectionLost)
+	return store.Claim{}, fmt.Errorf("claiming event: %w", s.err)
 }
 
 // A claim whose answer was lost but which committed is given back by its
@@ -264,20 +267,25 @@ func (s answerLost) Claim(ctx context.Context, p store.ClaimParams) (store.Claim
 // holds, and the next claim takes it without an ambiguous ending.
 func TestClaimWithLostAnswerGivenBack(t *testing.T) {
 	t.Parallel()
-	s, err := sqlite.New(t.Context(), sqlite.Options{Path: filepath.Join(t.TempDir(), "events.db")})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = s.Close() })
-	k := claim.New(claim.Options{Store: answerLost{s}, Lease: time.Minute})
+	for _, lost := range []error{store.ErrConnectionLost, context.DeadlineExceeded, context.Canceled} {
+		t.Run(lost.Error(), func(t *testing.T) {
+			t.Parallel()
+			s, err := sqlite.New(t.Context(), sqlite.Options{Path: filepath.Join(t.TempDir(), "events.db")})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = s.Close() })
+			k := claim.New(claim.Options{Store: answerLost{s, lost}, Lease: time.Minute})
 
-	_, err = k.Claim(t.Context(), "s", "evt_1", "")
-	require.ErrorIs(t, err, store.ErrConnectionLost)
-	require.Eventually(t, func() bool {
-		e, err := s.Get(context.Background(), "s", "evt_1")
-		return err == nil && e.State == store.StateReleased
-	}, 5*time.Second, 20*time.Millisecond, "the committed claim is given back")
+			_, err = k.Claim(t.Context(), "s", "evt_1", "")
+			require.ErrorIs(t, err, lost)
+			require.Eventually(t, func() bool {
+				e, err := s.Get(context.Background(), "s", "evt_1")
+				return err == nil && e.State == store.StateReleased
+			}, 5*time.Second, 20*time.Millisecond, "the committed claim is given back")
 
-	c, err := s.Claim(t.Context(), store.ClaimParams{Scope: "s", EventID: "evt_1", Lease: time.Minute})
-	require.NoError(t, err)
-	require.Equal(t, store.Claimed, c.Outcome)
-	require.Zero(t, c.Ambiguous, "no forward ended with no known outcome")
+			c, err := s.Claim(t.Context(), store.ClaimParams{Scope: "s", EventID: "evt_1", Lease: time.Minute})
+			require.NoError(t, err)
+			require.Equal(t, store.Claimed, c.Outcome)
+			require.Zero(t, c.Ambiguous, "no forward ended with no known outcome")
+		})
+	}
 }

@@ -27,9 +27,12 @@ import (
 const maxGivingBack = 256
 
 // unknownOutcome reports whether a claim's error leaves open that it
-// committed: its statement may have been sent and not answered.
+// committed: its statement may have been sent and not answered (the
+// connection lost, the store timeout passed, or the provider hung up: the
+// cases store.Rules gives a claim back for once, in line).
 func unknownOutcome(err error) bool {
-	return errors.Is(err, store.ErrConnectionLost) || errors.Is(err, context.DeadlineExceeded)
+	return errors.Is(err, store.ErrConnectionLost) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, context.Canceled)
 }
 
 // giveBack releases the claim of key under token if it is, or becomes, a
