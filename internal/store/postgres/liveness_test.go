@@ -66,7 +66,7 @@ func TestClaimRetryFindsItsOwnToken(t *testing.T) {
 			t.Parallel()
 			link, dsn := via(t, testDSN(t))
 			var r retries
-			s := newStore(t, postgres.Options{DSN: dsn, StatementTimeout: 500 * time.Millisecond,
+			s := newStore(t, postgres.Options{DSN: dsn, StatementTimeout: time.Second,
 				Retried: r.observe, Batch: store.BatchOptions{Disabled: !batched}})
 			ctx := t.Context()
 			p := store.ClaimParams{Scope: "s", EventID: "warm", Lease: time.Minute}
