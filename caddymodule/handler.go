@@ -86,8 +86,13 @@ type Handler struct {
 	Storage *Storage `json:"storage,omitempty"`
 
 	// Lease is how long a claim stays live without a heartbeat; the gateway
-	// renews it while the forward runs, so it expires only when the gateway
-	// holding it died. Default: 30s.
+	// renews it every third of it while the forward runs (every thirtieth
+	// after a failed renewal), so it expires only when the gateway holding
+	// it died or could not reach the store for two thirds of the lease (an
+	// outage that began just before a renewal was due): another delivery
+	// may then forward the event again while the first forward still runs.
+	// Keep two thirds of it longer than your longest store outage or
+	// failover. Default: 30s.
 	Lease caddy.Duration `json:"lease,omitempty"`
 
 	// Retention is how long event rows are kept. Must be at least 72h, the

@@ -15,10 +15,21 @@ import (
 // minInterval bounds how often a very short lease is renewed.
 const minInterval = 10 * time.Millisecond
 
+// retryDivisor: after a failed renewal the next one is tried a tenth of the
+// renewal interval (a thirtieth of the lease: 1 s of the default 30 s)
+// after it began, not a whole interval: waiting the interval, a lease whose
+// store was away across two renewals' times expired although it came back
+// a third of the lease before.
+const retryDivisor = 10
+
 // Renewal describes one lease to keep alive.
 type Renewal struct {
 	// Lease is the lease's length. It is renewed every third of it (at
-	// least every 10 ms), and each renewal may take a third of it.
+	// least every 10 ms), and each renewal may take a third of it; after a
+	// failed renewal, again every thirtieth of it (retryDivisor), so a
+	// store that comes back in time keeps the lease: an outage that began
+	// just before a renewal was due may last up to two thirds of the
+	// lease, not one third.
 	Lease time.Duration
 	// Renew extends the lease by Lease, within ctx.
 	Renew func(ctx context.Context) error
@@ -55,6 +66,7 @@ type Held struct {
 	ctx      context.Context //nolint:containedctx // the work's: it bounds every renewal
 	r        Renewal
 	interval time.Duration
+	retry    time.Duration // the wait after a failed renewal
 	t        *time.Timer
 
 	mu       sync.Mutex
@@ -72,7 +84,8 @@ func Start(ctx context.Context, r Renewal) *Held {
 	if r.Logger == nil {
 		r.Logger = zap.NewNop()
 	}
-	h := &Held{ctx: ctx, r: r, interval: max(r.Lease/3, minInterval), lost: make(chan struct{})}
+	interval := max(r.Lease/3, minInterval)
+	h := &Held{ctx: ctx, r: r, interval: interval, retry: max(interval/retryDivisor, minInterval), lost: make(chan struct{})}
 	h.mu.Lock()
 	h.t = time.AfterFunc(h.interval, h.renew)
 	h.mu.Unlock()
@@ -95,13 +108,14 @@ func (h *Held) renew() {
 	rctx, cancel := context.WithTimeout(h.ctx, h.interval)
 	err := h.r.Renew(rctx)
 	cancel()
-	lost := false
+	lost, next := false, h.interval
 	switch {
 	case err == nil:
 	case h.r.Lost != nil && errors.Is(err, h.r.Lost):
 		lost = true
 	case h.ctx.Err() == nil:
 		h.r.Logger.Warn("renewing "+h.r.Name+" failed", append(h.r.Fields[:len(h.r.Fields):len(h.r.Fields)], zap.Error(err))...)
+		next = h.retry
 	}
 
 	h.mu.Lock()
@@ -114,7 +128,7 @@ func (h *Held) renew() {
 		return
 	}
 	if !h.stopped {
-		h.t.Reset(max(h.interval-time.Since(began), 0))
+		h.t.Reset(max(next-time.Since(began), 0))
 	}
 }
 

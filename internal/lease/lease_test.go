@@ -86,3 +86,37 @@ func TestKeepEndsWithContext(t *testing.T) {
 }
 
 func wrap(err error) error { return errors.Join(errors.New("renewing"), err) }
+
+// After a failed renewal the next one is tried a tenth of the interval
+// later, not a whole interval: a store back in time keeps the lease. With
+// a 3 s lease (renewals 1 s apart) the retry after a failure comes ~100 ms
+// later; a whole interval would be 1 s.
+func TestFailedRenewalRetriedSooner(t *testing.T) {
+	t.Parallel()
+	var (
+		calls  atomic.Int32
+		second = make(chan time.Duration, 1)
+		first  time.Time
+	)
+	h := lease.Start(t.Context(), lease.Renewal{
+		Lease: 3 * time.Second,
+		Renew: func(context.Context) error {
+			switch calls.Add(1) {
+			case 1:
+				first = time.Now()
+				return errors.New("store down")
+			case 2:
+				second <- time.Since(first)
+			}
+			return nil
+		},
+		Name: "test lease",
+	})
+	defer func() { _ = h.Stop() }()
+	select {
+	case d := <-second:
+		require.Less(t, d, 600*time.Millisecond, "retried %s after the failure", d)
+	case <-time.After(5 * time.Second):
+		t.Fatal("no renewal after the failed one")
+	}
+}
