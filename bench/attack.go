@@ -42,6 +42,15 @@ type CPUShare struct {
 	// time per delivery (ms), as GatewayMs.
 	UpstreamMs float64 `json:"upstream_cpu_ms_per_delivery"`
 	PostgresMs float64 `json:"postgres_cpu_ms_per_delivery"`
+	// PostgresBackendsMs and PostgresBackgroundMs split PostgresMs into
+	// the run's own client backends (the statements themselves) and the
+	// server's background processes (WAL writer, checkpointer, autovacuum,
+	// ...: work every commit causes, done later or by others);
+	// PostgresByTypeMs splits it by pg_stat_activity.backend_type. ms per
+	// delivery.
+	PostgresBackendsMs   float64            `json:"postgres_backends_cpu_ms_per_delivery"`
+	PostgresBackgroundMs float64            `json:"postgres_background_cpu_ms_per_delivery"`
+	PostgresByTypeMs     map[string]float64 `json:"postgres_cpu_ms_per_delivery_by_type,omitempty"`
 	// WAL flushes (fsync) and WAL bytes per delivery, server-wide
 	// (pg_stat_wal: other sessions' commits count too).
 	WALSyncsPerOp float64 `json:"wal_syncs_per_delivery"`
@@ -56,7 +65,7 @@ var walCounters func() (syncs, bytes float64)
 type cpuMeter struct {
 	pids        []int // gateway, upstream (0 = none)
 	ticks       []int64
-	pg          map[int]int64
+	pg          map[int]pgSample
 	self        int64
 	busy, total int64
 	start       time.Time
@@ -96,8 +105,14 @@ func (m *cpuMeter) stop(ok int) CPUShare {
 	var s CPUShare
 	s.Gateway = cores(ticksOf(m.pids[0]) - m.ticks[0])
 	s.Upstream = cores(ticksOf(m.pids[1]) - m.ticks[1])
+	var pg map[string]int64
 	if pgPIDs != nil {
-		s.Postgres = cores(pgDelta(m.pg, postgresTicks(pgPIDs())))
+		pg = pgDelta(m.pg, postgresTicks(pgPIDs()))
+		var all int64
+		for _, t := range pg {
+			all += t
+		}
+		s.Postgres = cores(all)
 	}
 	s.LoadGen = cores(cpuTicks(os.Getpid()) - m.self)
 	busy, total := systemCPU()
@@ -108,6 +123,18 @@ func (m *cpuMeter) stop(ok int) CPUShare {
 		s.GatewayMs = float64(ticksOf(m.pids[0])-m.ticks[0]) / clockTicks * 1000 / float64(ok)
 		s.UpstreamMs = s.Upstream * secs * 1000 / float64(ok)
 		s.PostgresMs = s.Postgres * secs * 1000 / float64(ok)
+		if len(pg) > 0 {
+			s.PostgresByTypeMs = map[string]float64{}
+		}
+		for kind, t := range pg {
+			ms := float64(max(t, 0)) / clockTicks * 1000 / float64(ok)
+			s.PostgresByTypeMs[kind] = ms
+			if kind == clientBackend {
+				s.PostgresBackendsMs += ms
+			} else {
+				s.PostgresBackgroundMs += ms
+			}
+		}
 		if walCounters != nil {
 			syncs, wal := walCounters()
 			s.WALSyncsPerOp, s.WALBytesPerOp = (syncs-m.syncs)/float64(ok), (wal-m.wal)/float64(ok)

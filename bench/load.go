@@ -447,6 +447,14 @@ func meanCPU(s []CPUShare, oks []int) CPUShare {
 		m.GatewayMs += x.GatewayMs * float64(oks[i])
 		m.UpstreamMs += x.UpstreamMs * float64(oks[i])
 		m.PostgresMs += x.PostgresMs * float64(oks[i])
+		m.PostgresBackendsMs += x.PostgresBackendsMs * float64(oks[i])
+		m.PostgresBackgroundMs += x.PostgresBackgroundMs * float64(oks[i])
+		for kind, ms := range x.PostgresByTypeMs {
+			if m.PostgresByTypeMs == nil {
+				m.PostgresByTypeMs = map[string]float64{}
+			}
+			m.PostgresByTypeMs[kind] += ms * float64(oks[i])
+		}
 		m.WALSyncsPerOp += x.WALSyncsPerOp * float64(oks[i])
 		m.WALBytesPerOp += x.WALBytesPerOp * float64(oks[i])
 		w += float64(oks[i])
@@ -459,6 +467,11 @@ func meanCPU(s []CPUShare, oks []int) CPUShare {
 		m.GatewayMs /= w
 		m.UpstreamMs /= w
 		m.PostgresMs /= w
+		m.PostgresBackendsMs /= w
+		m.PostgresBackgroundMs /= w
+		for kind := range m.PostgresByTypeMs {
+			m.PostgresByTypeMs[kind] /= w
+		}
 		m.WALSyncsPerOp /= w
 		m.WALBytesPerOp /= w
 	}
@@ -629,6 +642,8 @@ func ratios(m map[string]Result) (map[string]float64, map[string]string) {
 		}
 		pgk, gwk := "new/postgres"+sfx+" postgres CPU µs", "new/postgres"+sfx+" gateway CPU µs − proxy's"
 		r[pgk] = np.CPU.PostgresMs * 1000
+		r[pgk+": backends"] = np.CPU.PostgresBackendsMs * 1000
+		r[pgk+": background"] = np.CPU.PostgresBackgroundMs * 1000
 		r[gwk] = (np.CPU.GatewayMs - px.CPU.GatewayMs) * 1000
 		if sfx == "" {
 			targets[pgk] = limit(r[pgk], 40)
@@ -638,15 +653,18 @@ func ratios(m map[string]Result) (map[string]float64, map[string]string) {
 	return r, targets
 }
 
+// tableOrder is the order of the scenarios in the printed tables.
+var tableOrder = []string{"respond", "proxy", "store-limit", "new/postgres", "new/postgres" + before,
+	"new/postgres+upstream", "new/sqlite",
+	"new/sqlite" + before, "dup/cached", "dup/cached" + before, "dup/store", "dup/store" + before, "async/ack", "async/ack" + before}
+
 func printTable(rep *LoadReport) {
 	fmt.Printf("\n%d workers; per scenario %s warm-up, then %s measured in %d slices of %s, interleaved within its group; loadavg before %s, after %s\n\n",
 		rep.Settings["workers"], rep.Settings["warmup"], rep.Settings["duration"], rep.Settings["rounds"], rep.Settings["slice"],
 		rep.Machine.LoadBefore, rep.Machine.LoadAfter)
-	fmt.Println("| scenario | req/s | p50 ms | p99 ms | errors | CPU µs/req: gateway / upstream / postgres | CPU cores: gateway / upstream / postgres / load gen | machine busy | WAL flushes/req | WAL bytes/req |")
-	fmt.Println("| --- | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: |")
-	for _, sc := range []string{"respond", "proxy", "store-limit", "new/postgres", "new/postgres" + before,
-		"new/postgres+upstream", "new/sqlite",
-		"new/sqlite" + before, "dup/cached", "dup/cached" + before, "dup/store", "dup/store" + before, "async/ack", "async/ack" + before} {
+	fmt.Println("| scenario | req/s | p50 ms | p99 ms | errors | CPU µs/req: gateway / upstream / postgres | postgres CPU µs/req: backends / background | CPU cores: gateway / upstream / postgres / load gen | machine busy | WAL flushes/req | WAL bytes/req |")
+	fmt.Println("| --- | ---: | ---: | ---: | ---: | --- | --- | --- | ---: | ---: | ---: |")
+	for _, sc := range tableOrder {
 		r, ok := rep.Summary[sc]
 		if !ok {
 			continue
@@ -655,10 +673,12 @@ func printTable(rep *LoadReport) {
 		if sc == "store-limit" {
 			gwus = "–"
 		}
-		fmt.Printf("| %s | %.0f | %.2f | %.2f | %d | %s / %.0f / %.0f | %.2f / %.2f / %.2f / %.2f | %.0f%% | %.2f | %.0f |\n",
+		fmt.Printf("| %s | %.0f | %.2f | %.2f | %d | %s / %.0f / %.0f | %.0f / %.0f | %.2f / %.2f / %.2f / %.2f | %.0f%% | %.2f | %.0f |\n",
 			sc, r.RPS, r.P50ms, r.P99ms, r.Errors, gwus, r.CPU.UpstreamMs*1000, r.CPU.PostgresMs*1000,
+			r.CPU.PostgresBackendsMs*1000, r.CPU.PostgresBackgroundMs*1000,
 			r.CPU.Gateway, r.CPU.Upstream, r.CPU.Postgres, r.CPU.LoadGen, r.CPU.Machine*100, r.CPU.WALSyncsPerOp, r.CPU.WALBytesPerOp)
 	}
+	printPostgresTypes(rep)
 	fmt.Println()
 	for _, k := range []string{"dup/cached ÷ respond", "dup/cached" + before + " ÷ respond", "dup/store ÷ respond", "dup/store" + before + " ÷ respond",
 		"new/postgres ÷ proxy", "new/postgres" + before + " ÷ proxy", "new/sqlite ÷ proxy", "new/sqlite" + before + " ÷ proxy",
@@ -667,6 +687,8 @@ func printTable(rep *LoadReport) {
 		"new/postgres+upstream ÷ new/postgres",
 		"async/ack ÷ async/ack" + before,
 		"new/postgres postgres CPU µs", "new/postgres" + before + " postgres CPU µs",
+		"new/postgres postgres CPU µs: backends", "new/postgres" + before + " postgres CPU µs: backends",
+		"new/postgres postgres CPU µs: background", "new/postgres" + before + " postgres CPU µs: background",
 		"new/postgres gateway CPU µs − proxy's", "new/postgres" + before + " gateway CPU µs − proxy's"} {
 		if v, ok := rep.Ratios[k]; ok {
 			line := fmt.Sprintf("%-40s %.3f", k, v)
@@ -681,6 +703,39 @@ func printTable(rep *LoadReport) {
 	}
 }
 
+// printPostgresTypes prints PostgreSQL's CPU per delivery by backend_type,
+// the run's client backends first, for the scenarios that used it.
+func printPostgresTypes(rep *LoadReport) {
+	seen := map[string]bool{}
+	var kinds []string
+	for _, r := range rep.Summary {
+		for k := range r.CPU.PostgresByTypeMs {
+			if !seen[k] && k != clientBackend {
+				seen[k] = true
+				kinds = append(kinds, k)
+			}
+		}
+	}
+	if len(kinds) == 0 {
+		return
+	}
+	slices.Sort(kinds)
+	kinds = append([]string{clientBackend}, kinds...)
+	fmt.Printf("\n| scenario | postgres CPU µs/req | %s |\n", strings.Join(kinds, " | "))
+	fmt.Printf("| --- | ---:%s |\n", strings.Repeat(" | ---:", len(kinds)))
+	for _, sc := range tableOrder {
+		r, ok := rep.Summary[sc]
+		if !ok || r.CPU.PostgresMs == 0 {
+			continue
+		}
+		cells := make([]string, len(kinds))
+		for i, k := range kinds {
+			cells[i] = fmt.Sprintf("%.1f", r.CPU.PostgresByTypeMs[k]*1000)
+		}
+		fmt.Printf("| %s | %.0f | %s |\n", sc, r.CPU.PostgresMs*1000, strings.Join(cells, " | "))
+	}
+}
+
 // trackPostgres points the CPU meter at the server processes that work for
 // this run (see pgPIDs).
 func trackPostgres(st *postgres.Store) {
@@ -690,21 +745,24 @@ func trackPostgres(st *postgres.Store) {
 		_ = st.Pool().QueryRow(ctx, `SELECT wal_sync::float8, wal_bytes::float8 FROM pg_stat_wal`).Scan(&syncs, &bytes)
 		return syncs, bytes
 	}
-	pgPIDs = func() []int {
+	pgPIDs = func() map[int]string {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		rows, err := st.Pool().Query(ctx, `SELECT pid FROM pg_stat_activity
+		rows, err := st.Pool().Query(ctx, `SELECT pid, coalesce(backend_type, '') FROM pg_stat_activity
 			WHERE application_name = $1 OR backend_type <> 'client backend'`, appName)
 		if err != nil {
 			return nil
 		}
-		pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
-		if err != nil {
+		out := map[int]string{}
+		var (
+			pid  int32
+			kind string
+		)
+		if _, err := pgx.ForEachRow(rows, []any{&pid, &kind}, func() error {
+			out[int(pid)] = kind
 			return nil
-		}
-		out := make([]int, len(pids))
-		for i, p := range pids {
-			out[i] = int(p)
+		}); err != nil {
+			return nil
 		}
 		return out
 	}

@@ -308,32 +308,45 @@ func cpuTicks(pid int) int64 {
 }
 
 // pgPIDs lists the PostgreSQL server processes whose CPU counts as this
-// benchmark's: the backends of its own sessions (application_name, set in
-// the DSN by main, so the gateways' too) and the server's background
-// processes (WAL writer, checkpointer, ...), which work for every commit.
-// Other developers' sessions on the same server are left out. Nil when the
-// server cannot be asked.
-var pgPIDs func() []int
+// benchmark's, each with its pg_stat_activity.backend_type: the backends of
+// its own sessions ("client backend"; application_name, set in the DSN by
+// main, so the gateways' too) and the server's background processes
+// ("walwriter", "checkpointer", "autovacuum worker", ...), which work for
+// every commit. Other developers' sessions on the same server are left
+// out. Nil when the server cannot be asked.
+var pgPIDs func() map[int]string
 
-// postgresTicks sums the CPU time of each listed postgres process.
-func postgresTicks(pids []int) map[int]int64 {
-	m := make(map[int]int64, len(pids))
-	for _, pid := range pids {
-		m[pid] = cpuTicks(pid)
+// clientBackend is the backend_type of a session's backend; every other
+// type is one of the server's background processes.
+const clientBackend = "client backend"
+
+// pgSample is one postgres process's backend_type and CPU time in ticks.
+type pgSample struct {
+	kind  string
+	ticks int64
+}
+
+// postgresTicks samples the CPU time of each listed postgres process.
+func postgresTicks(pids map[int]string) map[int]pgSample {
+	m := make(map[int]pgSample, len(pids))
+	for pid, kind := range pids {
+		m[pid] = pgSample{kind: kind, ticks: cpuTicks(pid)}
 	}
 	return m
 }
 
-// pgDelta is the CPU the processes spent between two samples: for one seen
-// in both, the difference; for one that appeared in between, all of it;
-// one that exited in between is lost (its last ticks are unknown).
-func pgDelta(before, after map[int]int64) int64 {
-	var d int64
-	for pid, t := range after {
+// pgDelta is the CPU the processes spent between two samples, in ticks by
+// backend_type: for one seen in both, the difference; for one that
+// appeared in between, all of it; one that exited in between is lost (its
+// last ticks are unknown), and so is one that came and went within the
+// window (a short autovacuum worker).
+func pgDelta(before, after map[int]pgSample) map[string]int64 {
+	d := map[string]int64{}
+	for pid, a := range after {
 		if b, ok := before[pid]; ok {
-			d += max(t-b, 0)
+			d[a.kind] += max(a.ticks-b.ticks, 0)
 		} else {
-			d += t
+			d[a.kind] += a.ticks
 		}
 	}
 	return d
