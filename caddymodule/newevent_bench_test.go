@@ -6,15 +6,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 )
 
 // BenchmarkServeHTTPNewEvent is a new event's whole path in the handler:
@@ -39,23 +36,11 @@ func BenchmarkServeHTTPNewEvent(b *testing.B) {
 func benchNewEvent(b *testing.B, st *Storage) {
 	const secret = "whsec_bench"
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	defer cancel()
+	b.Cleanup(cancel) // after the handler's Cleanup (b.Cleanup runs last-in first-out)
 	h := &Handler{Provider: "stripe", Secrets: []string{secret}, Storage: st}
-	if err := h.Provision(ctx); err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = h.Cleanup() }()
-	if err := h.Validate(); err != nil {
-		b.Fatal(err)
-	}
-	h.logger = zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()),
-		zapcore.AddSync(io.Discard), zapcore.InfoLevel))
-
-	tmpl, err := os.ReadFile("../examples/payloads/stripe_payment_intent_succeeded.json")
-	if err != nil {
-		b.Fatal(err)
-	}
-	const id = "evt_3SigVecPI00000000000001"
+	provisionBench(b, ctx, h)
+	tmpl := benchPayload(b)
+	const id = benchEventID
 	at := bytes.Index(tmpl, []byte(`"`+id+`"`)) + 1
 	if at == 0 {
 		b.Fatal("the payload's event ID was not found")
