@@ -325,14 +325,14 @@ func (h *Handler) read(w http.ResponseWriter, d *delivery) (answerID, string) {
 		return ansTooLarge, "body exceeds max_body"
 	}
 	if !d.reserve(r.ContentLength) { // -1 (unknown): reserved as it arrives
-		return h.refuseBudget(d), ""
+		return h.refuseBudget(w, d), ""
 	}
 	n, err := h.readWithDeadline(w, d, enc != "gzip" && h.stream != nil)
 	switch {
 	case isTimeout(err):
 		return ansReadTimeout, "body not received within read_timeout"
 	case errors.Is(err, errBodyBudget):
-		return h.refuseBudget(d), ""
+		return h.refuseBudget(w, d), ""
 	case errors.Is(err, errSpillDisk):
 		h.logger.Warn("writing the body to a temporary file failed; answered 503, nothing forwarded",
 			zap.String("scope", h.Scope), zap.Error(err))
@@ -370,7 +370,7 @@ func (h *Handler) read(w http.ResponseWriter, d *delivery) (answerID, string) {
 	}
 	switch {
 	case errors.Is(err, errBodyBudget):
-		return h.refuseBudget(d), ""
+		return h.refuseBudget(w, d), ""
 	case errors.Is(err, errSpillDisk):
 		h.logger.Warn("writing the decoded body to a temporary file failed; answered 503, nothing forwarded",
 			zap.String("scope", h.Scope), zap.Error(err))
