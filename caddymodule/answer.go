@@ -58,6 +58,7 @@ const (
 	ansSpoolFull                             // the store failed and the spool is full: nothing kept
 	ansSpoolError                            // the store failed and writing the spool failed: nothing kept
 	ansBodyUnkept                            // a body past spillAbove could not be kept in its temporary file
+	ansBodyBudget                            // the route's body_budget is spent: the body not read on
 )
 
 // statusRefuse in a row's status means the route's refuse_status.
@@ -161,6 +162,11 @@ var answers = [...]answerRow{
 		reason: "event store unavailable", retry: unavailableRetryAfter},
 	ansBodyUnkept: {outcome: outcomeBodyUnkept, status: http.StatusServiceUnavailable,
 		reason: "body could not be kept", retry: unavailableRetryAfter},
+	// Retry-After 1 s: a budget frees as soon as the bodies held are
+	// answered (read_timeout bounds a body that trickles).
+	ansBodyBudget: {outcome: outcomeBodyBudget, status: http.StatusServiceUnavailable,
+		reason: "body budget spent; retry later", retry: time.Second,
+		title: "Too many request bodies in progress", detail: "The request was not read; retry later."},
 }
 
 // textPlain is the Content-Type of a provider's literal answer.
@@ -215,21 +221,6 @@ func (h *Handler) answer(w http.ResponseWriter, d *delivery, a answerID, s say) 
 		}{reason})
 		writeBody(w, status, "application/json", append(b, '\n'), retry)
 	}
-}
-
-// answerFor is the answer of a body readBody refused with status.
-func answerFor(status int) answerID {
-	switch status {
-	case http.StatusRequestEntityTooLarge:
-		return ansTooLarge
-	case http.StatusUnsupportedMediaType:
-		return ansUnsupported
-	case http.StatusRequestTimeout:
-		return ansReadTimeout
-	case http.StatusServiceUnavailable:
-		return ansBodyUnkept
-	}
-	return ansBadRequest
 }
 
 // problem is an RFC 9457 problem answer of provider idempotency_key, as the

@@ -41,6 +41,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		lease     <duration>             # default 30s
 //		retention <duration>             # default 30d
 //		max_body  <size>                 # default: the provider's documented maximum over 5MB (github 25MiB), else 5MB
+//		body_budget <size>               # body bytes the route holds at once (memory and temporary files); at least max_body; default 1GiB
 //		cache     <entries>              # completed IDs held in memory; 0 = off
 //		forward_timeout <duration>       # upper bound of one forward; default 5m
 //		read_timeout <duration>          # to receive the whole body; default 10s
@@ -247,16 +248,20 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, seen map[string]
 		if !d.AllArgs(&h.Storage.Table) {
 			return d.ArgErr()
 		}
-	case "max_body":
+	case "max_body", "body_budget":
 		var s string
 		if !d.AllArgs(&s) {
 			return d.ArgErr()
 		}
 		n, err := humanize.ParseBytes(s)
 		if err != nil || n == 0 || n > 1<<40 {
-			return d.Errf("max_body: invalid size %q", s)
+			return d.Errf("%s: invalid size %q (e.g. 25MiB, 512MiB, 1GiB)", name, s)
 		}
-		h.MaxBody = int64(n)
+		if name == "max_body" {
+			h.MaxBody = int64(n)
+		} else {
+			h.BodyBudget = int64(n)
+		}
 	case "cache":
 		var s string
 		if !d.AllArgs(&s) {

@@ -60,6 +60,9 @@ func (h *Handler) applyDefaults() {
 		// that does not retry never sends it again.
 		h.MaxBody = max(defaultMaxBody, h.preset.Delivery.MaxBody.Limit())
 	}
+	if h.BodyBudget == 0 {
+		h.BodyBudget = max(defaultBodyBudget, h.MaxBody)
+	}
 	if h.ForwardTimeout == 0 {
 		h.ForwardTimeout = caddy.Duration(defaultForwardTimeout)
 	}
@@ -163,6 +166,9 @@ func (h *Handler) checkCommon() error {
 	}
 	if h.MaxBody < 0 {
 		return errors.New("max_body: must be positive")
+	}
+	if err := h.checkBodyBudget(); err != nil {
+		return err
 	}
 	if h.Cache != nil && *h.Cache < 0 {
 		return errors.New("cache: must be 0 or more")

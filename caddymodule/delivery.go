@@ -33,6 +33,11 @@ type delivery struct {
 	// can decode to max_body: in memory, each such request would cost
 	// max_body before its signature is checked.
 	decoded *spillFile
+	// reserved is what the delivery holds of the route's body_budget
+	// (budget.go), returned by done; bodyMeter reserves it chunk by chunk
+	// for a body of unknown length and a gzip body's decoded bytes.
+	reserved  int64
+	bodyMeter bodyMeter
 	// items are the items of a batch forwarded one by one (split).
 	items []signature.BatchItem
 	split bool
@@ -75,8 +80,10 @@ func takeDelivery(h *Handler, r *http.Request) *delivery {
 	return d
 }
 
-// done logs the delivery, returns its body buffer (unless forwarded) and
-// puts it back in the pool.
+// done logs the delivery, removes its temporary files, returns its body
+// buffer (unless forwarded) and its share of the body budget, and puts it
+// back in the pool. ServeHTTP defers it, so it runs however the request
+// ends: answered, refused, timed out or panicking.
 func (d *delivery) done() {
 	d.log()
 	if d.spill != nil {
@@ -86,6 +93,9 @@ func (d *delivery) done() {
 		d.decoded.remove()
 	}
 	d.buf.release()
+	if d.reserved > 0 {
+		d.h.budget.give(d.reserved)
+	}
 	*d = delivery{}
 	deliveryPool.Put(d)
 }

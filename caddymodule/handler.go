@@ -129,6 +129,25 @@ type Handler struct {
 	// the body, and a gzip body's decoded bytes, in memory.
 	MaxBody int64 `json:"max_body,omitempty"`
 
+	// BodyBudget bounds the request body bytes the route holds at once,
+	// in bytes: in memory and in temporary files together, the decoded
+	// bytes of a gzip body included (so a gzip delivery holds both its
+	// compressed and its decoded bytes), from before a body is read until
+	// its request ends (after its answer; a forwarded body is held while
+	// the upstream runs). Bodies are read before their signature can be
+	// checked: without a bound, every connection anyone opens could hold
+	// max_body. A delivery announcing its length reserves it before a byte
+	// is read; one of unknown length (chunked) reserves 64 KiB at a time as
+	// it arrives. A delivery that finds the budget spent is answered 503
+	// with Retry-After: 1 and {"error": "body budget spent; retry later"}
+	// (a problem under provider idempotency_key), its body not read any
+	// further, nothing claimed nor forwarded, a warning logged and
+	// body_budget_refused_total counted (the held bytes are the gauge
+	// body_budget_held_bytes). Must be at least max_body.
+	// Each webhook_idempotency directive has its own. Default: 1 GiB
+	// (1073741824), or max_body when that is larger.
+	BodyBudget int64 `json:"body_budget,omitempty"`
+
 	// Cache is how many completed event IDs are held in memory to answer
 	// duplicates without a store round trip; nil means 100000, 0 disables
 	// the cache. Entries live at most 1 minute, the longest another instance can
@@ -226,6 +245,8 @@ type Handler struct {
 	// ("signature"), left out of its fingerprint.
 	singleUseBlock string
 	verifier       signature.Verifier
+	// budget counts the body bytes held against BodyBudget (budget.go).
+	budget *bodyBudget
 	// stream verifies spilled bodies; nil: the route keeps its bodies in
 	// memory (spill.go).
 	stream    signature.StreamVerifier
@@ -294,6 +315,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.prepareConfig(); err != nil {
 		return err // before any store, pool or queue is opened
 	}
+	h.budget = &bodyBudget{limit: h.BodyBudget}
 	h.scopeValue = h.Scope
 	if err := h.provisionIntake(); err != nil {
 		return err

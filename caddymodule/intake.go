@@ -294,45 +294,53 @@ func (in keyIntake) take(w http.ResponseWriter, next caddyhttp.Handler, d *deliv
 // signed (the decoded body when Content-Encoding is gzip). It answers a
 // body it refuses and reports false.
 func (h *Handler) readBody(w http.ResponseWriter, d *delivery) bool {
-	status, reason := h.read(w, d)
-	if status != 0 {
-		h.answer(w, d, answerFor(status), say{reason: reason})
+	a, reason := h.read(w, d)
+	if a != 0 {
+		h.answer(w, d, a, say{reason: reason})
 		return false
 	}
 	return true
 }
 
-// read is readBody's reading: a non-zero status refuses the body with
-// that status and reason.
-func (h *Handler) read(w http.ResponseWriter, d *delivery) (status int, reason string) {
+// read is readBody's reading: a non-zero answer refuses the body, with
+// that reason where the answer's row leaves it to the call. Every byte
+// held is reserved in the route's body_budget first (budget.go): a body
+// of known length before it is read, one of unknown length and a gzip
+// body's decoded bytes as they come.
+func (h *Handler) read(w http.ResponseWriter, d *delivery) (answerID, string) {
 	r := d.r
 	encs := r.Header.Values("Content-Encoding")
 	if len(encs) > 1 {
 		// The upstream would undo every line; only one is ever verified.
-		return http.StatusUnsupportedMediaType, "unsupported Content-Encoding (sent on several lines)"
+		return ansUnsupported, "unsupported Content-Encoding (sent on several lines)"
 	}
 	enc := ""
 	if len(encs) == 1 {
 		enc = strings.ToLower(strings.TrimSpace(encs[0]))
 	}
 	if enc != "" && enc != "identity" && enc != "gzip" {
-		return http.StatusUnsupportedMediaType, "unsupported Content-Encoding (only gzip and identity)"
+		return ansUnsupported, "unsupported Content-Encoding (only gzip and identity)"
 	}
 	if r.ContentLength > h.MaxBody {
-		return http.StatusRequestEntityTooLarge, "body exceeds max_body"
+		return ansTooLarge, "body exceeds max_body"
+	}
+	if !d.reserve(r.ContentLength) { // -1 (unknown): reserved as it arrives
+		return h.refuseBudget(w, d), ""
 	}
 	n, err := h.readWithDeadline(w, d, enc != "gzip" && h.stream != nil)
 	switch {
 	case isTimeout(err):
-		return http.StatusRequestTimeout, "body not received within read_timeout"
+		return ansReadTimeout, "body not received within read_timeout"
+	case errors.Is(err, errBodyBudget):
+		return h.refuseBudget(w, d), ""
 	case errors.Is(err, errSpillDisk):
 		h.logger.Warn("writing the body to a temporary file failed; answered 503, nothing forwarded",
 			zap.String("scope", h.Scope), zap.Error(err))
-		return http.StatusServiceUnavailable, ""
+		return ansBodyUnkept, ""
 	case err != nil:
-		return http.StatusBadRequest, "reading body failed"
+		return ansBadRequest, "reading body failed"
 	case n > h.MaxBody:
-		return http.StatusRequestEntityTooLarge, "body exceeds max_body"
+		return ansTooLarge, "body exceeds max_body"
 	case d.spill != nil:
 		return 0, "" // verified from its file (spill.go)
 	}
@@ -343,8 +351,11 @@ func (h *Handler) read(w http.ResponseWriter, d *delivery) (status int, reason s
 	}
 	zr, err := gzip.NewReader(bytes.NewReader(d.raw))
 	if err != nil {
-		return http.StatusBadRequest, "gzip body is malformed"
+		return ansBadRequest, "gzip body is malformed"
 	}
+	// The decoded bytes are held too, in memory or in a file: a small
+	// compressed body can decode to max_body.
+	decoded := d.meter(zr, h.MaxBody)
 	// On a route that spills, at most spillAbove decoded bytes are held
 	// in memory; the rest goes to a file (d.decoded), as a large body
 	// that arrived uncompressed does.
@@ -353,19 +364,21 @@ func (h *Handler) read(w http.ResponseWriter, d *delivery) (status int, reason s
 		inMemory = min(inMemory, spillAbove)
 	}
 	var dec bytes.Buffer
-	m, err := dec.ReadFrom(io.LimitReader(zr, inMemory+1))
+	m, err := dec.ReadFrom(io.LimitReader(decoded, inMemory+1))
 	if m > inMemory && inMemory < h.MaxBody && err == nil {
-		d.decoded, m, err = spillBody(dec.Bytes(), zr, h.MaxBody)
+		d.decoded, m, err = spillBody(dec.Bytes(), decoded, h.MaxBody)
 	}
 	switch {
+	case errors.Is(err, errBodyBudget):
+		return h.refuseBudget(w, d), ""
 	case errors.Is(err, errSpillDisk):
 		h.logger.Warn("writing the decoded body to a temporary file failed; answered 503, nothing forwarded",
 			zap.String("scope", h.Scope), zap.Error(err))
-		return http.StatusServiceUnavailable, ""
+		return ansBodyUnkept, ""
 	case m > h.MaxBody:
-		return http.StatusRequestEntityTooLarge, "decoded body exceeds max_body"
+		return ansTooLarge, "decoded body exceeds max_body"
 	case err != nil:
-		return http.StatusBadRequest, "gzip body is malformed"
+		return ansBadRequest, "gzip body is malformed"
 	case d.decoded == nil:
 		d.signed = dec.Bytes()
 	default:
@@ -399,7 +412,10 @@ func (h *Handler) readWithDeadline(w http.ResponseWriter, d *delivery, spill boo
 // (d.spill): straight away when Content-Length announces it, else once
 // the buffer holds spillAbove bytes.
 func (h *Handler) readInto(d *delivery, spill bool) (int64, error) {
-	body := d.r.Body
+	var body io.Reader = d.r.Body
+	if d.r.ContentLength < 0 { // reserved as it arrives
+		body = d.meter(body, h.MaxBody)
+	}
 	if !spill {
 		return readAtMost(d.buf.Buffer, body, h.MaxBody)
 	}

@@ -25,6 +25,8 @@ import (
 //	caddy_webhook_idempotency_cache_misses_total{scope}
 //	caddy_webhook_idempotency_body_mismatch_total{scope}
 //	caddy_webhook_idempotency_ambiguous_reforwards_total{scope}
+//	caddy_webhook_idempotency_body_budget_held_bytes{scope}
+//	caddy_webhook_idempotency_body_budget_refused_total{scope}
 //	caddy_webhook_idempotency_store_batch_size{op}
 //	caddy_webhook_idempotency_store_retries_total{reason}
 var metrics = struct {
@@ -38,6 +40,8 @@ var metrics = struct {
 	cacheMiss    *prometheus.CounterVec
 	bodyMismatch *prometheus.CounterVec
 	reforwards   *prometheus.CounterVec
+	budgetHeld   *prometheus.GaugeVec
+	budgetRefuse *prometheus.CounterVec
 }{}
 
 // Outcomes of a delivery; each delivery is counted once, with its final one.
@@ -67,6 +71,7 @@ const (
 	outcomeSpoolFull         = "spool_full"      // store unreachable and the spool full: 503, nothing kept
 	outcomeSpoolError        = "spool_error"     // store unreachable and the spool's disk failing: 503, nothing kept
 	outcomeBodyUnkept        = "body_unkept"     // a body past 1 MiB could not be written to or read from its temporary file: 503
+	outcomeBodyBudget        = "body_budget"     // the route's body_budget was spent: 503, the body not read on
 	// outcomeProviderGone: the provider hung up while its claim waited on
 	// the store (its own timeout); no answer reaches it, a claim committed
 	// for it is released, and with a spool the delivery is kept. Not a
@@ -83,7 +88,7 @@ var allOutcomes = []string{outcomeCompleted, outcomeReleased, outcomeAmbiguous, 
 	outcomeInFlight, outcomeHeld, outcomeInvalidSignature, outcomeBadRequest, outcomeTooLarge,
 	outcomeUnsupported, outcomeStoreError, outcomeHandshake, outcomeForwardedNoID, outcomeBodyReplay,
 	outcomeQueued, outcomeReadTimeout, outcomeKeyReused, outcomeKeyUnavailable, outcomeSpooled, outcomeSpoolFull,
-	outcomeSpoolError, outcomeBodyUnkept, outcomeProviderGone, outcomeUncommitted, outcomePending}
+	outcomeSpoolError, outcomeBodyUnkept, outcomeBodyBudget, outcomeProviderGone, outcomeUncommitted, outcomePending}
 
 // storeTimes are the store_duration_seconds series, one per operation,
 // resolved once so no store call does a label lookup.
@@ -124,6 +129,10 @@ func initMetrics(reg *prometheus.Registry) error {
 			"Completed event IDs that arrived again with a different body (dedupe_body), answered as duplicates.", "scope")
 		metrics.reforwards = newCounterVec("ambiguous_reforwards_total",
 			"Events forwarded again although an earlier forward of theirs may have run the upstream (it ended with no known outcome, or its lease expired): each may have run twice.", "scope")
+		metrics.budgetHeld = newGaugeVec("body_budget_held_bytes",
+			"Request body bytes held against body_budget (memory and temporary files), by scope.", "scope")
+		metrics.budgetRefuse = newCounterVec("body_budget_refused_total",
+			"Deliveries answered 503 because their route's body_budget was spent, their body not read on.", "scope")
 		op := metrics.store.WithLabelValues
 		metrics.storeTime = storeTimes{
 			claim: op("claim"), complete: op("complete"), release: op("release"), hold: op("hold"), heartbeat: op("heartbeat"),
@@ -131,7 +140,8 @@ func initMetrics(reg *prometheus.Registry) error {
 		}
 	})
 	return register(reg, metrics.deliveries, metrics.store, metrics.upstream,
-		metrics.inFlight, metrics.cacheHits, metrics.cacheMiss, metrics.bodyMismatch, metrics.reforwards, batchSizes, storeRetries)
+		metrics.inFlight, metrics.cacheHits, metrics.cacheMiss, metrics.bodyMismatch, metrics.reforwards,
+		metrics.budgetHeld, metrics.budgetRefuse, batchSizes, storeRetries)
 }
 
 // storeRetries counts store operations run again, by reason (the
@@ -219,6 +229,8 @@ func (h *Handler) provisionMetrics(ctx caddy.Context) error {
 	h.ambiguousReforwards = metrics.reforwards.WithLabelValues(h.Scope)
 	h.claimsInFlight = metrics.inFlight.WithLabelValues(h.Scope)
 	h.upstreamTime = metrics.upstream.WithLabelValues(h.Scope, h.Provider)
+	h.budget.heldBytes = metrics.budgetHeld.WithLabelValues(h.Scope)
+	h.budget.refused = metrics.budgetRefuse.WithLabelValues(h.Scope)
 	return nil
 }
 

@@ -1,0 +1,173 @@
+package caddymodule
+
+// The body budget: a route holds at most body_budget bytes of request
+// bodies at once, in memory and in temporary files together, counted from
+// before a body is read until its request ends (delivery.done). Bodies are
+// read before their signature can be checked, so without a bound any
+// sender could make the gateway hold max_body per connection it opens
+// (disk, or RAM where the temporary directory is a tmpfs). A delivery that
+// finds the budget spent is answered 503 with Retry-After: 1, and what it
+// sent is not read any further.
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+)
+
+// defaultBodyBudget is body_budget's default (1 GiB), raised to max_body
+// when that is larger so that a config valid before body_budget existed
+// stays valid.
+const defaultBodyBudget = 1 << 30
+
+// budgetChunk is how much a body of unknown length (chunked, or HTTP/2
+// without Content-Length) reserves at a time, and so the most a delivery
+// may reserve beyond what it has read.
+const budgetChunk = 64 << 10
+
+// errBodyBudget is a body that could not be read on: the route's
+// body_budget is spent.
+var errBodyBudget = errors.New("body budget spent")
+
+// bodyBudget counts the body bytes a route holds. Reservations are one
+// compare-and-swap: no lock on the request path.
+type bodyBudget struct {
+	limit int64
+	held  atomic.Int64
+	// heldBytes and refused are the scope's body_budget_held_bytes gauge
+	// and body_budget_refused_total counter (nil before provisionMetrics).
+	heldBytes prometheus.Gauge
+	refused   prometheus.Counter
+}
+
+// take reserves n bytes, or reports false when they would pass the limit.
+func (b *bodyBudget) take(n int64) bool {
+	for {
+		cur := b.held.Load()
+		if cur+n > b.limit {
+			return false
+		}
+		if b.held.CompareAndSwap(cur, cur+n) {
+			if b.heldBytes != nil {
+				b.heldBytes.Add(float64(n))
+			}
+			return true
+		}
+	}
+}
+
+// give returns n reserved bytes.
+func (b *bodyBudget) give(n int64) {
+	b.held.Add(-n)
+	if b.heldBytes != nil {
+		b.heldBytes.Sub(float64(n))
+	}
+}
+
+// reserve reserves n more bytes for the delivery, returned by done.
+func (d *delivery) reserve(n int64) bool {
+	if n <= 0 {
+		return true
+	}
+	if !d.h.budget.take(n) {
+		return false
+	}
+	d.reserved += n
+	return true
+}
+
+// bodyMeter reads a body of unknown length (or a gzip body's decoded
+// bytes), reserving budgetChunk at a time before reading it, at most
+// limit in all: past limit it reads on unreserved (its caller stops one
+// byte past limit and refuses the body as over max_body).
+type bodyMeter struct {
+	src io.Reader
+	d   *delivery
+	// read is what src gave; room what was reserved for it.
+	read, room, limit int64
+}
+
+// meter starts metering src for the delivery, at most limit bytes
+// reserved.
+func (d *delivery) meter(src io.Reader, limit int64) io.Reader {
+	d.bodyMeter = bodyMeter{src: src, d: d, limit: limit}
+	return &d.bodyMeter // a field of the pooled delivery: no allocation
+}
+
+func (m *bodyMeter) Read(p []byte) (int, error) {
+	if m.read == m.room && m.room < m.limit {
+		grow := min(budgetChunk, m.limit-m.room)
+		if !m.d.reserve(grow) {
+			return 0, errBodyBudget
+		}
+		m.room += grow
+	}
+	if left := m.room - m.read; left > 0 && int64(len(p)) > left {
+		p = p[:left]
+	}
+	n, err := m.src.Read(p)
+	m.read += int64(n)
+	return n, err
+}
+
+// refuseBudget logs a delivery refused for the budget, counts it, and
+// returns its answer. The log line names the scope and sizes only: the
+// delivery is unauthenticated, so nothing it sent is repeated. Over
+// HTTP/1 the connection is closed after the answer: net/http would
+// otherwise read up to 256 KiB of the unread body before writing it (and
+// wait for it, from a sender that sends nothing more). HTTP/2 resets the
+// stream alone.
+func (h *Handler) refuseBudget(w http.ResponseWriter, d *delivery) answerID {
+	if h.budget.refused != nil {
+		h.budget.refused.Inc()
+	}
+	if d.r.ProtoMajor == 1 {
+		w.Header().Set("Connection", "close")
+	}
+	h.logger.Warn("body_budget spent: answered 503 with Retry-After, the body not read on, nothing claimed nor forwarded",
+		zap.String("scope", h.Scope), zap.Int64("content_length", d.r.ContentLength),
+		zap.Int64("held", h.budget.held.Load()), zap.Int64("body_budget", h.BodyBudget))
+	return ansBodyBudget
+}
+
+// checkBodyBudget checks body_budget against max_body (part of
+// checkConfig): a budget below max_body could never hold a delivery of
+// max_body, which would then be refused 503 forever.
+func (h *Handler) checkBodyBudget() error {
+	if h.BodyBudget < 0 {
+		return errors.New("body_budget: must be positive")
+	}
+	if h.BodyBudget < h.MaxBody {
+		return fmt.Errorf("body_budget: %s is less than max_body (%s), so a delivery of max_body could never be read and would be answered 503 every time; write body_budget %s or more (JSON \"body_budget\": %d), or lower max_body",
+			sizeText(h.BodyBudget), sizeText(h.MaxBody), sizeArg(h.MaxBody), h.MaxBody)
+	}
+	return nil
+}
+
+// sizeText is n in bytes, with its binary size when it is a whole number
+// of KiB: "2097152 bytes (2MiB)".
+func sizeText(n int64) string {
+	if a := sizeArg(n); a != fmt.Sprint(n) {
+		return fmt.Sprintf("%d bytes (%s)", n, a)
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
+// sizeArg is n as a Caddyfile size: whole GiB, MiB or KiB when it is one,
+// else bytes.
+func sizeArg(n int64) string {
+	for _, u := range []struct {
+		unit string
+		size int64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n >= u.size && n%u.size == 0 {
+			return fmt.Sprintf("%d%s", n/u.size, u.unit)
+		}
+	}
+	return fmt.Sprint(n)
+}
