@@ -1,8 +1,10 @@
 package caddymodule
 
-// The body budget: a route holds at most body_budget bytes of request
-// bodies at once, in memory and in temporary files together, counted from
-// before a body is read until its request ends (delivery.done). Bodies are
+// The body budget: a scope's routes hold at most body_budget bytes of
+// request bodies at once, in memory and in temporary files together,
+// counted from before a body is read until its request ends
+// (delivery.done). The count is kept across config reloads (budgets), so
+// the requests of the config being replaced and of the new one share it. Bodies are
 // read before their signature can be checked, so without a bound any
 // sender could make the gateway hold max_body per connection it opens
 // (disk, or RAM where the temporary directory is a tmpfs). A delivery that
@@ -16,13 +18,14 @@ import (
 	"net/http"
 	"sync/atomic"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 )
 
-// defaultBodyBudget is body_budget's default (1 GiB), raised to max_body
-// when that is larger so that a config valid before body_budget existed
-// stays valid.
+// defaultBodyBudget is body_budget's default (1 GiB), raised to the least
+// a route needs (minBodyBudget) when that is larger, so that a config valid
+// before body_budget existed stays valid.
 const defaultBodyBudget = 1 << 30
 
 // budgetChunk is how much a body of unknown length (chunked, or HTTP/2
@@ -34,28 +37,73 @@ const budgetChunk = 64 << 10
 // body_budget is spent.
 var errBodyBudget = errors.New("body budget spent")
 
-// bodyBudget counts the body bytes a route holds. Reservations are one
-// compare-and-swap: no lock on the request path.
+// minBodyBudget is the least body_budget a route with maxBody can work
+// with: one gzip delivery holds its compressed bytes (up to max_body) and
+// its decoded bytes (up to max_body, reserved a chunk at a time), so a
+// smaller budget would refuse such a delivery 503 on every try, even
+// alone.
+func minBodyBudget(maxBody int64) int64 { return 2*maxBody + budgetChunk }
+
+// budgets holds each scope's bodyBudget, shared by its routes and kept
+// across config reloads: while a reload runs, the replaced config's
+// requests still hold their bodies, and a budget of the new config's own
+// would let them count twice.
+var budgets = caddy.NewUsagePool()
+
+// bodyBudget counts the body bytes a scope's routes hold. Reservations
+// are one compare-and-swap: no lock on the request path.
 type bodyBudget struct {
-	limit int64
+	// limit is body_budget of the config provisioned last.
+	limit atomic.Int64
 	held  atomic.Int64
 	// heldBytes and refused are the scope's body_budget_held_bytes gauge
-	// and body_budget_refused_total counter (nil before provisionMetrics).
+	// and body_budget_refused_total counter.
 	heldBytes prometheus.Gauge
 	refused   prometheus.Counter
+}
+
+// Destruct implements caddy.Destructor: a budget holds nothing to close.
+func (*bodyBudget) Destruct() error { return nil }
+
+// provisionBudget shares the scope's budget (made on first use) and sets
+// its limit to this config's body_budget. After provisionMetrics.
+func (h *Handler) provisionBudget() error {
+	scope := h.Scope
+	v, _, err := budgets.LoadOrNew(scope, func() (caddy.Destructor, error) {
+		return &bodyBudget{heldBytes: metrics.budgetHeld.WithLabelValues(scope),
+			refused: metrics.budgetRefuse.WithLabelValues(scope)}, nil
+	})
+	if err != nil {
+		return fmt.Errorf("body_budget: %w", err)
+	}
+	b, ok := v.(*bodyBudget)
+	if !ok {
+		return errors.New("body_budget: the budget pool holds an unexpected value")
+	}
+	b.limit.Store(h.BodyBudget)
+	h.budget = b
+	return nil
+}
+
+// cleanupBudget releases this handler's use of its scope's budget; the
+// bytes its requests still hold are returned to the same budget when they
+// end.
+func (h *Handler) cleanupBudget() {
+	if h.budget == nil {
+		return
+	}
+	_, _ = budgets.Delete(h.Scope)
 }
 
 // take reserves n bytes, or reports false when they would pass the limit.
 func (b *bodyBudget) take(n int64) bool {
 	for {
 		cur := b.held.Load()
-		if cur+n > b.limit {
+		if cur+n > b.limit.Load() {
 			return false
 		}
 		if b.held.CompareAndSwap(cur, cur+n) {
-			if b.heldBytes != nil {
-				b.heldBytes.Add(float64(n))
-			}
+			b.heldBytes.Add(float64(n))
 			return true
 		}
 	}
@@ -64,9 +112,7 @@ func (b *bodyBudget) take(n int64) bool {
 // give returns n reserved bytes.
 func (b *bodyBudget) give(n int64) {
 	b.held.Add(-n)
-	if b.heldBytes != nil {
-		b.heldBytes.Sub(float64(n))
-	}
+	b.heldBytes.Sub(float64(n))
 }
 
 // reserve reserves n more bytes for the delivery, returned by done.
@@ -116,35 +162,35 @@ func (m *bodyMeter) Read(p []byte) (int, error) {
 }
 
 // refuseBudget logs a delivery refused for the budget, counts it, and
-// returns its answer. The log line names the scope and sizes only: the
+// returns its answer. The log line names the scope and sizes only (held:
+// by the other deliveries, this one's reservation left out): the
 // delivery is unauthenticated, so nothing it sent is repeated. Over
 // HTTP/1 the connection is closed after the answer: net/http would
 // otherwise read up to 256 KiB of the unread body before writing it (and
 // wait for it, from a sender that sends nothing more). HTTP/2 resets the
 // stream alone.
 func (h *Handler) refuseBudget(w http.ResponseWriter, d *delivery) answerID {
-	if h.budget.refused != nil {
-		h.budget.refused.Inc()
-	}
+	h.budget.refused.Inc()
 	if d.r.ProtoMajor == 1 {
 		w.Header().Set("Connection", "close")
 	}
 	h.logger.Warn("body_budget spent: answered 503 with Retry-After, the body not read on, nothing claimed nor forwarded",
 		zap.String("scope", h.Scope), zap.Int64("content_length", d.r.ContentLength),
-		zap.Int64("held", h.budget.held.Load()), zap.Int64("body_budget", h.BodyBudget))
+		zap.Int64("held", h.budget.held.Load()-d.reserved), zap.Int64("body_budget", h.budget.limit.Load()))
 	return ansBodyBudget
 }
 
 // checkBodyBudget checks body_budget against max_body (part of
-// checkConfig): a budget below max_body could never hold a delivery of
-// max_body, which would then be refused 503 forever.
+// checkConfig): below minBodyBudget, a gzip delivery of max_body could
+// never be read, and would be refused 503 every time.
 func (h *Handler) checkBodyBudget() error {
 	if h.BodyBudget < 0 {
 		return errors.New("body_budget: must be positive")
 	}
-	if h.BodyBudget < h.MaxBody {
-		return fmt.Errorf("body_budget: %s is less than max_body (%s), so a delivery of max_body could never be read and would be answered 503 every time; write body_budget %s or more (JSON \"body_budget\": %d), or lower max_body",
-			sizeText(h.BodyBudget), sizeText(h.MaxBody), sizeArg(h.MaxBody), h.MaxBody)
+	if need := minBodyBudget(h.MaxBody); h.BodyBudget < need {
+		write := (need + 1<<20 - 1) &^ (1<<20 - 1) // whole MiB
+		return fmt.Errorf("body_budget: %s is less than twice max_body (%s) and 64 KiB, what one gzip delivery of max_body holds (its compressed and its decoded bytes), so such a delivery would be answered 503 every time; write body_budget %s or more (JSON \"body_budget\": %d), or lower max_body",
+			sizeText(h.BodyBudget), sizeText(h.MaxBody), sizeArg(write), write)
 	}
 	return nil
 }

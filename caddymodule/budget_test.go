@@ -23,8 +23,10 @@ import (
 )
 
 // TestBodyBudgetCaddyfile: body_budget parses as a size, once; its default
-// is 1 GiB, or max_body when that is larger; below max_body the config is
-// refused with what to write instead; a negative JSON value is refused.
+// is 1 GiB, or twice max_body plus 64 KiB when that is larger; below that
+// the config is refused with what to write instead (equal to max_body, a
+// gzip delivery of max_body was refused 503 on every try); a negative JSON
+// value is refused.
 func TestBodyBudgetCaddyfile(t *testing.T) {
 	t.Parallel()
 	parse := func(t *testing.T, lines string) (*Handler, error) {
@@ -55,26 +57,31 @@ func TestBodyBudgetCaddyfile(t *testing.T) {
 	h, err = parse(t, "max_body 2GiB\n")
 	require.NoError(t, err)
 	require.NoError(t, h.prepareConfig())
-	require.Equal(t, int64(2<<30), h.BodyBudget, "a max_body over 1 GiB raises the default to it")
+	require.Equal(t, int64(4<<30+64<<10), h.BodyBudget, "a max_body over 512 MiB raises the default to twice it and 64 KiB")
 
-	h, err = parse(t, "max_body 2MiB\nbody_budget 2MiB\n")
+	h, err = parse(t, "max_body 2MiB\nbody_budget 4160KiB\n")
 	require.NoError(t, err)
-	require.NoError(t, h.prepareConfig(), "equal to max_body is enough")
+	require.NoError(t, h.prepareConfig(), "twice max_body and 64 KiB is enough")
+	for _, budget := range []string{"2MiB", "4MiB"} {
+		h, err = parse(t, "max_body 2MiB\nbody_budget "+budget+"\n")
+		require.NoError(t, err)
+		require.ErrorContains(t, h.prepareConfig(), "write body_budget 5MiB or more", budget)
+	}
 
 	h, err = parse(t, "max_body 2MiB\nbody_budget 1MiB\n")
 	require.NoError(t, err, "a rule on values, not syntax")
 	err = h.prepareConfig()
-	require.EqualError(t, err, `body_budget: 1048576 bytes (1MiB) is less than max_body (2097152 bytes (2MiB)), so a delivery of max_body could never be read and would be answered 503 every time; write body_budget 2MiB or more (JSON "body_budget": 2097152), or lower max_body`)
+	require.EqualError(t, err, `body_budget: 1048576 bytes (1MiB) is less than twice max_body (2097152 bytes (2MiB)) and 64 KiB, what one gzip delivery of max_body holds (its compressed and its decoded bytes), so such a delivery would be answered 503 every time; write body_budget 5MiB or more (JSON "body_budget": 5242880), or lower max_body`)
 
 	// github's default max_body is 25 MiB.
 	h, err = parse(t, "body_budget 20MB\n")
 	require.NoError(t, err)
-	require.ErrorContains(t, h.prepareConfig(), "write body_budget 25MiB or more")
+	require.ErrorContains(t, h.prepareConfig(), "write body_budget 51MiB or more")
 
 	h = &Handler{Provider: "stripe", Secrets: []string{"whsec_x"}, BodyBudget: -1}
 	require.EqualError(t, h.prepareConfig(), "body_budget: must be positive")
 	require.ErrorContains(t, provisionErr(t, "webhook_idempotency {\nprovider stripe\nsecret whsec_x\nmax_body 5MB\nbody_budget 4MB\n}"),
-		"body_budget: 4000000 bytes is less than max_body (5000000 bytes)")
+		"body_budget: 4000000 bytes is less than twice max_body (5000000 bytes)")
 }
 
 // heldBytes is the scope's body_budget_held_bytes.
@@ -140,7 +147,7 @@ type budgetCase struct {
 }
 
 // TestBodyBudget is the reproduction of the unbounded-body fault, scaled
-// down: a real Caddy route with max_body 2 MiB and body_budget 4 MiB gets
+// down: a real Caddy route with max_body 2 MiB and body_budget 4160 KiB gets
 // six unsigned deliveries announcing 2 MiB each, all at once. Two are read
 // (two temporary files on the route that spills) and refused for their
 // signature; the four beyond the budget are answered 503 with Retry-After:
@@ -215,7 +222,7 @@ http://localhost:9080 {
 			scope %s
 			spool off
 			max_body 2MiB
-			body_budget 4MiB
+			body_budget 4160KiB
 			read_timeout 30s
 		}
 		reverse_proxy %s
@@ -250,7 +257,7 @@ http://localhost:9080 {
 		t.Fatalf("a fifth delivery was answered before its body: %+v", a)
 	case <-time.After(300 * time.Millisecond):
 	}
-	require.Equal(t, float64(4<<20), heldBytes(t, scope), "the two read hold the whole budget")
+	require.Equal(t, float64(4<<20), heldBytes(t, scope), "the two read hold all but 64 KiB of the budget")
 	files := spilledFiles(t, tmp)
 	if c.spills {
 		require.Len(t, files, 2, "one temporary file per delivery read, none for those refused")
@@ -310,7 +317,7 @@ http://localhost:9080 {
 }
 
 // TestBodyBudgetUnknownLength: in-process, on an in-memory route (stripe,
-// max_body 2 MiB, body_budget 4 MiB). A body of unknown length (chunked)
+// max_body 2 MiB, body_budget 4160 KiB, the least max_body allows). A body of unknown length (chunked)
 // reserves 64 KiB at a time as it arrives, and is refused 503 (Retry-After:
 // 1, the connection closed) once the budget is spent, mid-body; a gzip
 // body's decoded bytes are reserved too, so a small compressed body that
@@ -320,7 +327,7 @@ http://localhost:9080 {
 func TestBodyBudgetUnknownLength(t *testing.T) {
 	t.Parallel()
 	const secret = "whsec_budget"
-	g := newGateway(t, "webhook_idempotency {\nprovider stripe\nsecret "+secret+"\nscope "+uniqueScope("budget")+"\nmax_body 2MiB\nbody_budget 4MiB\n}")
+	g := newGateway(t, "webhook_idempotency {\nprovider stripe\nsecret "+secret+"\nscope "+uniqueScope("budget")+"\nmax_body 2MiB\nbody_budget 4160KiB\n}")
 	held := func() int64 { return g.h.budget.held.Load() }
 	unsigned := func(body io.Reader, length int64, headers ...string) *http.Request {
 		req := newDelivery("http://gateway.test/webhooks/stripe", nil, append([]string{"Content-Type", "application/json",
@@ -382,16 +389,22 @@ func TestBodyBudgetUnknownLength(t *testing.T) {
 	requireRefused(t, wait(bDone), http.StatusBadRequest, "no matching signature")
 	requireHeld(2 << 20)
 
-	// D: 2 MiB that compress to a few KiB, decoded while A holds 2 MiB:
-	// the decoded bytes do not fit.
+	// D: 2 MiB that compress to a few KiB, decoded while A holds 2 MiB and
+	// E 128 KiB: the decoded bytes do not fit.
+	er, ew := io.Pipe()
+	eDone := serve(unsigned(er, 128<<10))
+	requireHeld(2<<20 + 128<<10)
 	zipped := gzipped(t, body)
 	require.Less(t, len(zipped), 64<<10)
 	requireBudgetRefusal(g.serve(unsigned(bytes.NewReader(zipped), int64(len(zipped)), "Content-Encoding", "gzip")))
-	requireHeld(2 << 20)
+	requireHeld(2<<20 + 128<<10)
 
-	// A ends; then D fits, and is refused for its signature.
+	// A and E end; then D fits, alone in the smallest budget max_body
+	// allows, and is refused for its signature.
 	go func() { _, _ = aw.Write(body); _ = aw.Close() }()
+	go func() { _, _ = ew.Write(body[:128<<10]); _ = ew.Close() }()
 	requireRefused(t, wait(aDone), http.StatusBadRequest, "no matching signature")
+	requireRefused(t, wait(eDone), http.StatusBadRequest, "no matching signature")
 	requireHeld(0)
 	requireRefused(t, g.serve(unsigned(bytes.NewReader(zipped), int64(len(zipped)), "Content-Encoding", "gzip")),
 		http.StatusBadRequest, "no matching signature")
@@ -418,4 +431,54 @@ func TestBodyBudgetUnknownLength(t *testing.T) {
 	require.Equal(t, "upstream handler panics", recovered)
 	require.Equal(t, 1, g.up.count())
 	requireHeld(0)
+}
+
+// TestBodyBudgetSharedAcrossReload: the handler of a reloaded config (or
+// another route of the scope) counts in the budget the replaced handler's
+// requests still hold: a trial's reload let a route hold its old and its
+// new budget at once. Here the first handler holds 2 MiB; the second, of
+// the same scope, takes 2 MiB more and refuses a third body that would pass
+// its 4160 KiB.
+func TestBodyBudgetSharedAcrossReload(t *testing.T) {
+	t.Parallel()
+	const secret = "whsec_budget"
+	cfg := "webhook_idempotency {\nprovider stripe\nsecret " + secret + "\nscope " + uniqueScope("budget") + "\nmax_body 2MiB\nbody_budget 4160KiB\n}"
+	old := newGateway(t, cfg)
+	unsigned := func(g *gateway, body io.Reader, length int64) *http.Request {
+		req := newDelivery("http://gateway.test/webhooks/stripe", nil, "Content-Type", "application/json",
+			"Stripe-Signature", fmt.Sprintf("t=%d,v1=%s", g.clock.Unix(), strings.Repeat("0", 64)))
+		req.Body, req.ContentLength = io.NopCloser(body), length
+		return req
+	}
+	serve := func(g *gateway, req *http.Request) <-chan answer {
+		done := make(chan answer, 1)
+		go func() { done <- g.serve(req) }()
+		return done
+	}
+	held := func() int64 { return old.h.budget.held.Load() }
+	body := stripeBody("evt_unsigned", strings.Repeat("x", 2<<20-len(stripeBody("evt_unsigned", ""))))
+
+	ar, aw := io.Pipe()
+	aDone := serve(old, unsigned(old, ar, 2<<20))
+	require.Eventually(t, func() bool { return held() == 2<<20 }, 5*time.Second, time.Millisecond)
+
+	renewed := newGateway(t, cfg, sharingStore(old))
+	require.Same(t, old.h.budget, renewed.h.budget, "one budget per scope")
+	br, bw := io.Pipe()
+	bDone := serve(renewed, unsigned(renewed, br, 2<<20))
+	require.Eventually(t, func() bool { return held() == 4<<20 }, 5*time.Second, time.Millisecond)
+	a := renewed.serve(unsigned(renewed, bytes.NewReader(body), int64(len(body))))
+	requireRefused(t, a, http.StatusServiceUnavailable, "body budget spent; retry later")
+
+	go func() { _, _ = aw.Write(body); _ = aw.Close() }()
+	go func() { _, _ = bw.Write(body); _ = bw.Close() }()
+	for _, done := range []<-chan answer{aDone, bDone} {
+		select {
+		case a := <-done:
+			requireRefused(t, a, http.StatusBadRequest, "no matching signature")
+		case <-time.After(20 * time.Second):
+			t.Fatal("no answer")
+		}
+	}
+	require.Eventually(t, func() bool { return held() == 0 }, 5*time.Second, time.Millisecond)
 }

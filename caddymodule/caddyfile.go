@@ -41,7 +41,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		lease     <duration>             # default 30s
 //		retention <duration>             # default 30d
 //		max_body  <size>                 # default: the provider's documented maximum over 5MB (github 25MiB), else 5MB
-//		body_budget <size>               # body bytes the route holds at once (memory and temporary files); at least max_body; default 1GiB
+//		body_budget <size>               # body bytes the scope holds at once (memory and temporary files); at least 2 × max_body + 64KiB; default 1GiB
 //		cache     <entries>              # completed IDs held in memory; 0 = off
 //		forward_timeout <duration>       # upper bound of one forward; default 5m
 //		read_timeout <duration>          # to receive the whole body; default 10s

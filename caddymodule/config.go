@@ -61,7 +61,7 @@ func (h *Handler) applyDefaults() {
 		h.MaxBody = max(defaultMaxBody, h.preset.Delivery.MaxBody.Limit())
 	}
 	if h.BodyBudget == 0 {
-		h.BodyBudget = max(defaultBodyBudget, h.MaxBody)
+		h.BodyBudget = max(defaultBodyBudget, minBodyBudget(h.MaxBody))
 	}
 	if h.ForwardTimeout == 0 {
 		h.ForwardTimeout = caddy.Duration(defaultForwardTimeout)

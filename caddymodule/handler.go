@@ -129,8 +129,8 @@ type Handler struct {
 	// the body, and a gzip body's decoded bytes, in memory.
 	MaxBody int64 `json:"max_body,omitempty"`
 
-	// BodyBudget bounds the request body bytes the route holds at once,
-	// in bytes: in memory and in temporary files together, the decoded
+	// BodyBudget bounds the request body bytes the scope's routes hold at
+	// once, in bytes: in memory and in temporary files together, the decoded
 	// bytes of a gzip body included (so a gzip delivery holds both its
 	// compressed and its decoded bytes), from before a body is read until
 	// its request ends (after its answer; a forwarded body is held while
@@ -143,9 +143,12 @@ type Handler struct {
 	// (a problem under provider idempotency_key), its body not read any
 	// further, nothing claimed nor forwarded, a warning logged and
 	// body_budget_refused_total counted (the held bytes are the gauge
-	// body_budget_held_bytes). Must be at least max_body.
-	// Each webhook_idempotency directive has its own. Default: 1 GiB
-	// (1073741824), or max_body when that is larger.
+	// body_budget_held_bytes). Must be at least twice max_body plus 64 KiB
+	// (one gzip delivery of max_body holds its compressed and its decoded
+	// bytes). Routes of one scope share one budget, kept across config
+	// reloads so that the requests of the replaced config count in it;
+	// the config loaded last sets its size. Default: 1 GiB (1073741824),
+	// or twice max_body plus 64 KiB when that is larger.
 	BodyBudget int64 `json:"body_budget,omitempty"`
 
 	// Cache is how many completed event IDs are held in memory to answer
@@ -315,7 +318,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.prepareConfig(); err != nil {
 		return err // before any store, pool or queue is opened
 	}
-	h.budget = &bodyBudget{limit: h.BodyBudget}
 	h.scopeValue = h.Scope
 	if err := h.provisionIntake(); err != nil {
 		return err
@@ -349,6 +351,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.completed = b.completed
 	}
 	if err := h.provisionMetrics(ctx); err != nil {
+		return err
+	}
+	if err := h.provisionBudget(); err != nil {
 		return err
 	}
 	h.provisionClaims(ctx)
@@ -422,6 +427,7 @@ func (h *Handler) Cleanup() error {
 	}
 	h.cleanupAsync() // before the store: the dispatcher uses its pool
 	h.cleanupSpool()
+	h.cleanupBudget()
 	if h.sweepDone != nil {
 		h.stopSweep()
 		<-h.sweepDone

@@ -229,8 +229,6 @@ func (h *Handler) provisionMetrics(ctx caddy.Context) error {
 	h.ambiguousReforwards = metrics.reforwards.WithLabelValues(h.Scope)
 	h.claimsInFlight = metrics.inFlight.WithLabelValues(h.Scope)
 	h.upstreamTime = metrics.upstream.WithLabelValues(h.Scope, h.Provider)
-	h.budget.heldBytes = metrics.budgetHeld.WithLabelValues(h.Scope)
-	h.budget.refused = metrics.budgetRefuse.WithLabelValues(h.Scope)
 	return nil
 }
 
