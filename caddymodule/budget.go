@@ -4,7 +4,8 @@ package caddymodule
 // request bodies at once, in memory and in temporary files together,
 // counted from before a body is read until its request ends
 // (delivery.done). The count is kept across config reloads (budgets), so
-// the requests of the config being replaced and of the new one share it. Bodies are
+// the requests of the config being replaced and of the new one share it;
+// its limit is the newest live config's. Bodies are
 // read before their signature can be checked, so without a bound any
 // sender could make the gateway hold max_body per connection it opens
 // (disk, or RAM where the temporary directory is a tmpfs). A delivery that
@@ -15,10 +16,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
+	"sync"
 	"sync/atomic"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 )
@@ -41,58 +43,100 @@ var errBodyBudget = errors.New("body budget spent")
 // with: one gzip delivery holds its compressed bytes (up to max_body) and
 // its decoded bytes (up to max_body, reserved a chunk at a time), so a
 // smaller budget would refuse such a delivery 503 on every try, even
-// alone.
-func minBodyBudget(maxBody int64) int64 { return 2*maxBody + budgetChunk }
+// alone. It saturates rather than overflows for an absurd max_body.
+func minBodyBudget(maxBody int64) int64 {
+	if maxBody > (math.MaxInt64-budgetChunk)/2 {
+		return math.MaxInt64
+	}
+	return 2*maxBody + budgetChunk
+}
 
-// budgets holds each scope's bodyBudget, shared by its routes and kept
-// across config reloads: while a reload runs, the replaced config's
-// requests still hold their bodies, and a budget of the new config's own
-// would let them count twice.
-var budgets = caddy.NewUsagePool()
+// budgets holds each scope's bodyBudget for the life of the process: a
+// reload, or a route removed and added back, must find the bytes that the
+// requests of the config before still hold, so a budget is never dropped
+// and made anew while they run. A scope's entry is a few words; scopes
+// are named by configs, so they are few.
+var budgets = struct {
+	sync.Mutex
+	m   map[string]*bodyBudget
+	seq uint64 // provisioning order of the handlers (bodyBudget.users)
+}{m: map[string]*bodyBudget{}}
+
+// budgetUser is a provisioned handler's claim on its scope's budget.
+type budgetUser struct {
+	seq   uint64
+	limit int64
+	app   any // the handler's config (Handler.app); nil when unknown
+}
 
 // bodyBudget counts the body bytes a scope's routes hold. Reservations
 // are one compare-and-swap: no lock on the request path.
 type bodyBudget struct {
-	// limit is body_budget of the config provisioned last.
+	// limit is the body_budget of the newest live config (resetLimit).
 	limit atomic.Int64
 	held  atomic.Int64
 	// heldBytes and refused are the scope's body_budget_held_bytes gauge
 	// and body_budget_refused_total counter.
 	heldBytes prometheus.Gauge
 	refused   prometheus.Counter
+	// users are the provisioned handlers not cleaned up yet, under
+	// budgets' lock.
+	users map[*Handler]budgetUser
 }
 
-// Destruct implements caddy.Destructor: a budget holds nothing to close.
-func (*bodyBudget) Destruct() error { return nil }
-
-// provisionBudget shares the scope's budget (made on first use) and sets
-// its limit to this config's body_budget. After provisionMetrics.
+// provisionBudget joins the scope's budget (made on first use): its limit
+// becomes this config's body_budget while this handler is the scope's
+// newest. Routes of one config that give one scope different values are
+// refused: they share one budget. After provisionMetrics.
 func (h *Handler) provisionBudget() error {
-	scope := h.Scope
-	v, _, err := budgets.LoadOrNew(scope, func() (caddy.Destructor, error) {
-		return &bodyBudget{heldBytes: metrics.budgetHeld.WithLabelValues(scope),
-			refused: metrics.budgetRefuse.WithLabelValues(scope)}, nil
-	})
-	if err != nil {
-		return fmt.Errorf("body_budget: %w", err)
+	budgets.Lock()
+	defer budgets.Unlock()
+	b := budgets.m[h.Scope]
+	if b == nil {
+		b = &bodyBudget{heldBytes: metrics.budgetHeld.WithLabelValues(h.Scope),
+			refused: metrics.budgetRefuse.WithLabelValues(h.Scope), users: map[*Handler]budgetUser{}}
+		budgets.m[h.Scope] = b
 	}
-	b, ok := v.(*bodyBudget)
-	if !ok {
-		return errors.New("body_budget: the budget pool holds an unexpected value")
+	for _, u := range b.users {
+		if h.app != nil && u.app == h.app && u.limit != h.BodyBudget {
+			return fmt.Errorf("body_budget: routes of scope %q give it %s and %s; they share one budget (a default counts as given): write the same body_budget in each",
+				h.Scope, sizeText(u.limit), sizeText(h.BodyBudget))
+		}
 	}
-	b.limit.Store(h.BodyBudget)
+	budgets.seq++
+	b.users[h] = budgetUser{seq: budgets.seq, limit: h.BodyBudget, app: h.app}
+	b.resetLimit()
 	h.budget = b
 	return nil
 }
 
-// cleanupBudget releases this handler's use of its scope's budget; the
-// bytes its requests still hold are returned to the same budget when they
-// end.
+// cleanupBudget leaves the scope's budget: a config refused after this
+// handler was provisioned, or replaced by a reload, no longer sets its
+// limit. The bytes its requests still hold return to the same budget when
+// they end.
 func (h *Handler) cleanupBudget() {
 	if h.budget == nil {
 		return
 	}
-	_, _ = budgets.Delete(h.Scope)
+	budgets.Lock()
+	defer budgets.Unlock()
+	delete(h.budget.users, h)
+	h.budget.resetLimit()
+}
+
+// resetLimit sets the limit to the newest user's body_budget; with no user
+// left it keeps the last one (the requests still running were admitted
+// under it). Under budgets' lock.
+func (b *bodyBudget) resetLimit() {
+	var newest budgetUser
+	for _, u := range b.users {
+		if u.seq > newest.seq {
+			newest = u
+		}
+	}
+	if newest.seq > 0 {
+		b.limit.Store(newest.limit)
+	}
 }
 
 // take reserves n bytes, or reports false when they would pass the limit.
@@ -188,9 +232,8 @@ func (h *Handler) checkBodyBudget() error {
 		return errors.New("body_budget: must be positive")
 	}
 	if need := minBodyBudget(h.MaxBody); h.BodyBudget < need {
-		write := (need + 1<<20 - 1) &^ (1<<20 - 1) // whole MiB
 		return fmt.Errorf("body_budget: %s is less than twice max_body (%s) and 64 KiB, what one gzip delivery of max_body holds (its compressed and its decoded bytes), so such a delivery would be answered 503 every time; write body_budget %s or more (JSON \"body_budget\": %d), or lower max_body",
-			sizeText(h.BodyBudget), sizeText(h.MaxBody), sizeArg(write), write)
+			sizeText(h.BodyBudget), sizeText(h.MaxBody), sizeArg(need), need)
 	}
 	return nil
 }

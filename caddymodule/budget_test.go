@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zapcore"
 
@@ -65,21 +66,24 @@ func TestBodyBudgetCaddyfile(t *testing.T) {
 	for _, budget := range []string{"2MiB", "4MiB"} {
 		h, err = parse(t, "max_body 2MiB\nbody_budget "+budget+"\n")
 		require.NoError(t, err)
-		require.ErrorContains(t, h.prepareConfig(), "write body_budget 5MiB or more", budget)
+		require.ErrorContains(t, h.prepareConfig(), "write body_budget 4160KiB or more", budget)
 	}
 
 	h, err = parse(t, "max_body 2MiB\nbody_budget 1MiB\n")
 	require.NoError(t, err, "a rule on values, not syntax")
 	err = h.prepareConfig()
-	require.EqualError(t, err, `body_budget: 1048576 bytes (1MiB) is less than twice max_body (2097152 bytes (2MiB)) and 64 KiB, what one gzip delivery of max_body holds (its compressed and its decoded bytes), so such a delivery would be answered 503 every time; write body_budget 5MiB or more (JSON "body_budget": 5242880), or lower max_body`)
+	require.EqualError(t, err, `body_budget: 1048576 bytes (1MiB) is less than twice max_body (2097152 bytes (2MiB)) and 64 KiB, what one gzip delivery of max_body holds (its compressed and its decoded bytes), so such a delivery would be answered 503 every time; write body_budget 4160KiB or more (JSON "body_budget": 4259840), or lower max_body`)
 
 	// github's default max_body is 25 MiB.
 	h, err = parse(t, "body_budget 20MB\n")
 	require.NoError(t, err)
-	require.ErrorContains(t, h.prepareConfig(), "write body_budget 51MiB or more")
+	require.ErrorContains(t, h.prepareConfig(), "write body_budget 51264KiB or more")
 
 	h = &Handler{Provider: "stripe", Secrets: []string{"whsec_x"}, BodyBudget: -1}
 	require.EqualError(t, h.prepareConfig(), "body_budget: must be positive")
+	// A max_body no Caddyfile accepts (JSON) does not overflow the check.
+	h = &Handler{Provider: "stripe", Secrets: []string{"whsec_x"}, MaxBody: 1 << 62, BodyBudget: 1 << 20}
+	require.ErrorContains(t, h.prepareConfig(), "body_budget: 1048576 bytes (1MiB) is less than twice max_body")
 	require.ErrorContains(t, provisionErr(t, "webhook_idempotency {\nprovider stripe\nsecret whsec_x\nmax_body 5MB\nbody_budget 4MB\n}"),
 		"body_budget: 4000000 bytes is less than twice max_body (5000000 bytes)")
 }
@@ -481,4 +485,43 @@ func TestBodyBudgetSharedAcrossReload(t *testing.T) {
 		}
 	}
 	require.Eventually(t, func() bool { return held() == 0 }, 5*time.Second, time.Millisecond)
+}
+
+// TestBodyBudgetLimitFollowsLiveConfigs: a scope's budget takes the value
+// of its newest config still loaded. A trial found three ways around it: a
+// reload refused after its route was provisioned changed the running
+// limit for good; a route removed and added back while its requests held
+// bytes got a fresh budget beside them; and two routes of one config with
+// different values got whichever was provisioned last.
+func TestBodyBudgetLimitFollowsLiveConfigs(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, initMetrics(prometheus.NewRegistry()))
+	scope := uniqueScope("budget")
+	running := &Handler{Scope: scope, BodyBudget: 4 << 20, app: new(int)}
+	require.NoError(t, running.provisionBudget())
+	b := running.budget
+	require.True(t, b.take(3<<20), "the running config's requests hold 3 MiB")
+
+	refused := &Handler{Scope: scope, BodyBudget: 8 << 20, app: new(int)}
+	require.NoError(t, refused.provisionBudget())
+	require.Same(t, b, refused.budget, "one budget per scope")
+	require.Equal(t, int64(8<<20), b.limit.Load(), "the newest config's value")
+	refused.cleanupBudget() // its config was refused after it was provisioned
+	require.Equal(t, int64(4<<20), b.limit.Load(), "the running config's value again")
+
+	running.cleanupBudget() // the route removed while its requests hold 3 MiB
+	back := &Handler{Scope: scope, BodyBudget: 4 << 20, app: new(int)}
+	require.NoError(t, back.provisionBudget())
+	require.Same(t, b, back.budget, "added back: the same budget")
+	require.False(t, b.take(2<<20), "the removed route's requests still hold 3 MiB")
+	b.give(3 << 20)
+	require.True(t, b.take(2<<20))
+	b.give(2 << 20)
+	require.Zero(t, b.held.Load())
+
+	sibling := &Handler{Scope: scope, BodyBudget: defaultBodyBudget, app: back.app}
+	require.EqualError(t, sibling.provisionBudget(), fmt.Sprintf(
+		"body_budget: routes of scope %q give it 4194304 bytes (4MiB) and 1073741824 bytes (1GiB); they share one budget (a default counts as given): write the same body_budget in each", scope))
+	require.Nil(t, sibling.budget)
+	back.cleanupBudget()
 }
