@@ -231,3 +231,11 @@ func emptyHint(raw string) string {
 	}
 	return " (" + strings.Join(hints, "; ") + ")"
 }
+
+// retentionInterval is how often the retention sweep runs.
+var retentionInterval = 10 * time.Minute
+
+// minRetention: providers retry for days (Stripe about 3 days); a shorter
+// retention would forget an event while its redeliveries still come. Only
+// a binary built for make bench-sweep lowers it (benchretention.go).
+var minRetention = 72 * time.Hour

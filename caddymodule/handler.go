@@ -486,14 +486,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	return h.mode.serve(w, next, d)
 }
 
-// retentionInterval is how often the retention sweep runs.
-var retentionInterval = 10 * time.Minute
-
-// minRetention: providers retry for days (Stripe about 3 days); a shorter
-// retention would forget an event while its redeliveries still come. Only
-// a binary built for make bench-sweep lowers it (benchretention.go).
-var minRetention = 72 * time.Hour
-
 // Interface guards
 var (
 	_ caddy.Provisioner           = (*Handler)(nil)
