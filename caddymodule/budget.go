@@ -66,7 +66,6 @@ var budgets = struct {
 type budgetUser struct {
 	seq   uint64
 	limit int64
-	app   any // the handler's config (Handler.app); nil when unknown
 }
 
 // bodyBudget counts the body bytes a scope's routes hold. Reservations
@@ -86,9 +85,9 @@ type bodyBudget struct {
 
 // provisionBudget joins the scope's budget (made on first use): its limit
 // becomes this config's body_budget while this handler is the scope's
-// newest. Routes of one config that give one scope different values are
-// refused: they share one budget. After provisionMetrics.
-func (h *Handler) provisionBudget() error {
+// newest (routes of one config give their scope one value:
+// useScopeStorage). After provisionMetrics.
+func (h *Handler) provisionBudget() {
 	budgets.Lock()
 	defer budgets.Unlock()
 	b := budgets.m[h.Scope]
@@ -97,17 +96,10 @@ func (h *Handler) provisionBudget() error {
 			refused: metrics.budgetRefuse.WithLabelValues(h.Scope), users: map[*Handler]budgetUser{}}
 		budgets.m[h.Scope] = b
 	}
-	for _, u := range b.users {
-		if h.app != nil && u.app == h.app && u.limit != h.BodyBudget {
-			return fmt.Errorf("body_budget: routes of scope %q give it %s and %s; they share one budget (a default counts as given): write the same body_budget in each",
-				h.Scope, sizeText(u.limit), sizeText(h.BodyBudget))
-		}
-	}
 	budgets.seq++
-	b.users[h] = budgetUser{seq: budgets.seq, limit: h.BodyBudget, app: h.app}
+	b.users[h] = budgetUser{seq: budgets.seq, limit: h.BodyBudget}
 	b.resetLimit()
 	h.budget = b
-	return nil
 }
 
 // cleanupBudget leaves the scope's budget: a config refused after this

@@ -497,21 +497,21 @@ func TestBodyBudgetLimitFollowsLiveConfigs(t *testing.T) {
 	t.Parallel()
 	require.NoError(t, initMetrics(prometheus.NewRegistry()))
 	scope := uniqueScope("budget")
-	running := &Handler{Scope: scope, BodyBudget: 4 << 20, app: new(int)}
-	require.NoError(t, running.provisionBudget())
+	running := &Handler{Scope: scope, BodyBudget: 4 << 20}
+	running.provisionBudget()
 	b := running.budget
 	require.True(t, b.take(3<<20), "the running config's requests hold 3 MiB")
 
-	refused := &Handler{Scope: scope, BodyBudget: 8 << 20, app: new(int)}
-	require.NoError(t, refused.provisionBudget())
+	refused := &Handler{Scope: scope, BodyBudget: 8 << 20}
+	refused.provisionBudget()
 	require.Same(t, b, refused.budget, "one budget per scope")
 	require.Equal(t, int64(8<<20), b.limit.Load(), "the newest config's value")
 	refused.cleanupBudget() // its config was refused after it was provisioned
 	require.Equal(t, int64(4<<20), b.limit.Load(), "the running config's value again")
 
 	running.cleanupBudget() // the route removed while its requests hold 3 MiB
-	back := &Handler{Scope: scope, BodyBudget: 4 << 20, app: new(int)}
-	require.NoError(t, back.provisionBudget())
+	back := &Handler{Scope: scope, BodyBudget: 4 << 20}
+	back.provisionBudget()
 	require.Same(t, b, back.budget, "added back: the same budget")
 	require.False(t, b.take(2<<20), "the removed route's requests still hold 3 MiB")
 	b.give(3 << 20)
@@ -519,9 +519,14 @@ func TestBodyBudgetLimitFollowsLiveConfigs(t *testing.T) {
 	b.give(2 << 20)
 	require.Zero(t, b.held.Load())
 
-	sibling := &Handler{Scope: scope, BodyBudget: defaultBodyBudget, app: back.app}
-	require.EqualError(t, sibling.provisionBudget(), fmt.Sprintf(
-		"body_budget: routes of scope %q give it 4194304 bytes (4MiB) and 1073741824 bytes (1GiB); they share one budget (a default counts as given): write the same body_budget in each", scope))
-	require.Nil(t, sibling.budget)
 	back.cleanupBudget()
+
+	// Two routes of one config giving the scope different values.
+	config, st := new(int), Storage{Backend: "sqlite", Path: "/tmp/budget.db"}
+	require.NoError(t, useScopeStorage(config, scope, st, "stripe", 4<<20))
+	t.Cleanup(func() { releaseScopeStorage(config, scope) })
+	require.EqualError(t, useScopeStorage(config, scope, st, "stripe", defaultBodyBudget), fmt.Sprintf(
+		"body_budget: routes of scope %q give it 4194304 bytes (4MiB) and 1073741824 bytes (1GiB); they share one budget (a default counts as given): write the same body_budget in each", scope))
+	require.NoError(t, useScopeStorage(config, scope, st, "stripe", 4<<20), "the same value")
+	releaseScopeStorage(config, scope)
 }

@@ -28,7 +28,9 @@ type scopeUse struct {
 	key   string // Storage.poolKey: backend, DSN or path, table
 	desc  string // for the error: never a DSN password
 	trust string // Handler.trust of the routes using it (trust.go)
-	n     int
+	// budget is their body_budget: they share one (budget.go).
+	budget int64
+	n      int
 }
 
 // httpApp returns the http app of the config ctx belongs to, or nil when
@@ -42,12 +44,13 @@ func httpApp(ctx caddy.Context) any {
 }
 
 // useScopeStorage records that a route of the config app uses scope on st
-// with the given trust, and refuses a scope already used on another
-// storage (two routes that share a scope promise to share deduplication,
-// which two stores cannot keep) or by a route of another trust (one
-// route's requests could pre-claim the other's events: trust.go). A nil
-// app (no config) checks nothing.
-func useScopeStorage(app any, scope string, st Storage, trust string) error {
+// with the given trust and body_budget, and refuses a scope already used
+// on another storage (two routes that share a scope promise to share
+// deduplication, which two stores cannot keep), by a route of another
+// trust (one route's requests could pre-claim the other's events:
+// trust.go) or with another body_budget (the scope's routes share one
+// budget: budget.go). A nil app (no config) checks nothing.
+func useScopeStorage(app any, scope string, st Storage, trust string, budget int64) error {
 	if app == nil {
 		return nil
 	}
@@ -71,10 +74,14 @@ func useScopeStorage(app any, scope string, st Storage, trust string) error {
 				"so routes share a scope only when they verify the same way (provider, secrets, event_id, on_missing_id): "+
 				"give each route its own scope (scope <name>)", scope, u.trust, trust)
 		}
+		if u.budget != budget {
+			return fmt.Errorf("body_budget: routes of scope %q give it %s and %s; they share one budget (a default counts as given): write the same body_budget in each",
+				scope, sizeText(u.budget), sizeText(budget))
+		}
 		u.n++
 		return nil
 	}
-	uses[scope] = &scopeUse{key: key, desc: st.describe(), trust: trust, n: 1}
+	uses[scope] = &scopeUse{key: key, desc: st.describe(), trust: trust, budget: budget, n: 1}
 	return nil
 }
 

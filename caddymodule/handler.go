@@ -326,7 +326,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 
 	st := h.storage()
 	h.app = httpApp(ctx)
-	if err := useScopeStorage(h.app, h.Scope, st, h.trust); err != nil {
+	if err := useScopeStorage(h.app, h.Scope, st, h.trust, h.BodyBudget); err != nil {
 		h.app = nil // nothing recorded to release
 		return err
 	}
@@ -354,9 +354,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.provisionMetrics(ctx); err != nil {
 		return err
 	}
-	if err := h.provisionBudget(); err != nil {
-		return err
-	}
+	h.provisionBudget()
 	h.provisionClaims(ctx)
 	if err := h.provisionMode(ctx); err != nil {
 		return err
