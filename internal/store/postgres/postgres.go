@@ -59,12 +59,13 @@ type Options struct {
 	// ConnectTimeout bounds the first connection (the ping in New), so a
 	// wrong DSN or a down server fails clearly, and, unless the DSN sets
 	// connect_timeout, every connection the pool opens later: dial, TLS
-	// and startup handshake, per host of a multi-host DSN. pgxpool lets an opening connection run on
-	// after its caller gave up, for up to 2 minutes when nothing bounds
-	// it, and counts it against the pool's size: behind a load balancer
-	// or relay that accepts connections but never answers, the openings
-	// of a few seconds' outage held every slot and claims failed for
-	// minutes after the server was back. Defaults to 5s.
+	// and startup handshake, per host of a multi-host DSN. pgxpool lets
+	// an opening connection run on after its caller gave up, for up to 2
+	// minutes when nothing bounds it, and counts it against the pool's
+	// size: behind a load balancer or relay that accepts connections but
+	// never answers, the openings of a few seconds' outage held every slot
+	// and claims failed for minutes after the server was back. Defaults
+	// to 5s.
 	ConnectTimeout time.Duration
 	// MigrationTimeout bounds waiting for the migration lock (another
 	// instance may be migrating) plus running the migrations. Defaults to 1m.
