@@ -58,7 +58,7 @@ const (
 	ansSpoolFull                             // the store failed and the spool is full: nothing kept
 	ansSpoolError                            // the store failed and writing the spool failed: nothing kept
 	ansBodyUnkept                            // a body past spillAbove could not be kept in its temporary file
-	ansBodyBudget                            // the route's body_budget is spent: the body not read on
+	ansBodyBudget                            // the scope's body_budget is spent: the body not read on
 )
 
 // statusRefuse in a row's status means the route's refuse_status.

@@ -35,7 +35,7 @@ const defaultBodyBudget = 1 << 30
 // may reserve beyond what it has read.
 const budgetChunk = 64 << 10
 
-// errBodyBudget is a body that could not be read on: the route's
+// errBodyBudget is a body that could not be read on: its scope's
 // body_budget is spent.
 var errBodyBudget = errors.New("body budget spent")
 

@@ -33,7 +33,7 @@ type delivery struct {
 	// can decode to max_body: in memory, each such request would cost
 	// max_body before its signature is checked.
 	decoded *spillFile
-	// reserved is what the delivery holds of the route's body_budget
+	// reserved is what the delivery holds of its scope's body_budget
 	// (budget.go), returned by done; bodyMeter reserves it chunk by chunk
 	// for a body of unknown length and a gzip body's decoded bytes.
 	reserved  int64

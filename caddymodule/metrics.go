@@ -71,7 +71,7 @@ const (
 	outcomeSpoolFull         = "spool_full"      // store unreachable and the spool full: 503, nothing kept
 	outcomeSpoolError        = "spool_error"     // store unreachable and the spool's disk failing: 503, nothing kept
 	outcomeBodyUnkept        = "body_unkept"     // a body past 1 MiB could not be written to or read from its temporary file: 503
-	outcomeBodyBudget        = "body_budget"     // the route's body_budget was spent: 503, the body not read on
+	outcomeBodyBudget        = "body_budget"     // the scope's body_budget was spent: 503, the body not read on
 	// outcomeProviderGone: the provider hung up while its claim waited on
 	// the store (its own timeout); no answer reaches it, a claim committed
 	// for it is released, and with a spool the delivery is kept. Not a
@@ -132,7 +132,7 @@ func initMetrics(reg *prometheus.Registry) error {
 		metrics.budgetHeld = newGaugeVec("body_budget_held_bytes",
 			"Request body bytes held against body_budget (memory and temporary files), by scope.", "scope")
 		metrics.budgetRefuse = newCounterVec("body_budget_refused_total",
-			"Deliveries answered 503 because their route's body_budget was spent, their body not read on.", "scope")
+			"Deliveries answered 503 because their scope's body_budget was spent, their body not read on.", "scope")
 		op := metrics.store.WithLabelValues
 		metrics.storeTime = storeTimes{
 			claim: op("claim"), complete: op("complete"), release: op("release"), hold: op("hold"), heartbeat: op("heartbeat"),
