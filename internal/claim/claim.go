@@ -128,8 +128,10 @@ type Keeper struct {
 	busy busy
 	// own counts this Keeper's completions after answers, for Drain.
 	own sync.WaitGroup
-	// givingBack holds a slot per claim being given back (giveback.go).
-	givingBack chan struct{}
+	// givingBack holds a slot per claim being given back, and
+	// givingBackKeys their keys (giveback.go).
+	givingBack     chan struct{}
+	givingBackKeys sync.Map // key → struct{}
 }
 
 // New returns a Keeper with o's defaults applied. It does no I/O.
@@ -173,6 +175,9 @@ func (k *Keeper) Claim(parent context.Context, scope, key, fingerprint string) (
 	observe(k.o.Timers.Claim, t0)
 	if err != nil && unknownOutcome(err) {
 		k.giveBack(p.Scope, p.EventID, p.Token) // giveback.go
+	}
+	if err == nil && c.Outcome == store.InFlight {
+		c.RetryAfter = k.givingBackRetry(p.Scope, p.EventID, c.RetryAfter)
 	}
 	return c, err
 }

@@ -289,3 +289,57 @@ func TestClaimWithLostAnswerGivenBack(t *testing.T) {
 		})
 	}
 }
+
+// lateGiveBack commits its first claim and loses the answer, and fails
+// every release while hold is set (the late commit not visible yet).
+type lateGiveBack struct {
+	store.Store
+	answered, hold atomic.Bool
+}
+
+func (s *lateGiveBack) Claim(ctx context.Context, p store.ClaimParams) (store.Claim, error) {
+	c, err := s.Store.Claim(ctx, p)
+	if err == nil && s.answered.CompareAndSwap(false, true) {
+		return store.Claim{}, fmt.Errorf("claiming event: %w", store.ErrConnectionLost)
+	}
+	return c, err
+}
+
+func (s *lateGiveBack) Release(ctx context.Context, scope, id, token string) error {
+	if s.hold.Load() {
+		return fmt.Errorf("releasing event: %w", store.ErrLeaseLost)
+	}
+	return s.Store.Release(ctx, scope, id, token)
+}
+
+// A delivery that finds in flight the claim this Keeper is giving back is
+// told to come back within the give-back's longest wait, not after the
+// whole lease: a trial's spooled delivery waited a lease (30 s) for a claim
+// released a moment later.
+func TestInFlightClaimBeingGivenBackRetriedSoon(t *testing.T) {
+	t.Parallel()
+	s, err := sqlite.New(t.Context(), sqlite.Options{Path: filepath.Join(t.TempDir(), "events.db")})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	late := &lateGiveBack{Store: s}
+	late.hold.Store(true)
+	k := claim.New(claim.Options{Store: late, Lease: time.Minute})
+
+	_, err = k.Claim(t.Context(), "s", "evt_1", "")
+	require.ErrorIs(t, err, store.ErrConnectionLost)
+	c, err := k.Claim(t.Context(), "s", "evt_1", "")
+	require.NoError(t, err)
+	require.Equal(t, store.InFlight, c.Outcome)
+	require.Equal(t, 2*time.Second, c.RetryAfter, "the lease left is a minute")
+
+	other := claim.New(claim.Options{Store: s, Lease: time.Minute})
+	c, err = other.Claim(t.Context(), "s", "evt_1", "")
+	require.NoError(t, err)
+	require.Greater(t, c.RetryAfter, 50*time.Second, "a Keeper giving nothing back keeps the lease left")
+
+	late.hold.Store(false)
+	require.Eventually(t, func() bool {
+		c, err := k.Claim(t.Context(), "s", "evt_1", "")
+		return err == nil && c.Outcome == store.Claimed
+	}, 5*time.Second, 50*time.Millisecond, "released, then claimed")
+}
