@@ -67,8 +67,10 @@ func (k *Keeper) CompleteAfterAnswer(parent context.Context, refs []Ref, status 
 	k.own.Add(1)
 	k.busy.add()
 	go func() {
-		defer k.busy.done()
+		// own is released last: Drain and Settled return on it, and a
+		// caller that then asks Active must find this one done.
 		defer k.own.Done()
+		defer k.busy.done()
 		k.Settle(parent, refs, status, Complete)
 		for _, c := range refs {
 			k.o.Completions.m.CompareAndDelete(key{c.Scope, c.ID}, done)

@@ -328,7 +328,7 @@ type busy struct {
 }
 
 func (t *busy) add()         { t.n.Add(1); t.wg.Add(1) }
-func (t *busy) done()        { t.wg.Done(); t.n.Add(-1) }
+func (t *busy) done()        { t.n.Add(-1); t.wg.Done() } // count first: wait's return implies !active
 func (t *busy) active() bool { return t.n.Load() > 0 }
 func (t *busy) wait()        { t.wg.Wait() }
 
