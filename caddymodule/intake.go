@@ -415,6 +415,9 @@ func (h *Handler) readInto(d *delivery, spill bool) (int64, error) {
 	var body io.Reader = d.r.Body
 	if d.r.ContentLength < 0 { // reserved as it arrives
 		body = d.meter(body, h.MaxBody)
+	} else if d.r.ContentLength <= min(h.MaxBody, presizeAtMost) {
+		// One allocation, not MinRead steps doubled (7.7 KB for 1.7 KB).
+		d.buf.Grow(int(d.r.ContentLength) + bytes.MinRead)
 	}
 	if !spill {
 		return readAtMost(d.buf.Buffer, body, h.MaxBody)
@@ -465,7 +468,10 @@ func readAtMost(buf *bytes.Buffer, r io.Reader, limit int64) (int64, error) {
 	return n, nil
 }
 
-const maxPooledBuf = 1 << 20
+const (
+	maxPooledBuf  = 1 << 20
+	presizeAtMost = 64 << 10 // a declared length sizes the buffer up to this
+)
 
 // bodyBuf is a pooled buffer for a request body. The body buffer is pooled
 // for deliveries answered at the edge. Once a request is forwarded the
