@@ -280,7 +280,7 @@ func (h *Handler) forwardItem(r *http.Request, it signature.BatchItem, i, n int,
 	default:
 		return outcomeStoreError, 0, unavailableRetryAfter
 	}
-	refs := []claim.Ref{{Scope: h.Scope, ID: it.ID, Token: cl.Token, ByUpstream: h.byUpstream()}}
+	refs := []claim.Ref{h.refOf(it.ID, cl)}
 	if h.replayRecord { // replayguard.go
 		rec, outcome, after := h.claimItemRecord(r.Context(), it, refs[0])
 		if outcome != "" {

@@ -40,7 +40,7 @@ func (h *Handler) claimBody(w http.ResponseWriter, d *delivery, idClaim claim.Re
 	}
 	bc, err := h.claims.Claim(ctx, h.bodyScope(), key, "")
 	if err == nil && bc.Outcome == store.Claimed {
-		return claim.Ref{Scope: h.bodyScope(), ID: key, Token: bc.Token}, true
+		return claim.RefOf(h.bodyScope(), key, bc), true
 	}
 	h.claims.Settle(ctx, []claim.Ref{idClaim}, 0, claim.Release)
 	switch {

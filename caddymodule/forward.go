@@ -49,7 +49,7 @@ func (m syncMode) serve(w http.ResponseWriter, next caddyhttp.Handler, d *delive
 	}
 	d.ambiguousBefore = cl.Ambiguous
 	h.noteReforward(d.eventID, cl)
-	refs := []claim.Ref{{Scope: h.Scope, ID: d.eventID, Token: cl.Token, ByUpstream: h.byUpstream()}}
+	refs := []claim.Ref{h.refOf(d.eventID, cl)}
 	noteClaim(d.r, cl.Attempts)
 	if h.replayRecord { // replayguard.go
 		bc, ok := h.claimBody(w, d, refs[0])

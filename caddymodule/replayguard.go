@@ -104,7 +104,7 @@ func (h *Handler) spendSingleUse(w http.ResponseWriter, d *delivery) bool {
 	}
 	switch {
 	case cl.Outcome == store.Claimed:
-		h.claims.Settle(ctx, []claim.Ref{{Scope: h.onceScope(), ID: value, Token: cl.Token}}, http.StatusOK, claim.Complete)
+		h.claims.Settle(ctx, []claim.Ref{claim.RefOf(h.onceScope(), value, cl)}, http.StatusOK, claim.Complete)
 		return true
 	case cl.Fingerprint == fp:
 		return true
@@ -167,7 +167,7 @@ func (h *Handler) claimItemRecord(ctx context.Context, it signature.BatchItem, i
 	key := h.replayKey(it.ID, it.Body)
 	rc, err := h.claims.Claim(ctx, h.bodyScope(), key, "")
 	if err == nil && rc.Outcome == store.Claimed {
-		return claim.Ref{Scope: h.bodyScope(), ID: key, Token: rc.Token}, "", 0
+		return claim.RefOf(h.bodyScope(), key, rc), "", 0
 	}
 	h.claims.Settle(ctx, []claim.Ref{item}, 0, claim.Release)
 	switch {

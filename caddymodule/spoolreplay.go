@@ -231,7 +231,7 @@ func (h *Handler) replaySpooled(w http.ResponseWriter, rec *spool.Record, next c
 		return res
 	}
 	d.attempt = c.Attempts
-	refs := []claim.Ref{{Scope: h.Scope, ID: rec.EventID, Token: c.Token, ByUpstream: h.byUpstream()}}
+	refs := []claim.Ref{h.refOf(rec.EventID, c)}
 	if rec.BodyKey != "" {
 		bc, err := h.claims.Claim(ctx, h.bodyScope(), rec.BodyKey, "")
 		if res, decided := spool.ForClaim(bc, err); decided {
@@ -239,7 +239,7 @@ func (h *Handler) replaySpooled(w http.ResponseWriter, rec *spool.Record, next c
 			d.outcome = res.Outcome.String()
 			return res // a body delivered under another event ID settles as a duplicate
 		}
-		refs = append(refs, claim.Ref{Scope: h.bodyScope(), ID: rec.BodyKey, Token: bc.Token})
+		refs = append(refs, claim.RefOf(h.bodyScope(), rec.BodyKey, bc))
 	}
 	fr := h.withClaim(d.forwardable(), refs[0]) // complete_by upstream: Webhook-Claim
 	_ = h.forward(w, fr, next, refs, d)         // answered into the replay's writer

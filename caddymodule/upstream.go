@@ -44,6 +44,14 @@ const (
 // upstream.
 func (h *Handler) byUpstream() bool { return h.CompleteBy == completeByUpstream }
 
+// refOf is the reference to the route's claim c of event id, completed by
+// the upstream under complete_by upstream.
+func (h *Handler) refOf(id string, c store.Claim) claim.Ref {
+	r := claim.RefOf(h.Scope, id, c)
+	r.ByUpstream = h.byUpstream()
+	return r
+}
+
 // checkCompleteBy checks complete_by: gateway or upstream, the latter only
 // on storage postgres and never with on_ambiguous hold.
 func (h *Handler) checkCompleteBy() error {

@@ -71,6 +71,10 @@ func (o Op) String() string {
 // the body hash's.
 type Ref struct {
 	Scope, ID, Token string
+	// Attempt is the claim's Attempts (store.Claim): a settle retried after
+	// an error whose outcome was unknown finds the row as it left it, and
+	// no claim since (the count unchanged), when its first try committed.
+	Attempt int
 	// Resp is the upstream's answer stored when the claim completes
 	// (replay response); nil stores none.
 	Resp *store.Response
@@ -80,6 +84,12 @@ type Ref struct {
 	// (complete_by upstream): renewed without waiting for its row lock,
 	// settled by Conclude (upstream.go).
 	ByUpstream bool
+}
+
+// RefOf is the reference to claim c of (scope, id), as Settle and
+// KeepAlive take it.
+func RefOf(scope, id string, c store.Claim) Ref {
+	return Ref{Scope: scope, ID: id, Token: c.Token, Attempt: c.Attempts}
 }
 
 // Timers are the store_duration_seconds series of the claim's store calls;
@@ -269,6 +279,10 @@ func (k *Keeper) settleLater(c Ref, status int, op Op) {
 			k.o.Logger.Info("settled event after a store error", zap.String("scope", c.Scope),
 				zap.String("event_id", c.ID), zap.Stringer("settle", op))
 			return
+		case errors.Is(err, store.ErrLeaseLost) && k.settledBefore(ctx, c, status, op):
+			k.o.Logger.Info("settled event after a store error (an earlier try had committed; its answer was lost)",
+				zap.String("scope", c.Scope), zap.String("event_id", c.ID), zap.Stringer("settle", op))
+			return
 		case errors.Is(err, store.ErrLeaseLost):
 			k.lost(c, op)
 			return
@@ -282,6 +296,29 @@ func (k *Keeper) settleLater(c Ref, status int, op Op) {
 	}
 	k.o.Logger.Error("gave up settling event; its lease will expire", zap.String("scope", c.Scope),
 		zap.String("event_id", c.ID), zap.Stringer("settle", op))
+}
+
+// settledBefore reports whether c's row reads as op leaves it and was
+// claimed no more since c (its attempts are c's): a try of this settle
+// that failed committed, and only its answer was lost. A row another
+// delivery took over and settled alike has more attempts.
+func (k *Keeper) settledBefore(parent context.Context, c Ref, status int, op Op) bool {
+	ctx, cancel := context.WithTimeout(parent, k.o.StoreTimeout)
+	defer cancel()
+	ev, err := k.o.Store.Get(ctx, c.Scope, c.ID)
+	if err != nil || c.Attempt == 0 || ev.Attempts != c.Attempt {
+		return false
+	}
+	switch op {
+	case Complete:
+		if c.Resp != nil {
+			status = c.Resp.Status
+		}
+		return ev.State == store.StateCompleted && ev.Status == status
+	case Hold:
+		return ev.State == store.StateHeld
+	}
+	return ev.State == store.StateReleased
 }
 
 // settleOnce completes, releases or holds one claim, bounded by

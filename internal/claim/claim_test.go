@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/claim"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
@@ -46,17 +48,28 @@ type faulty struct {
 	failCompletes atomic.Int32
 	completes     atomic.Int32
 	release       chan struct{}
+	// loseAnswers: that many completions commit, then fail as if their
+	// answer was lost on the way back.
+	loseAnswers atomic.Int32
+	// retryGate, when set, holds every completion after the first.
+	retryGate chan struct{}
 }
 
 var errDown = errors.New("store down")
 
 func (f *faulty) Complete(ctx context.Context, scope, id, token string, status int) error {
-	f.completes.Add(1)
+	if f.completes.Add(1) > 1 && f.retryGate != nil {
+		<-f.retryGate
+	}
 	<-f.release
 	if f.failCompletes.Add(-1) >= 0 {
 		return errDown
 	}
-	return f.Store.Complete(ctx, scope, id, token, status)
+	err := f.Store.Complete(ctx, scope, id, token, status)
+	if err == nil && f.loseAnswers.Add(-1) >= 0 {
+		return errDown
+	}
+	return err
 }
 
 func (b *testBundle) state(t *testing.T, scope, id string) store.State {
@@ -179,6 +192,51 @@ func TestSettleRetriedAfterStoreError(t *testing.T) {
 		b.keeper.Settle(t.Context(), []claim.Ref{{Scope: "s", ID: "evt_once", Token: c.Token}}, 200, claim.Complete)
 		require.False(t, b.keeper.Active())
 		require.Equal(t, store.StateProcessing, b.state(t, "s", "evt_once"))
+	})
+}
+
+// TestSettleRetriedAfterLostAnswer: a completion that committed but whose
+// answer was lost is retried in the background; the retry finds no row
+// under its token and reads the row as its own completion left it (same
+// attempts): settled, not a lost lease. When another delivery took the
+// event over and completed it alike, the retry reports the lease lost.
+func TestSettleRetriedAfterLostAnswer(t *testing.T) {
+	t.Parallel()
+	const lostMsg = "claim lease lost before settling; another delivery may have been forwarded"
+	t.Run("committed", func(t *testing.T) {
+		t.Parallel()
+		core, logs := observer.New(zap.InfoLevel)
+		b := setup(t, claim.Options{Background: t.Context(), Logger: zap.New(core)})
+		b.store.loseAnswers.Store(1)
+		c, err := b.keeper.Claim(t.Context(), "s", "evt_lost_answer", "")
+		require.NoError(t, err)
+		b.keeper.Settle(t.Context(), []claim.Ref{claim.RefOf("s", "evt_lost_answer", c)}, 200, claim.Complete)
+		b.keeper.Wait()
+		require.Equal(t, int32(2), b.store.completes.Load(), "the first try, then the retry")
+		require.Equal(t, store.StateCompleted, b.state(t, "s", "evt_lost_answer"))
+		require.Zero(t, logs.FilterMessage(lostMsg).Len(), "a lost answer is not a lost lease")
+		require.Equal(t, 1, logs.FilterMessageSnippet("an earlier try had committed").Len())
+	})
+	t.Run("taken over", func(t *testing.T) {
+		t.Parallel()
+		core, logs := observer.New(zap.InfoLevel)
+		b := setup(t, claim.Options{Background: t.Context(), Logger: zap.New(core), Lease: 50 * time.Millisecond})
+		b.store.failCompletes.Store(1) // the first try does not commit
+		b.store.retryGate = make(chan struct{})
+		c, err := b.keeper.Claim(t.Context(), "s", "evt_taken", "")
+		require.NoError(t, err)
+		b.keeper.Settle(t.Context(), []claim.Ref{claim.RefOf("s", "evt_taken", c)}, 200, claim.Complete)
+		other := claim.New(claim.Options{Store: b.store.Store, Lease: time.Minute})
+		var again store.Claim
+		require.Eventually(t, func() bool {
+			again, err = other.Claim(t.Context(), "s", "evt_taken", "")
+			return err == nil && again.Outcome == store.Claimed
+		}, 5*time.Second, 20*time.Millisecond, "the expired lease is taken over")
+		require.Equal(t, 2, again.Attempts)
+		require.NoError(t, b.store.Store.Complete(t.Context(), "s", "evt_taken", again.Token, 200))
+		close(b.store.retryGate)
+		b.keeper.Wait()
+		require.Equal(t, 1, logs.FilterMessage(lostMsg).Len(), "another delivery completed the event")
 	})
 }
 
