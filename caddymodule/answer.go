@@ -200,6 +200,9 @@ func (h *Handler) answer(w http.ResponseWriter, d *delivery, a answerID, s say) 
 		status = h.RefuseStatus
 	}
 	retry := max(row.retry, s.retryAfter)
+	if !d.bodyRead && a != ansReadTimeout && d.r.ContentLength != 0 && d.r.ProtoMajor == 1 {
+		drainBriefly(w)
+	}
 	switch {
 	case row.body != nil:
 		writeFixed(w, status, row.body, row.replayed)
@@ -221,6 +224,26 @@ func (h *Handler) answer(w http.ResponseWriter, d *delivery, a answerID, s say) 
 		}{reason})
 		writeBody(w, status, "application/json", append(b, '\n'), retry)
 	}
+}
+
+// drainAtMost bounds how long the server reads the unread rest of a
+// refused body before it writes the answer.
+const drainAtMost = 500 * time.Millisecond
+
+// drainBriefly bounds the connection's reading for an answer given before
+// the body's end (too large, an unsupported encoding, body_budget, a
+// missing Idempotency-Key). Before writing it, the server reads up to 256
+// KiB of the rest, to keep the connection (Caddy's server, whose wrapped
+// body net/http cannot size, always does): without a deadline it waited on
+// a sender that sends nothing more, and a trial's stalled 6 MB post had no
+// 413 after 15 s. Closing the connection at once instead loses the answer
+// to a sender still writing (its unread bytes make the close a reset).
+// Within drainAtMost the body ends and the connection is kept, or 256 KiB
+// more arrived and net/http half-closes and lingers so that the answer is
+// read, or the deadline passes and it closes (a stalled sender, its sent
+// bytes read). HTTP/2 resets the stream alone.
+func drainBriefly(w http.ResponseWriter) {
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(drainAtMost))
 }
 
 // problem is an RFC 9457 problem answer of provider idempotency_key, as the

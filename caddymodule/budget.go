@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net/http"
 	"sync"
 	"sync/atomic"
 
@@ -200,16 +199,10 @@ func (m *bodyMeter) Read(p []byte) (int, error) {
 // refuseBudget logs a delivery refused for the budget, counts it, and
 // returns its answer. The log line names the scope and sizes only (held:
 // by the other deliveries, this one's reservation left out): the
-// delivery is unauthenticated, so nothing it sent is repeated. Over
-// HTTP/1 the connection is closed after the answer: net/http would
-// otherwise read up to 256 KiB of the unread body before writing it (and
-// wait for it, from a sender that sends nothing more). HTTP/2 resets the
-// stream alone.
-func (h *Handler) refuseBudget(w http.ResponseWriter, d *delivery) answerID {
+// delivery is unauthenticated, so nothing it sent is repeated. Its body
+// is not read on, so answer closes an HTTP/1 connection after it.
+func (h *Handler) refuseBudget(d *delivery) answerID {
 	h.budget.refused.Inc()
-	if d.r.ProtoMajor == 1 {
-		w.Header().Set("Connection", "close")
-	}
 	h.logger.Warn("body_budget spent: answered 503 with Retry-After, the body not read on, nothing claimed nor forwarded",
 		zap.String("scope", h.Scope), zap.Int64("content_length", d.r.ContentLength),
 		zap.Int64("held", h.budget.held.Load()-d.reserved), zap.Int64("body_budget", h.budget.limit.Load()))

@@ -33,6 +33,9 @@ type delivery struct {
 	// can decode to max_body: in memory, each such request would cost
 	// max_body before its signature is checked.
 	decoded *spillFile
+	// bodyRead: the body was read to its end (else answer bounds the
+	// reading of the rest: drainBriefly).
+	bodyRead bool
 	// reserved is what the delivery holds of its scope's body_budget
 	// (budget.go), returned by done; bodyMeter reserves it chunk by chunk
 	// for a body of unknown length and a gzip body's decoded bytes.

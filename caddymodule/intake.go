@@ -325,14 +325,15 @@ func (h *Handler) read(w http.ResponseWriter, d *delivery) (answerID, string) {
 		return ansTooLarge, "body exceeds max_body"
 	}
 	if !d.reserve(r.ContentLength) { // -1 (unknown): reserved as it arrives
-		return h.refuseBudget(w, d), ""
+		return h.refuseBudget(d), ""
 	}
 	n, err := h.readWithDeadline(w, d, enc != "gzip" && h.stream != nil)
+	d.bodyRead = err == nil && n <= h.MaxBody
 	switch {
 	case isTimeout(err):
 		return ansReadTimeout, "body not received within read_timeout"
 	case errors.Is(err, errBodyBudget):
-		return h.refuseBudget(w, d), ""
+		return h.refuseBudget(d), ""
 	case errors.Is(err, errSpillDisk):
 		h.logger.Warn("writing the body to a temporary file failed; answered 503, nothing forwarded",
 			zap.String("scope", h.Scope), zap.Error(err))
@@ -370,7 +371,7 @@ func (h *Handler) read(w http.ResponseWriter, d *delivery) (answerID, string) {
 	}
 	switch {
 	case errors.Is(err, errBodyBudget):
-		return h.refuseBudget(w, d), ""
+		return h.refuseBudget(d), ""
 	case errors.Is(err, errSpillDisk):
 		h.logger.Warn("writing the decoded body to a temporary file failed; answered 503, nothing forwarded",
 			zap.String("scope", h.Scope), zap.Error(err))
@@ -390,18 +391,15 @@ func (h *Handler) read(w http.ResponseWriter, d *delivery) (answerID, string) {
 // readWithDeadline reads the body (readInto, at most MaxBody+1 bytes)
 // with the connection's read deadline set ReadTimeout from now, then clears
 // it, so the next request on a kept-alive connection is not cut short.
-// When the deadline passed it stays, and the connection is closed after the
-// answer: net/http would otherwise wait for the rest of the trickled body
-// before writing the 408. Where the writer cannot set a deadline
-// (http.ErrNotSupported) the body is read without one.
+// When the deadline passed it stays: net/http then gives up reading the
+// rest of the trickled body at once and closes the connection after the
+// 408. Where the writer cannot set a deadline (http.ErrNotSupported) the
+// body is read without one.
 func (h *Handler) readWithDeadline(w http.ResponseWriter, d *delivery, spill bool) (int64, error) {
 	rc := http.NewResponseController(w)
 	set := rc.SetReadDeadline(time.Now().Add(time.Duration(h.ReadTimeout))) == nil
 	n, err := h.readInto(d, spill)
-	switch {
-	case isTimeout(err):
-		w.Header().Set("Connection", "close")
-	case set:
+	if set && !isTimeout(err) {
 		_ = rc.SetReadDeadline(time.Time{})
 	}
 	return n, err

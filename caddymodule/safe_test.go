@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -177,6 +179,80 @@ trickle:
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Equal(t, 1, g.up.count())
+}
+
+// A delivery refused before its body is read to the end (a declared
+// length over max_body, an unsupported Content-Encoding, a missing
+// Idempotency-Key) is answered within drainAtMost to a sender that sends
+// nothing more, and the connection closed: Caddy's server reads up to 256
+// KiB of the unread body first, and waited for it (a trial's stalled 6 MB
+// post had no 413 after 15 s). A refusal after the whole body keeps the
+// connection; one to a sender still writing a large body reaches it (a
+// close at once would reset the connection under it: TestBigGitHubDelivery).
+// Behind the in-process Caddy: its server, unlike a bare net/http one,
+// drains a large unread body too.
+func TestRefusalBeforeBodyAnsweredAtOnce(t *testing.T) {
+	secret := "whsec_" + randomHex(8)
+	var forwards atomic.Int32
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		forwards.Add(1)
+	}))
+	t.Cleanup(up.Close)
+	startCaddy(t, fmt.Sprintf(`{
+`+caddyTestGlobals+`}
+http://localhost:9080 {
+	handle /hook {
+		webhook_idempotency {
+			provider stripe
+			secret %q
+			storage sqlite %q
+			scope %s
+			max_body 1MB
+		}
+		reverse_proxy %s
+	}
+	handle /keyed {
+		webhook_idempotency {
+			provider idempotency_key
+			storage sqlite %q
+			scope %s
+		}
+		reverse_proxy %s
+	}
+}`, secret, filepath.Join(t.TempDir(), "hook.db"), uniqueScope("early"), up.Listener.Addr().String(),
+		filepath.Join(t.TempDir(), "keyed.db"), uniqueScope("earlykey"), up.Listener.Addr().String()))
+	body := stripeBody("evt_early_1", "x")
+	sig := stripeHeader(secret, body, time.Now().Unix())
+	for _, tc := range []struct {
+		name, path, head string
+		sent             []byte // of the body, before the sender stalls
+		status           string
+		closes           bool
+	}{
+		{"over max_body", "/hook", "Content-Length: 6000000\r\nStripe-Signature: " + sig, nil, "413", true},
+		{"over max_body, Expect: 100-continue", "/hook", "Content-Length: 6000000\r\nExpect: 100-continue\r\nStripe-Signature: " + sig, nil, "413", true},
+		{"unsupported encoding", "/hook", "Content-Length: 1000\r\nContent-Encoding: br\r\nStripe-Signature: " + sig, []byte("{}"), "415", true},
+		{"no Idempotency-Key", "/keyed", "Content-Length: 100000", []byte(`{"a":`), "400", true},
+		{"bad signature, whole body", "/hook", fmt.Sprintf("Content-Length: %d\r\nStripe-Signature: t=1,v1=00", len(body)), body, "400", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			conn, err := net.Dial("tcp", "127.0.0.1:9080")
+			require.NoError(t, err)
+			defer conn.Close()
+			_, err = fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: localhost:9080\r\nContent-Type: application/json\r\n%s\r\n\r\n%s", tc.path, tc.head, tc.sent)
+			require.NoError(t, err)
+			start := time.Now()
+			require.NoError(t, conn.SetReadDeadline(start.Add(5*time.Second)))
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			require.NoError(t, err, "no answer while the sender waits")
+			resp.Body.Close()
+			require.Contains(t, resp.Status, tc.status)
+			require.Less(t, time.Since(start), 2*time.Second)
+			require.Equal(t, tc.closes, resp.Close, "Connection: close")
+		})
+	}
+	require.Zero(t, forwards.Load())
 }
 
 // The queue and event commands call the admin API paths the admin modules
