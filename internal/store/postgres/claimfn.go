@@ -23,7 +23,7 @@ func claimFunction(ident pgx.Identifier) string {
 // names them.
 const claimFunctionArgs = `(text[], text[], text[], bigint[], boolean)`
 
-// createClaimFunction is the statement of migrations 8 and 9:
+// createClaimFunction is the statement of migrations 8, 9 and 10:
 // <table>_claim(scopes, event_ids, tokens, leases in microseconds, hold)
 // claims each key in array order and returns one row per key, in that
 // order: claimed, attempts, state, status, lease left in microseconds,
@@ -49,6 +49,12 @@ const claimFunctionArgs = `(text[], text[], text[], bigint[], boolean)`
 // changed since the read; a refused one comes back unclaimed with no
 // state, for the store to explain. Keys come sorted, so batches take their
 // row locks in one order and wait for each other instead of deadlocking.
+//
+// A key given twice in one call by two claims (the store never sends one:
+// Rules removes repeats) is claimed once, at the position whose token the
+// INSERT kept; the other reads as in flight (a token is a claim: one
+// given twice is one claim, answered twice). Migration 10 made it so: version 9's
+// body claimed both positions of a new key under one stored token.
 //
 // Migration 9 moved the new and the decided keys from one read and one
 // INSERT per key to one of each per batch: measured with pgbench at 32
@@ -95,10 +101,10 @@ func createClaimFunction(ident pgx.Identifier) string {
 							WHERE r_state[u.ord] IS NULL
 							ORDER BY u.ord
 						ON CONFLICT (scope, event_id) DO NOTHING
-						RETURNING e.scope, e.event_id)
+						RETURNING e.scope, e.event_id, e.token)
 				SELECT array_agg(ins.event_id IS NOT NULL ORDER BY u.ord) INTO inserted
-					FROM unnest(scopes, event_ids) WITH ORDINALITY AS u(scope, event_id, ord)
-					LEFT JOIN ins ON ins.scope = u.scope AND ins.event_id = u.event_id;
+					FROM unnest(scopes, event_ids, tokens) WITH ORDINALITY AS u(scope, event_id, token, ord)
+					LEFT JOIN ins ON ins.scope = u.scope AND ins.event_id = u.event_id AND ins.token = u.token;
 			END IF;
 			FOR k IN 1 .. coalesce(cardinality(event_ids), 0) LOOP
 				IF inserted[k] THEN
@@ -160,10 +166,10 @@ func byPrimaryKey(scope, eventID, cond string) string {
 		` AND (` + cond + `) ORDER BY e.event_id LIMIT 1`
 }
 
-// migrateClaim and dropClaim are migration 8's steps; migration 9 runs
-// migrateClaim again, for tables at version 8 (same arguments, same
-// results: gateways of either version can share the table during a
-// rolling upgrade).
+// migrateClaim and dropClaim are migration 8's steps; migrations 9 and 10
+// run migrateClaim again, for tables at an earlier version (same
+// arguments, same results for the keys the store sends: gateways of any of
+// these versions can share the table during a rolling upgrade).
 func migrateClaim(ident pgx.Identifier) func(context.Context, *sql.Tx) error {
 	return pgschema.ExecAll(createClaimFunction(ident))
 }

@@ -68,6 +68,20 @@ func TestClaimFunctionDecidesEveryState(t *testing.T) {
 	require.Equal(t, "processing", got[4].state)
 	require.Equal(t, row{claimed: true, attempts: 4, state: "released"}, got[5], "released row taken over")
 
+	// A new key given twice in one call, by two claims (two tokens), is
+	// claimed once, by the token stored; the other reads it in flight
+	// (version 9 claimed both).
+	var claimed []bool
+	var states []string
+	require.NoError(t, s.Pool().QueryRow(ctx, `SELECT array_agg(claimed), array_agg(state) FROM `+
+		pgx.Identifier{name + "_claim"}.Sanitize()+`($1, $2, $3, $4, false)`,
+		[]string{"s", "s"}, []string{"g_twice", "g_twice"}, []string{"tok-A", "tok-B"}, []int64{30_000_000, 30_000_000}).
+		Scan(&claimed, &states))
+	require.Equal(t, []bool{true, false}, claimed, "one claim of a repeated key")
+	require.Equal(t, "processing", states[1])
+	_, err = s.Pool().Exec(ctx, `DELETE FROM `+table+` WHERE event_id = 'g_twice'`)
+	require.NoError(t, err)
+
 	// Each claimed row now carries its claimer's token and a live lease.
 	var owned int
 	require.NoError(t, s.Pool().QueryRow(ctx, `SELECT count(*) FROM `+table+`

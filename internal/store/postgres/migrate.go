@@ -131,6 +131,13 @@ func migrations(ident pgx.Identifier) []*goose.Migration {
 			&goose.GoFunc{RunTx: migrateClaim(ident)},
 			&goose.GoFunc{RunTx: pgschema.ExecAll()},
 		),
+		// <table>_claim claims a key given twice in one call once (see
+		// createClaimFunction); the store never sends one twice, so going
+		// down keeps it.
+		goose.NewGoMigration(10,
+			&goose.GoFunc{RunTx: migrateClaim(ident)},
+			&goose.GoFunc{RunTx: pgschema.ExecAll()},
+		),
 	}
 }
 
