@@ -19,11 +19,9 @@ import (
 	"math"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
-	"golang.org/x/time/rate"
 )
 
 // defaultBodyBudget is body_budget's default (1 GiB), raised to the least
@@ -79,11 +77,6 @@ type bodyBudget struct {
 	// and body_budget_refused_total counter.
 	heldBytes prometheus.Gauge
 	refused   prometheus.Counter
-	// warn writes the refusal warning at most once a second (a flood of
-	// unsigned bodies is refused thousands of times a second); unlogged
-	// counts the refusals since the last line.
-	warn     rate.Sometimes
-	unlogged atomic.Int64
 	// users are the provisioned handlers not cleaned up yet, under
 	// budgets' lock.
 	users map[*Handler]budgetUser
@@ -99,8 +92,7 @@ func (h *Handler) provisionBudget() {
 	b := budgets.m[h.Scope]
 	if b == nil {
 		b = &bodyBudget{heldBytes: metrics.budgetHeld.WithLabelValues(h.Scope),
-			refused: metrics.budgetRefuse.WithLabelValues(h.Scope), users: map[*Handler]budgetUser{},
-			warn: rate.Sometimes{Interval: time.Second}}
+			refused: metrics.budgetRefuse.WithLabelValues(h.Scope), users: map[*Handler]budgetUser{}}
 		budgets.m[h.Scope] = b
 	}
 	budgets.seq++
@@ -204,21 +196,16 @@ func (m *bodyMeter) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// refuseBudget counts a delivery refused for the budget, warns (at most
-// once a second per scope, with the refusals since the last warning), and
-// returns its answer. The warning names the scope and sizes only (held: by
-// the other deliveries, this one's reservation left out): the delivery is
-// unauthenticated, so nothing it sent is repeated. Its body is not read
-// on (answer bounds the reading of the rest).
+// refuseBudget counts a delivery refused for the budget, warns
+// (throttled), and returns its answer. The warning names the scope and
+// sizes only (held: by the other deliveries, this one's reservation left
+// out): the delivery is unauthenticated, so nothing it sent is repeated.
+// Its body is not read on (answer bounds the reading of the rest).
 func (h *Handler) refuseBudget(d *delivery) answerID {
-	b := h.budget
-	b.refused.Inc()
-	b.unlogged.Add(1)
-	b.warn.Do(func() {
-		h.logger.Warn("body_budget spent: answered 503 with Retry-After, the body not read on, nothing claimed nor forwarded",
-			zap.String("scope", h.Scope), zap.Int64("refused", b.unlogged.Swap(0)), zap.Int64("content_length", d.r.ContentLength),
-			zap.Int64("held", b.held.Load()-d.reserved), zap.Int64("body_budget", b.limit.Load()))
-	})
+	h.budget.refused.Inc()
+	h.warnThrottled("body_budget spent: answered 503 with Retry-After, the body not read on, nothing claimed nor forwarded",
+		zap.String("scope", h.Scope), zap.Int64("content_length", d.r.ContentLength),
+		zap.Int64("held", h.budget.held.Load()-d.reserved), zap.Int64("body_budget", h.budget.limit.Load()))
 	return ansBodyBudget
 }
 

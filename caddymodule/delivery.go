@@ -3,10 +3,12 @@ package caddymodule
 import (
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+	"golang.org/x/time/rate"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/sendonce"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
@@ -163,6 +165,26 @@ func (d *delivery) log() {
 		*fp = fields[:0]
 		logFields.Put(fp)
 	}
+}
+
+// warnThrottled writes a warning that any sender can cause (a flood of
+// unsigned bodies, of handshakes) at most once a second per message and
+// route, with times: how often it happened since the last such line, this
+// one included. Metrics count each.
+func (h *Handler) warnThrottled(msg string, fields ...zap.Field) {
+	v, ok := h.throttled.Load(msg)
+	if !ok {
+		v, _ = h.throttled.LoadOrStore(msg, &throttle{s: rate.Sometimes{Interval: time.Second}})
+	}
+	t := v.(*throttle)
+	t.n.Add(1)
+	t.s.Do(func() { h.logger.Warn(msg, append(fields, zap.Int64("times", t.n.Swap(0)))...) })
+}
+
+// throttle is warnThrottled's state for one message.
+type throttle struct {
+	s rate.Sometimes
+	n atomic.Int64
 }
 
 // logFields pools the field slices of the per-delivery log line.

@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -261,6 +262,7 @@ type Handler struct {
 	completed *cache.Completed // nil when Cache is 0
 	poolKey   string
 	logger    *zap.Logger
+	throttled *sync.Map // warnings a sender can cause, by message (warnThrottled)
 	counters  map[string]prometheus.Counter
 	cacheHit  prometheus.Counter // cache_hits_total of the scope
 	cacheMiss prometheus.Counter // cache_misses_total of the scope
@@ -315,7 +317,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // Idempotency-Key reader), opens (or shares) the store and picks the mode.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.ctx = ctx
-	h.logger = ctx.Logger()
+	h.logger, h.throttled = ctx.Logger(), new(sync.Map)
 	h.warnedUncommitted = new(atomic.Bool)
 	if err := h.prepareConfig(); err != nil {
 		return err // before any store, pool or queue is opened

@@ -209,13 +209,13 @@ func (h *Handler) serveHandshake(w http.ResponseWriter, a signature.HandshakeAns
 		err := h.learnSecret(ctx, d.r, a.Secret)
 		switch {
 		case errors.Is(err, store.ErrEnrollmentClosed):
-			h.logger.Warn("handshake refused: it brings a secret the scope has not learned and no enrollment window is open; "+
+			h.warnThrottled("handshake refused: it brings a secret the scope has not learned and no enrollment window is open; "+
 				"to register the webhook, open one with `caddy webhook-idempotency secrets enroll --scope "+h.Scope+" --for 10m`",
 				zap.String("scope", h.Scope), zap.String("handshake", a.Challenge.Name), zap.String("client", clientAddr(d.r)))
 			h.answer(w, d, ansRefused, say{reason: "no enrollment window is open for a new secret"})
 			return nil
 		case errors.Is(err, store.ErrSecretExists):
-			h.logger.Warn("handshake refused: it brings a new secret and the route keeps the one it learned (learned_secret keep)",
+			h.warnThrottled("handshake refused: it brings a new secret and the route keeps the one it learned (learned_secret keep)",
 				zap.String("scope", h.Scope), zap.String("handshake", a.Challenge.Name))
 			h.answer(w, d, ansRefused, say{reason: "a different secret was learned before (learned_secret keep)"})
 			return nil
