@@ -143,7 +143,7 @@ type Handler struct {
 	// with Retry-After: 1 and {"error": "body budget spent; retry later"}
 	// (a problem under provider idempotency_key), its body not read any
 	// further, nothing claimed nor forwarded, body_budget_refused_total
-	// counted and a warning logged (at most one a second per scope, with
+	// counted and a warning logged (at most one a second per route, with
 	// the refusals since the last; the held bytes are the gauge
 	// body_budget_held_bytes). Must be at least twice max_body plus 64 KiB
 	// (one gzip delivery of max_body holds its compressed and its decoded
