@@ -8,9 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -204,12 +202,7 @@ func testBodyBudget(t *testing.T, c budgetCase) {
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp)
 	secret := "whsec_" + randomHex(8)
-	var forwards atomic.Int32
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		forwards.Add(1)
-	}))
-	t.Cleanup(up.Close)
+	up, forwards := countingUpstream(t)
 	dsn := pgDSN(t)
 	table := "budget_" + randomHex(6)
 	t.Cleanup(func() { dropTable(dsn, table) })

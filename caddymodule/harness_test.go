@@ -76,6 +76,18 @@ func startCaddy(t *testing.T, caddyfile string) {
 	require.False(t, t.Failed(), "caddy config did not load")
 }
 
+// countingUpstream is an upstream that reads each request's body, answers
+// 200 and counts the requests.
+func countingUpstream(t *testing.T) (*httptest.Server, *atomic.Int32) {
+	forwards := new(atomic.Int32)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		forwards.Add(1)
+	}))
+	t.Cleanup(up.Close)
+	return up, forwards
+}
+
 // webhookUpstream is the fake upstream behind an in-process Caddy. It counts
 // forwarded deliveries and keeps their bodies by their X-Test-Event header,
 // answers 200 JSON, or the status set for the event (answer) or for all

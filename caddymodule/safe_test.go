@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -12,7 +11,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -193,12 +191,7 @@ trickle:
 // drains a large unread body too.
 func TestRefusalBeforeBodyAnsweredAtOnce(t *testing.T) {
 	secret := "whsec_" + randomHex(8)
-	var forwards atomic.Int32
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		forwards.Add(1)
-	}))
-	t.Cleanup(up.Close)
+	up, forwards := countingUpstream(t)
 	startCaddy(t, fmt.Sprintf(`{
 `+caddyTestGlobals+`}
 http://localhost:9080 {
