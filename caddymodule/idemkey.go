@@ -344,9 +344,10 @@ func (h *Handler) unmarshalIdempotencyKey(d *caddyfile.Dispenser) error {
 	})
 }
 
-// refuseReused answers a key reused with another request: 422.
+// refuseReused answers a key reused with another request: 422. Any
+// caller can reuse its own key at will, so the warning is throttled.
 func (h *Handler) refuseReused(w http.ResponseWriter, d *delivery) {
-	h.logger.Warn("idempotency key reused with another request fingerprint; answered 422",
+	h.warnThrottled("idempotency key reused with another request fingerprint; answered 422",
 		zap.String("scope", h.Scope), zap.String("event_id", d.eventID))
 	h.answer(w, d, ansKeyReused, say{})
 }

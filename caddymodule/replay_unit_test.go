@@ -179,8 +179,14 @@ func TestIdempotencyKeyIncompleteAnswer(t *testing.T) {
 			require.Equal(t, outcomeDuplicate, log[len(log)-1]["outcome"])
 			require.Equal(t, "the stored answer is incomplete: cut", log[len(log)-1]["reason"])
 
-			// The key's fingerprint is still checked first.
-			require.Equal(t, http.StatusUnprocessableEntity, g.serve(apiCall("k-cut", `{"amount":200}`)).status)
+			// The key's fingerprint is still checked first. A caller reusing
+			// its key at will is refused each time and warned of once a
+			// second.
+			start := time.Now()
+			for i := range 20 {
+				require.Equal(t, http.StatusUnprocessableEntity, g.serve(apiCall("k-cut", fmt.Sprintf(`{"amount":%d}`, 200+i))).status)
+			}
+			require.LessOrEqual(t, len(g.logged("idempotency key reused with another request fingerprint")), 2+int(time.Since(start)/time.Second))
 		})
 	}
 

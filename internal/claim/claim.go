@@ -279,13 +279,20 @@ func (k *Keeper) settleLater(c Ref, status int, op Op) {
 			k.o.Logger.Info("settled event after a store error", zap.String("scope", c.Scope),
 				zap.String("event_id", c.ID), zap.Stringer("settle", op))
 			return
-		case errors.Is(err, store.ErrLeaseLost) && k.settledBefore(ctx, c, status, op):
-			k.o.Logger.Info("settled event after a store error (an earlier try had committed; its answer was lost)",
-				zap.String("scope", c.Scope), zap.String("event_id", c.ID), zap.Stringer("settle", op))
-			return
 		case errors.Is(err, store.ErrLeaseLost):
-			k.lost(c, op)
-			return
+			settled, rerr := k.settledBefore(ctx, c, status, op)
+			switch {
+			case rerr != nil:
+				// The row could not be read (the store is failing again):
+				// whether this settle committed is unknown; try again.
+			case settled:
+				k.o.Logger.Info("settled event after a store error (an earlier try had committed; its answer was lost)",
+					zap.String("scope", c.Scope), zap.String("event_id", c.ID), zap.Stringer("settle", op))
+				return
+			default:
+				k.lost(c, op)
+				return
+			}
 		}
 		// Every 100 ms while the outage is young, so the settle lands within
 		// moments of the store's return, before a redelivery to another
@@ -301,24 +308,30 @@ func (k *Keeper) settleLater(c Ref, status int, op Op) {
 // settledBefore reports whether c's row reads as op leaves it and was
 // claimed no more since c (its attempts are c's): a try of this settle
 // that failed committed, and only its answer was lost. A row another
-// delivery took over and settled alike has more attempts.
-func (k *Keeper) settledBefore(parent context.Context, c Ref, status int, op Op) bool {
+// delivery took over and settled alike has more attempts. An error: the
+// row could not be read (a row that is gone is no error: not settled).
+func (k *Keeper) settledBefore(parent context.Context, c Ref, status int, op Op) (bool, error) {
 	ctx, cancel := context.WithTimeout(parent, k.o.StoreTimeout)
 	defer cancel()
 	ev, err := k.o.Store.Get(ctx, c.Scope, c.ID)
-	if err != nil || c.Attempt == 0 || ev.Attempts != c.Attempt {
-		return false
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return false, nil
+	case err != nil:
+		return false, err
+	case c.Attempt == 0 || ev.Attempts != c.Attempt:
+		return false, nil
 	}
 	switch op {
 	case Complete:
 		if c.Resp != nil {
 			status = c.Resp.Status
 		}
-		return ev.State == store.StateCompleted && ev.Status == status
+		return ev.State == store.StateCompleted && ev.Status == status, nil
 	case Hold:
-		return ev.State == store.StateHeld
+		return ev.State == store.StateHeld, nil
 	}
-	return ev.State == store.StateReleased
+	return ev.State == store.StateReleased, nil
 }
 
 // settleOnce completes, releases or holds one claim, bounded by

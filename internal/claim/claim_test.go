@@ -53,6 +53,15 @@ type faulty struct {
 	loseAnswers atomic.Int32
 	// retryGate, when set, holds every completion after the first.
 	retryGate chan struct{}
+	// failGets: that many reads of a row fail.
+	failGets atomic.Int32
+}
+
+func (f *faulty) Get(ctx context.Context, scope, id string) (store.Event, error) {
+	if f.failGets.Add(-1) >= 0 {
+		return store.Event{}, errDown
+	}
+	return f.Store.Get(ctx, scope, id)
 }
 
 var errDown = errors.New("store down")
@@ -198,8 +207,9 @@ func TestSettleRetriedAfterStoreError(t *testing.T) {
 // TestSettleRetriedAfterLostAnswer: a completion that committed but whose
 // answer was lost is retried in the background; the retry finds no row
 // under its token and reads the row as its own completion left it (same
-// attempts): settled, not a lost lease. When another delivery took the
-// event over and completed it alike, the retry reports the lease lost.
+// attempts): settled, not a lost lease; a read that fails is retried, not
+// taken for a lost lease. When another delivery took the event over and
+// completed it alike, the retry reports the lease lost.
 func TestSettleRetriedAfterLostAnswer(t *testing.T) {
 	t.Parallel()
 	const lostMsg = "claim lease lost before settling; another delivery may have been forwarded"
@@ -215,6 +225,20 @@ func TestSettleRetriedAfterLostAnswer(t *testing.T) {
 		require.Equal(t, int32(2), b.store.completes.Load(), "the first try, then the retry")
 		require.Equal(t, store.StateCompleted, b.state(t, "s", "evt_lost_answer"))
 		require.Zero(t, logs.FilterMessage(lostMsg).Len(), "a lost answer is not a lost lease")
+		require.Equal(t, 1, logs.FilterMessageSnippet("an earlier try had committed").Len())
+	})
+	t.Run("committed, the row unreadable once", func(t *testing.T) {
+		t.Parallel()
+		core, logs := observer.New(zap.InfoLevel)
+		b := setup(t, claim.Options{Background: t.Context(), Logger: zap.New(core)})
+		b.store.loseAnswers.Store(1)
+		b.store.failGets.Store(1) // the first retry cannot tell; the next one reads it
+		c, err := b.keeper.Claim(t.Context(), "s", "evt_lost_read", "")
+		require.NoError(t, err)
+		b.keeper.Settle(t.Context(), []claim.Ref{claim.RefOf("s", "evt_lost_read", c)}, 200, claim.Complete)
+		b.keeper.Wait()
+		require.Equal(t, int32(3), b.store.completes.Load(), "the first try, a retry that could not read the row, another")
+		require.Zero(t, logs.FilterMessage(lostMsg).Len(), "an unread row is not a lost lease")
 		require.Equal(t, 1, logs.FilterMessageSnippet("an earlier try had committed").Len())
 	})
 	t.Run("taken over", func(t *testing.T) {
