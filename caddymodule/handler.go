@@ -150,8 +150,9 @@ type Handler struct {
 	// bytes). Routes of one scope share one budget, kept across config
 	// reloads so that the requests of the replaced config count in it;
 	// its size is the newest loaded config's, and the routes of one config
-	// must give their scope one value (a default counts as given). Default: 1 GiB (1073741824),
-	// or twice max_body plus 64 KiB when that is larger.
+	// must give their scope one value (a default counts as given).
+	// Default: 1 GiB (1073741824), or twice max_body plus 64 KiB when that
+	// is larger.
 	BodyBudget int64 `json:"body_budget,omitempty"`
 
 	// Cache is how many completed event IDs are held in memory to answer
