@@ -238,7 +238,16 @@ func (k *Keeper) ended(c Ref, h *lease.Held) {
 // background (settleLater) when the Keeper has a Background context.
 func (k *Keeper) Settle(parent context.Context, refs []Ref, status int, op Op) {
 	for _, c := range refs {
-		err := k.settleOnce(context.WithoutCancel(parent), c, status, op)
+		ctx := context.WithoutCancel(parent)
+		err := k.settleOnce(ctx, c, status, op)
+		if errors.Is(err, store.ErrConnectionLost) {
+			// The store wrote it once more and found no row under the
+			// token: settled by the first try, its answer lost, when the
+			// row reads so with the claim's attempts.
+			if settled, rerr := k.settledBefore(ctx, c, status, op); rerr == nil && settled {
+				continue
+			}
+		}
 		switch {
 		case errors.Is(err, store.ErrLeaseLost):
 			k.lost(c, op)

@@ -55,6 +55,9 @@ type faulty struct {
 	retryGate chan struct{}
 	// failGets: that many reads of a row fail.
 	failGets atomic.Int32
+	// lostConnection: a lost answer is the store's ErrConnectionLost (it
+	// wrote the completion once more and found no row under the token).
+	lostConnection bool
 }
 
 func (f *faulty) Get(ctx context.Context, scope, id string) (store.Event, error) {
@@ -76,6 +79,9 @@ func (f *faulty) Complete(ctx context.Context, scope, id, token string, status i
 	}
 	err := f.Store.Complete(ctx, scope, id, token, status)
 	if err == nil && f.loseAnswers.Add(-1) >= 0 {
+		if f.lostConnection {
+			return fmt.Errorf("completing event: %w", store.ErrConnectionLost)
+		}
 		return errDown
 	}
 	return err
@@ -240,6 +246,19 @@ func TestSettleRetriedAfterLostAnswer(t *testing.T) {
 		require.Equal(t, int32(3), b.store.completes.Load(), "the first try, a retry that could not read the row, another")
 		require.Zero(t, logs.FilterMessage(lostMsg).Len(), "an unread row is not a lost lease")
 		require.Equal(t, 1, logs.FilterMessageSnippet("an earlier try had committed").Len())
+	})
+	t.Run("committed, connection lost", func(t *testing.T) {
+		t.Parallel()
+		core, logs := observer.New(zap.InfoLevel)
+		b := setup(t, claim.Options{Background: t.Context(), Logger: zap.New(core)})
+		b.store.loseAnswers.Store(1)
+		b.store.lostConnection = true
+		c, err := b.keeper.Claim(t.Context(), "s", "evt_lost_conn", "")
+		require.NoError(t, err)
+		b.keeper.Settle(t.Context(), []claim.Ref{claim.RefOf("s", "evt_lost_conn", c)}, 200, claim.Complete)
+		require.False(t, b.keeper.Active(), "decided at once from the row: no retry")
+		require.Equal(t, int32(1), b.store.completes.Load())
+		require.Zero(t, logs.Len(), "settled: nothing to warn of")
 	})
 	t.Run("taken over", func(t *testing.T) {
 		t.Parallel()

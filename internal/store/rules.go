@@ -285,14 +285,14 @@ func (r Rules) Heartbeat(ctx context.Context, scope, eventID, token string, leas
 // Complete marks the claimed event completed with the upstream's HTTP
 // status. It returns ErrLeaseLost if the row is not processing under token.
 func (r Rules) Complete(ctx context.Context, scope, eventID, token string, status int) error {
-	return r.settle(ctx, "completing event", StateCompleted,
+	return r.settle(ctx, "completing event",
 		BatchSettle{Stmt: StmtComplete, Scope: scope, EventID: eventID, Token: token, Status: status})
 }
 
 // Release marks the claimed event released, so the next delivery claims it
 // again. It returns ErrLeaseLost if the row is not processing under token.
 func (r Rules) Release(ctx context.Context, scope, eventID, token string) error {
-	return r.settle(ctx, "releasing event", StateReleased,
+	return r.settle(ctx, "releasing event",
 		BatchSettle{Stmt: StmtRelease, Scope: scope, EventID: eventID, Token: token})
 }
 
@@ -306,16 +306,18 @@ func (r Rules) ReleaseAmbiguous(ctx context.Context, scope, eventID, token strin
 // Hold parks the claimed event in StateHeld at once, with reason (see
 // Store.Hold).
 func (r Rules) Hold(ctx context.Context, scope, eventID, token, reason string) error {
-	return r.settle(ctx, "holding event", StateHeld,
+	return r.settle(ctx, "holding event",
 		BatchSettle{Stmt: StmtHold, Scope: scope, EventID: eventID, Token: token, Reason: reason})
 }
 
 // settle writes s (batched when r batches) under the rule of leaseHeld. A
 // settle that failed with ErrConnectionLost (it may have committed) is
-// written once more, unbatched: when that changes no row, the row found in
-// the settle's state (to; for a completion, with its status) was settled
-// by the first try, and the settle succeeded.
-func (r Rules) settle(ctx context.Context, op string, to State, s BatchSettle) error {
+// written once more, unbatched. When that changes no row, either the first
+// try committed or another claim has taken the row over and perhaps
+// settled it alike: the row cannot tell which without the claim's
+// attempts, so the lost connection's error is returned, outcome unknown
+// (claim.Keeper, which holds the attempts, reads the row and decides).
+func (r Rules) settle(ctx context.Context, op string, s BatchSettle) error {
 	var (
 		changed bool
 		err     error
@@ -329,9 +331,9 @@ func (r Rules) settle(ctx context.Context, op string, to State, s BatchSettle) e
 		if r.retried != nil {
 			r.retried(RetryConnection)
 		}
-		changed, err = r.settleRow(ctx, s)
-		if err == nil && !changed {
-			changed, err = r.settledBefore(ctx, s, to)
+		lost := err
+		if changed, err = r.settleRow(ctx, s); err == nil && !changed {
+			err = lost
 		}
 	}
 	return leaseHeld(op)(changed, err)
@@ -348,16 +350,6 @@ func (r Rules) settleRow(ctx context.Context, s BatchSettle) (bool, error) {
 		return r.rows().HoldRow(ctx, s.Scope, s.EventID, s.Token, s.Reason)
 	}
 	return false, fmt.Errorf("settling event: statement %d is not a settle", s.Stmt)
-}
-
-// settledBefore reports whether s's row reads as s left it (state to, and
-// s.Status for a completion): a settle whose first try's answer was lost.
-func (r Rules) settledBefore(ctx context.Context, s BatchSettle, to State) (bool, error) {
-	row, err := r.rows().InspectRow(ctx, s.Scope, s.EventID)
-	if err != nil {
-		return false, gone(err)
-	}
-	return row.State == to && (to != StateCompleted || row.Status == s.Status), nil
 }
 
 // settleBatched writes s in the next batch and reports whether it changed

@@ -97,6 +97,43 @@ func TestClaimRetryFindsItsOwnToken(t *testing.T) {
 	}
 }
 
+// A completion whose answer was lost is written once more; when that
+// changes no row, the store cannot tell its own first try from another
+// claim that took the row over and completed it alike (same status): it
+// reports the lost connection (outcome unknown), never success. A trial
+// saw a gateway log "settled" for events another gateway had taken over
+// and run again. claim.Keeper decides with the claim's attempts.
+func TestSettleRetryFindingNoRowIsUnknown(t *testing.T) {
+	t.Parallel()
+	for _, batched := range []bool{true, false} {
+		t.Run(map[bool]string{true: "batched", false: "unbatched"}[batched], func(t *testing.T) {
+			t.Parallel()
+			link, dsn := via(t, testDSN(t))
+			var r retries
+			s := newStore(t, postgres.Options{DSN: dsn, StatementTimeout: time.Second,
+				Retried: r.observe, Batch: store.BatchOptions{Disabled: !batched}})
+			ctx := t.Context()
+			p := store.ClaimParams{Scope: "s", EventID: "e", Lease: 50 * time.Millisecond}
+			first, err := s.Claim(ctx, p)
+			require.NoError(t, err)
+			time.Sleep(100 * time.Millisecond) // the lease expires
+			p.Lease = time.Minute
+			taken, err := s.Claim(ctx, p)
+			require.NoError(t, err)
+			require.Equal(t, store.Claimed, taken.Outcome)
+			require.NoError(t, s.Complete(ctx, "s", "e", taken.Token, 200))
+
+			link.DropReplies()
+			err = s.Complete(ctx, "s", "e", first.Token, 200)
+			require.ErrorIs(t, err, store.ErrConnectionLost, "not its own completion: outcome unknown, not success")
+			require.Equal(t, 1, r.count(store.RetryConnection), "written once more")
+			ev, err := s.Get(ctx, "s", "e")
+			require.NoError(t, err)
+			require.Equal(t, 2, ev.Attempts, "the row is the takeover's")
+		})
+	}
+}
+
 // Every connection of the pool black-holed (a NAT that dropped its flows;
 // new flows work): deliveries' claims, on connections used again at once
 // (the statement deadline finds them) or idle for a while (the ping before
