@@ -54,6 +54,20 @@ func via(t *testing.T, dsn string) (*e2e.Link, string) {
 	return link, u.String()
 }
 
+// eachBatchingVia runs f, batched and unbatched, on a store that reaches
+// PostgreSQL through a relay (via), counting the store's retries.
+func eachBatchingVia(t *testing.T, f func(t *testing.T, link *e2e.Link, s *postgres.Store, r *retries)) {
+	for _, batched := range []bool{true, false} {
+		t.Run(map[bool]string{true: "batched", false: "unbatched"}[batched], func(t *testing.T) {
+			t.Parallel()
+			link, dsn := via(t, testDSN(t))
+			r := new(retries)
+			f(t, link, newStore(t, postgres.Options{DSN: dsn, StatementTimeout: time.Second,
+				Retried: r.observe, Batch: store.BatchOptions{Disabled: !batched}}), r)
+		})
+	}
+}
+
 // A claim whose statement committed but whose answer never came back (the
 // relay drops the replies of the flows open then, as a NAT that forgot
 // them) is tried once more, on a new connection, with the same token: the
@@ -61,40 +75,33 @@ func via(t *testing.T, dsn string) (*e2e.Link, string) {
 // its token settles it, and nobody else may claim the event.
 func TestClaimRetryFindsItsOwnToken(t *testing.T) {
 	t.Parallel()
-	for _, batched := range []bool{true, false} {
-		t.Run(map[bool]string{true: "batched", false: "unbatched"}[batched], func(t *testing.T) {
-			t.Parallel()
-			link, dsn := via(t, testDSN(t))
-			var r retries
-			s := newStore(t, postgres.Options{DSN: dsn, StatementTimeout: time.Second,
-				Retried: r.observe, Batch: store.BatchOptions{Disabled: !batched}})
-			ctx := t.Context()
-			p := store.ClaimParams{Scope: "s", EventID: "warm", Lease: time.Minute}
-			_, err := s.Claim(ctx, p) // one connection, used again at once (no ping)
-			require.NoError(t, err)
+	eachBatchingVia(t, func(t *testing.T, link *e2e.Link, s *postgres.Store, r *retries) {
+		ctx := t.Context()
+		p := store.ClaimParams{Scope: "s", EventID: "warm", Lease: time.Minute}
+		_, err := s.Claim(ctx, p) // one connection, used again at once (no ping)
+		require.NoError(t, err)
 
-			link.DropReplies()
-			t0 := time.Now()
-			p.EventID = "e"
-			c, err := s.Claim(ctx, p)
-			took := time.Since(t0)
-			require.NoError(t, err)
-			require.Equal(t, store.Claimed, c.Outcome, "the row under its own token is its own")
-			require.Equal(t, 1, c.Attempts, "claimed once")
-			require.Equal(t, 1, r.count(store.RetryConnection), "tried once more")
-			require.Less(t, took, 5*time.Second, "within a delivery's store timeout")
+		link.DropReplies()
+		t0 := time.Now()
+		p.EventID = "e"
+		c, err := s.Claim(ctx, p)
+		took := time.Since(t0)
+		require.NoError(t, err)
+		require.Equal(t, store.Claimed, c.Outcome, "the row under its own token is its own")
+		require.Equal(t, 1, c.Attempts, "claimed once")
+		require.Equal(t, 1, r.count(store.RetryConnection), "tried once more")
+		require.Less(t, took, 5*time.Second, "within a delivery's store timeout")
 
-			other, err := s.Claim(ctx, p)
-			require.NoError(t, err)
-			require.Equal(t, store.InFlight, other.Outcome, "another delivery may not claim it")
-			require.NoError(t, s.Complete(ctx, "s", "e", c.Token, 200), "its token holds the row")
-			ev, err := s.Get(ctx, "s", "e")
-			require.NoError(t, err)
-			require.Equal(t, store.StateCompleted, ev.State)
-			require.Equal(t, 1, ev.Attempts)
-			t.Logf("claim with its answer lost: claimed after %s", took.Round(time.Millisecond))
-		})
-	}
+		other, err := s.Claim(ctx, p)
+		require.NoError(t, err)
+		require.Equal(t, store.InFlight, other.Outcome, "another delivery may not claim it")
+		require.NoError(t, s.Complete(ctx, "s", "e", c.Token, 200), "its token holds the row")
+		ev, err := s.Get(ctx, "s", "e")
+		require.NoError(t, err)
+		require.Equal(t, store.StateCompleted, ev.State)
+		require.Equal(t, 1, ev.Attempts)
+		t.Logf("claim with its answer lost: claimed after %s", took.Round(time.Millisecond))
+	})
 }
 
 // A completion whose answer was lost is written once more; when that
@@ -105,33 +112,26 @@ func TestClaimRetryFindsItsOwnToken(t *testing.T) {
 // and run again. claim.Keeper decides with the claim's attempts.
 func TestSettleRetryFindingNoRowIsUnknown(t *testing.T) {
 	t.Parallel()
-	for _, batched := range []bool{true, false} {
-		t.Run(map[bool]string{true: "batched", false: "unbatched"}[batched], func(t *testing.T) {
-			t.Parallel()
-			link, dsn := via(t, testDSN(t))
-			var r retries
-			s := newStore(t, postgres.Options{DSN: dsn, StatementTimeout: time.Second,
-				Retried: r.observe, Batch: store.BatchOptions{Disabled: !batched}})
-			ctx := t.Context()
-			p := store.ClaimParams{Scope: "s", EventID: "e", Lease: 50 * time.Millisecond}
-			first, err := s.Claim(ctx, p)
-			require.NoError(t, err)
-			time.Sleep(100 * time.Millisecond) // the lease expires
-			p.Lease = time.Minute
-			taken, err := s.Claim(ctx, p)
-			require.NoError(t, err)
-			require.Equal(t, store.Claimed, taken.Outcome)
-			require.NoError(t, s.Complete(ctx, "s", "e", taken.Token, 200))
+	eachBatchingVia(t, func(t *testing.T, link *e2e.Link, s *postgres.Store, r *retries) {
+		ctx := t.Context()
+		p := store.ClaimParams{Scope: "s", EventID: "e", Lease: 50 * time.Millisecond}
+		first, err := s.Claim(ctx, p)
+		require.NoError(t, err)
+		time.Sleep(100 * time.Millisecond) // the lease expires
+		p.Lease = time.Minute
+		taken, err := s.Claim(ctx, p)
+		require.NoError(t, err)
+		require.Equal(t, store.Claimed, taken.Outcome)
+		require.NoError(t, s.Complete(ctx, "s", "e", taken.Token, 200))
 
-			link.DropReplies()
-			err = s.Complete(ctx, "s", "e", first.Token, 200)
-			require.ErrorIs(t, err, store.ErrConnectionLost, "not its own completion: outcome unknown, not success")
-			require.Equal(t, 1, r.count(store.RetryConnection), "written once more")
-			ev, err := s.Get(ctx, "s", "e")
-			require.NoError(t, err)
-			require.Equal(t, 2, ev.Attempts, "the row is the takeover's")
-		})
-	}
+		link.DropReplies()
+		err = s.Complete(ctx, "s", "e", first.Token, 200)
+		require.ErrorIs(t, err, store.ErrConnectionLost, "not its own completion: outcome unknown, not success")
+		require.Equal(t, 1, r.count(store.RetryConnection), "written once more")
+		ev, err := s.Get(ctx, "s", "e")
+		require.NoError(t, err)
+		require.Equal(t, 2, ev.Attempts, "the row is the takeover's")
+	})
 }
 
 // Every connection of the pool black-holed (a NAT that dropped its flows;
