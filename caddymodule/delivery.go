@@ -172,13 +172,18 @@ func (d *delivery) log() {
 // route, with times: how often it happened since the last such line, this
 // one included. Metrics count each.
 func (h *Handler) warnThrottled(msg string, fields ...zap.Field) {
+	h.logThrottled(zapcore.WarnLevel, msg, fields...)
+}
+
+// logThrottled is warnThrottled at level lvl.
+func (h *Handler) logThrottled(lvl zapcore.Level, msg string, fields ...zap.Field) {
 	v, ok := h.throttled.Load(msg)
 	if !ok {
 		v, _ = h.throttled.LoadOrStore(msg, &throttle{s: rate.Sometimes{Interval: time.Second}})
 	}
 	t := v.(*throttle)
 	t.n.Add(1)
-	t.s.Do(func() { h.logger.Warn(msg, append(fields, zap.Int64("times", t.n.Swap(0)))...) })
+	t.s.Do(func() { h.logger.Log(lvl, msg, append(fields, zap.Int64("times", t.n.Swap(0)))...) })
 }
 
 // throttle is warnThrottled's state for one message.

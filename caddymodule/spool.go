@@ -227,12 +227,17 @@ const spoolTimeout = 10 * time.Second
 // while the claim waited is not a store failure (providerGone). Otherwise
 // the store failed: with a spool the delivery is kept and answered 200,
 // without one it is answered 503.
+//
+// The warnings are throttled (warnThrottled): during an outage every
+// delivery of a retry storm fails alike, and a line each would bury the
+// first one. Each delivery keeps its own line (outcome and event ID) and
+// its count in the metrics.
 func (h *Handler) claimFailed(w http.ResponseWriter, d *delivery, err error) {
 	if h.providerGone(d, true) {
 		return
 	}
 	if h.spooler == nil {
-		h.logger.Warn("claiming event failed; answered 503, nothing forwarded",
+		h.warnThrottled("claiming event failed; answered 503, nothing forwarded",
 			zap.String("scope", h.Scope), zap.String("event_id", d.eventID), zap.Error(err))
 		h.answer(w, d, ansStoreUnavailable, say{})
 		return
@@ -241,11 +246,11 @@ func (h *Handler) claimFailed(w http.ResponseWriter, d *delivery, err error) {
 	case err == nil:
 		h.answerSpooled(w, d)
 	case errors.Is(err, spool.ErrFull):
-		h.logger.Warn("the store is unreachable and the spool is full; answered 503, nothing kept",
+		h.warnThrottled("the store is unreachable and the spool is full; answered 503, nothing kept",
 			zap.String("scope", h.Scope), zap.String("event_id", d.eventID), zap.String("spool", h.spooler.sp.Dir()))
 		h.answer(w, d, ansSpoolFull, say{})
 	default:
-		h.logger.Error("the store is unreachable and writing the spool failed; answered 503, nothing kept",
+		h.logThrottled(zapcore.ErrorLevel, "the store is unreachable and writing the spool failed; answered 503, nothing kept",
 			zap.String("scope", h.Scope), zap.String("event_id", d.eventID), zap.Error(err))
 		h.answer(w, d, ansSpoolError, say{})
 	}

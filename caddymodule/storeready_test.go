@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/url"
 	"testing"
@@ -43,6 +44,15 @@ func TestStoreDownAtStartOpensLater(t *testing.T) {
 	require.Contains(t, string(a.body), "event store unavailable")
 	require.Zero(t, g.up.count(), "nothing forwarded without a claim")
 	require.Len(t, g.logged("claiming event failed; answered 503, nothing forwarded"), 1)
+	// A retry storm during the outage: each delivery answered and counted,
+	// the warning throttled (a line each before: 21).
+	for n := range 20 {
+		a := deliver(g, fmt.Sprintf("evt_storm_%d", n))
+		require.Equal(t, http.StatusServiceUnavailable, a.status, "%s", a.body)
+	}
+	require.Equal(t, 21.0, g.outcomes(outcomeStoreError))
+	require.Len(t, g.deliveryLog(), 21, "each delivery keeps its own line")
+	require.Less(t, len(g.logged("claiming event failed")), 5, "the warning is throttled")
 	a = deliver(async, "evt_down_2")
 	require.Equal(t, http.StatusServiceUnavailable, a.status, "%s", a.body)
 	_, err = g.h.backend.Get(context.Background(), g.h.Scope, "evt_down_1")
