@@ -330,7 +330,7 @@ func (m asyncMode) serve(w http.ResponseWriter, _ caddyhttp.Handler, d *delivery
 		if h.providerGone(d, false) {
 			return nil
 		}
-		h.logger.Warn("enqueueing event failed; answered 503, nothing stored",
+		h.warnThrottled("enqueueing event failed; answered 503, nothing stored",
 			zap.String("scope", h.Scope), zap.String("event_id", id), zap.Error(err))
 		h.answer(w, d, ansStoreUnavailable, say{})
 		return nil

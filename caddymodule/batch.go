@@ -262,7 +262,7 @@ func (h *Handler) forwardItem(r *http.Request, it signature.BatchItem, i, n int,
 		if r.Context().Err() != nil {
 			return outcomeProviderGone, 0, 0 // not a store failure (see providerGone)
 		}
-		h.logger.Warn("claiming batch item failed; nothing forwarded",
+		h.warnThrottled("claiming batch item failed; nothing forwarded",
 			zap.String("scope", h.Scope), zap.String("event_id", it.ID), zap.Error(err))
 		return outcomeStoreError, 0, unavailableRetryAfter
 	}

@@ -33,7 +33,7 @@ func (h *Handler) claimBody(w http.ResponseWriter, d *delivery, idClaim claim.Re
 	key, err := h.replayKeyOf(d, idClaim.ID)
 	if err != nil {
 		h.claims.Settle(ctx, []claim.Ref{idClaim}, 0, claim.Release)
-		h.logger.Warn("reading the body back from its temporary file failed; answered 503, nothing forwarded",
+		h.warnThrottled("reading the body back from its temporary file failed; answered 503, nothing forwarded",
 			zap.String("scope", h.Scope), zap.Error(err))
 		h.answer(w, d, ansBodyUnkept, say{})
 		return claim.Ref{}, false

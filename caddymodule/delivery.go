@@ -168,9 +168,11 @@ func (d *delivery) log() {
 }
 
 // warnThrottled writes a warning that any sender can cause (a flood of
-// unsigned bodies, of handshakes) at most once a second per message and
-// route, with times: how often it happened since the last such line, this
-// one included. Metrics count each.
+// unsigned bodies, of handshakes), or that every delivery meets while the
+// store or the disk fails (a retry storm during an outage), at most once a
+// second per message and route, with times: how often it happened since
+// the last such line, this one included. Metrics and each delivery's own
+// line count each.
 func (h *Handler) warnThrottled(msg string, fields ...zap.Field) {
 	h.logThrottled(zapcore.WarnLevel, msg, fields...)
 }

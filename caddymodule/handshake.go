@@ -223,7 +223,7 @@ func (h *Handler) serveHandshake(w http.ResponseWriter, a signature.HandshakeAns
 			if h.providerGone(d, false) {
 				return nil
 			}
-			h.logger.Warn("storing the learned secret failed; answered 503",
+			h.warnThrottled("storing the learned secret failed; answered 503",
 				zap.String("scope", h.Scope), zap.String("handshake", a.Challenge.Name), zap.Error(err))
 			h.answer(w, d, ansStoreUnavailable, say{})
 			return nil

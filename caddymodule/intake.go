@@ -200,7 +200,7 @@ func (h *Handler) verifyBody(d *delivery) error {
 // a spilled body that could not be read back.
 func (h *Handler) refuse(w http.ResponseWriter, d *delivery, err error) {
 	if errors.Is(err, errSpillDisk) {
-		h.logger.Warn("reading the body back from its temporary file failed; answered 503, nothing forwarded",
+		h.warnThrottled("reading the body back from its temporary file failed; answered 503, nothing forwarded",
 			zap.String("scope", h.Scope), zap.Error(err))
 		h.answer(w, d, ansBodyUnkept, say{})
 		return
@@ -209,13 +209,13 @@ func (h *Handler) refuse(w http.ResponseWriter, d *delivery, err error) {
 		if h.providerGone(d, false) {
 			return
 		}
-		h.logger.Warn("reading the learned secret failed; answered 503, nothing forwarded", zap.String("scope", h.Scope), zap.Error(err))
+		h.warnThrottled("reading the learned secret failed; answered 503, nothing forwarded", zap.String("scope", h.Scope), zap.Error(err))
 		h.answer(w, d, ansStoreUnavailable, say{})
 		return
 	}
 	if errors.Is(err, signature.ErrKeyUnavailable) {
 		// Not a verdict on the delivery: the provider retries a 503.
-		h.logger.Warn("fetching the provider's signing key failed; answered 503, nothing recorded nor forwarded",
+		h.warnThrottled("fetching the provider's signing key failed; answered 503, nothing recorded nor forwarded",
 			zap.String("scope", h.Scope), zap.String("provider", h.Provider), zap.Error(err))
 		h.answer(w, d, ansKeyUnavailable, say{})
 		return
@@ -335,7 +335,7 @@ func (h *Handler) read(w http.ResponseWriter, d *delivery) (answerID, string) {
 	case errors.Is(err, errBodyBudget):
 		return h.refuseBudget(d), ""
 	case errors.Is(err, errSpillDisk):
-		h.logger.Warn("writing the body to a temporary file failed; answered 503, nothing forwarded",
+		h.warnThrottled("writing the body to a temporary file failed; answered 503, nothing forwarded",
 			zap.String("scope", h.Scope), zap.Error(err))
 		return ansBodyUnkept, ""
 	case err != nil:
@@ -373,7 +373,7 @@ func (h *Handler) read(w http.ResponseWriter, d *delivery) (answerID, string) {
 	case errors.Is(err, errBodyBudget):
 		return h.refuseBudget(d), ""
 	case errors.Is(err, errSpillDisk):
-		h.logger.Warn("writing the decoded body to a temporary file failed; answered 503, nothing forwarded",
+		h.warnThrottled("writing the decoded body to a temporary file failed; answered 503, nothing forwarded",
 			zap.String("scope", h.Scope), zap.Error(err))
 		return ansBodyUnkept, ""
 	case m > h.MaxBody:

@@ -299,7 +299,7 @@ func (h *Handler) replayStored(w http.ResponseWriter, d *delivery, cl store.Clai
 		if h.providerGone(d, false) {
 			return
 		}
-		h.logger.Warn("reading the stored response failed; answered 503",
+		h.warnThrottled("reading the stored response failed; answered 503",
 			zap.String("scope", h.Scope), zap.String("event_id", id), zap.Error(err))
 		h.answer(w, d, ansStoredUnreadable, say{})
 		return

@@ -97,7 +97,7 @@ func (h *Handler) spendSingleUse(w http.ResponseWriter, d *delivery) bool {
 		if h.providerGone(d, false) {
 			return false
 		}
-		h.logger.Warn("recording the signature token failed; answered 503, nothing forwarded",
+		h.warnThrottled("recording the signature token failed; answered 503, nothing forwarded",
 			zap.String("scope", h.Scope), zap.Error(err))
 		h.answer(w, d, ansStoreUnavailable, say{})
 		return false
@@ -174,7 +174,7 @@ func (h *Handler) claimItemRecord(ctx context.Context, it signature.BatchItem, i
 	case err != nil && ctx.Err() != nil:
 		return claim.Ref{}, outcomeProviderGone, 0 // not a store failure (see providerGone)
 	case err != nil:
-		h.logger.Warn("claiming batch item's replay record failed; nothing forwarded",
+		h.warnThrottled("claiming batch item's replay record failed; nothing forwarded",
 			zap.String("scope", h.Scope), zap.String("event_id", it.ID), zap.Error(err))
 		return claim.Ref{}, outcomeStoreError, unavailableRetryAfter
 	case rc.Outcome == store.Duplicate:

@@ -53,6 +53,11 @@ func TestStoreDownAtStartOpensLater(t *testing.T) {
 	require.Equal(t, 21.0, g.outcomes(outcomeStoreError))
 	require.Len(t, g.deliveryLog(), 21, "each delivery keeps its own line")
 	require.Less(t, len(g.logged("claiming event failed")), 5, "the warning is throttled")
+	for n := range 10 {
+		a = deliver(async, fmt.Sprintf("evt_down_async_%d", n))
+		require.Equal(t, http.StatusServiceUnavailable, a.status, "%s", a.body)
+	}
+	require.Less(t, len(async.logged("enqueueing event failed")), 5, "the warning is throttled")
 	a = deliver(async, "evt_down_2")
 	require.Equal(t, http.StatusServiceUnavailable, a.status, "%s", a.body)
 	_, err = g.h.backend.Get(context.Background(), g.h.Scope, "evt_down_1")
