@@ -251,9 +251,9 @@ func (h *Handler) batchItemsChecked(body []byte) ([]signature.BatchItem, int, er
 // status and, for an item in flight, the lease left.
 func (h *Handler) forwardItem(r *http.Request, it signature.BatchItem, i, n int, next caddyhttp.Handler) (string, int, time.Duration) {
 	if h.completed != nil {
-		if status, ok := h.completed.Has(h.Scope, it.ID); ok {
+		if e, ok := h.completed.Has(h.Scope, it.ID); ok {
 			h.cacheHit.Inc()
-			return outcomeDuplicate, status, 0
+			return outcomeDuplicate, e.Status, 0
 		}
 		h.cacheMiss.Inc()
 	}

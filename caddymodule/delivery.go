@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/time/rate"
 
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/cache"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/sendonce"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
 )
@@ -51,6 +52,11 @@ type delivery struct {
 	refusedItems int
 
 	eventID string
+	// known is what the cache of completed events knows of eventID (when
+	// knownOK), looked up once by eventIDValue; not under replay response,
+	// whose cache holds answers.
+	known   cache.Entry
+	knownOK bool
 	outcome string
 	attempt int
 	// ambiguousBefore counts the event's earlier forwards that ended with
@@ -103,6 +109,21 @@ func (d *delivery) done() {
 	}
 	*d = delivery{}
 	deliveryPool.Put(d)
+}
+
+// eventIDValue looks the event up in the cache of completed events (see
+// known) and returns the value of its placeholder: the cache's own when the
+// event is known, so a cached duplicate boxes no string for it, else the
+// ID.
+func (d *delivery) eventIDValue() any {
+	h := d.h
+	if h.completed != nil && !h.replayOn {
+		d.known, d.knownOK = h.completed.Has(h.Scope, d.eventID)
+		if id, ok := d.known.ID.(string); d.knownOK && ok && id == d.eventID {
+			return d.known.ID
+		}
+	}
+	return d.eventID
 }
 
 // forwardable returns the request with its body put back exactly as it

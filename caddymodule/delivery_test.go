@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/stretchr/testify/require"
 )
 
@@ -160,4 +161,36 @@ func TestDeliveryLogs(t *testing.T) {
 		}
 		require.NotContains(t, line, "payment_intent.succeeded", "body content")
 	}
+}
+
+// A cached duplicate's event ID placeholder is the delivery's event ID, a
+// string, although its value is the one the cache made when it learned the
+// event (cache.Entry.ID); a new event's is its own.
+func TestEventIDPlaceholderOfCachedDuplicate(t *testing.T) {
+	g := newGateway(t, "webhook_idempotency {\nprovider stripe\nsecret whsec_x\n}")
+	deliver := func(id string) (answer, any) {
+		req := withReplacer(stripeDelivery(t, "http://gateway.test/webhooks/stripe", "whsec_x", id, g.clock.Now()))
+		a := g.serve(req)
+		v, ok := req.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer).Get(placeholderEventID)
+		require.True(t, ok)
+		return a, v
+	}
+	a, v := deliver("evt_cached_1")
+	require.Equal(t, http.StatusOK, a.status, "%s", a.body)
+	require.Equal(t, "evt_cached_1", v)
+	require.Eventually(t, func() bool {
+		_, ok := g.h.completed.Has(g.h.Scope, "evt_cached_1")
+		return ok
+	}, 5*time.Second, 10*time.Millisecond, "the cache learns the completed event")
+
+	a, v = deliver("evt_cached_1")
+	require.Equal(t, http.StatusOK, a.status, "%s", a.body)
+	require.Equal(t, "evt_cached_1", v)
+	a, v = deliver("evt_cached_2")
+	require.Equal(t, http.StatusOK, a.status, "%s", a.body)
+	require.Equal(t, "evt_cached_2", v)
+	lines := g.deliveryLog()
+	require.Len(t, lines, 3)
+	require.Equal(t, []any{false, true, false}, []any{lines[0]["cached"], lines[1]["cached"], lines[2]["cached"]})
+	require.Equal(t, 2, g.up.count(), "the duplicate answered from the cache")
 }

@@ -70,13 +70,12 @@ func (h *Handler) answerCached(w http.ResponseWriter, d *delivery, sameBody bool
 		return false
 	}
 	if !h.replayOn {
-		status, ok := h.completed.Has(h.Scope, d.eventID)
-		if !ok {
+		if !d.knownOK { // looked up by ServeHTTP (eventIDValue)
 			h.cacheMiss.Inc()
 			return false
 		}
 		h.cacheHit.Inc()
-		d.status, d.cached = status, true
+		d.status, d.cached = d.known.Status, true
 		if h.dedupeBody && sameBody {
 			h.checkSameBody(d.r.Context(), d.eventID, d)
 		}

@@ -483,7 +483,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return err
 	}
 	if d.eventID != "" {
-		setPlaceholder(r, placeholderEventID, d.eventID)
+		setPlaceholderValue(r, placeholderEventID, d.eventIDValue())
 	}
 	return h.mode.serve(w, next, d)
 }

@@ -37,12 +37,12 @@ func (w *discardWriter) SetReadDeadline(time.Time) error { return nil }
 func BenchmarkServeHTTPDuplicateCached(b *testing.B) { benchRedelivery(b, "short", true) }
 
 // TestDuplicateCachedAllocations: a cached duplicate, on a request that
-// carries Caddy's replacer as a server's does, allocates at most three
-// times beyond its body: the event ID's copy (it outlives the pooled
-// body), the same ID as the placeholder's value (a string in an interface:
-// Caddy's expression matchers accept only native values, so it cannot be
-// a pointer that would cost nothing), and the answer's header values
-// (writeFixed). The scope's placeholder value is made once per handler.
+// carries Caddy's replacer as a server's does, allocates at most twice
+// beyond its body: the event ID's copy (it outlives the pooled body) and
+// the answer's header values (writeFixed). The placeholders' values are
+// strings in interfaces (Caddy's expression matchers accept only native
+// values), made once: the scope's per handler, the event ID's when the
+// cache learned the event (cache.Entry.ID).
 func TestDuplicateCachedAllocations(t *testing.T) {
 	if raceEnabled() {
 		t.Skip("allocation counts differ under -race")
@@ -51,7 +51,7 @@ func TestDuplicateCachedAllocations(t *testing.T) {
 	if res.N == 0 {
 		t.Fatal("the benchmark did not run")
 	}
-	if a := res.AllocsPerOp(); a > 3 {
-		t.Fatalf("a cached duplicate allocates %d times per request, want at most 3", a)
+	if a := res.AllocsPerOp(); a > 2 {
+		t.Fatalf("a cached duplicate allocates %d times per request, want at most 2", a)
 	}
 }

@@ -217,8 +217,8 @@ var misroutedBody = []byte(`{"error":"spooled delivery of another route"}` + "\n
 func (h *Handler) replaySpooled(w http.ResponseWriter, rec *spool.Record, next caddyhttp.Handler, d *delivery) spool.Result {
 	ctx := d.r.Context()
 	if h.completed != nil {
-		if status, ok := h.completed.Has(h.Scope, rec.EventID); ok {
-			d.outcome, d.status, d.cached = outcomeDuplicate, status, true
+		if e, ok := h.completed.Has(h.Scope, rec.EventID); ok {
+			d.outcome, d.status, d.cached = outcomeDuplicate, e.Status, true
 			return spool.Result{Outcome: spool.Duplicate}
 		}
 	}

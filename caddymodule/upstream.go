@@ -107,6 +107,12 @@ func setPlaceholders(r *http.Request, scope any) {
 // values, and a placeholder of another type (a fmt.Stringer) fails the
 // request there.
 func setPlaceholder(r *http.Request, key, value string) {
+	setPlaceholderValue(r, key, value)
+}
+
+// setPlaceholderValue is setPlaceholder with a value already in an
+// interface, which must hold a string.
+func setPlaceholderValue(r *http.Request, key string, value any) {
 	if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
 		repl.Set(key, value)
 	}

@@ -17,7 +17,7 @@ import (
 // Completed is a bounded set of completed (scope, event ID) keys. A nil
 // *Completed is a disabled cache: Has reports false and Add does nothing.
 type Completed struct {
-	c   *ristretto.Cache[string, int]
+	c   *ristretto.Cache[string, Entry]
 	ttl time.Duration
 	// r holds stored responses (AddResponse), cost = their size in bytes.
 	r *ristretto.Cache[string, *store.Response]
@@ -36,7 +36,7 @@ func New(entries int, ttl time.Duration) (*Completed, error) {
 	if entries <= 0 {
 		return nil, nil
 	}
-	c, err := ristretto.NewCache(&ristretto.Config[string, int]{
+	c, err := ristretto.NewCache(&ristretto.Config[string, Entry]{
 		NumCounters: int64(entries) * 10,
 		MaxCost:     int64(entries),
 		BufferItems: 64,
@@ -67,11 +67,21 @@ const (
 
 func key(scope, eventID string) string { return scope + "\x00" + eventID }
 
-// Has reports whether (scope, event ID) is known to be completed, and the
-// upstream status it completed with.
-func (c *Completed) Has(scope, eventID string) (int, bool) {
+// Entry is what the cache knows of a completed event.
+type Entry struct {
+	// Status is the upstream status the event completed with.
+	Status int
+	// ID is the event ID (a string) as an interface value, made once when
+	// the event was added: a duplicate that hands it on as one (Caddy's
+	// placeholders take any) allocates nothing for it.
+	ID any
+}
+
+// Has reports whether (scope, event ID) is known to be completed, and what
+// is known of it.
+func (c *Completed) Has(scope, eventID string) (Entry, bool) {
 	if c == nil {
-		return 0, false
+		return Entry{}, false
 	}
 	// The key is built in a pooled buffer rather than concatenated: the
 	// lookup is the duplicate path, which otherwise allocates nothing of its
@@ -79,10 +89,10 @@ func (c *Completed) Has(scope, eventID string) (int, bool) {
 	// so a string over the buffer is safe for the call.
 	bp := keyBufs.Get().(*[]byte)
 	k := append(append(append((*bp)[:0], scope...), 0), eventID...)
-	status, ok := c.c.Get(unsafe.String(unsafe.SliceData(k), len(k))) //nolint:gosec // audited above: Get keeps no reference
+	e, ok := c.c.Get(unsafe.String(unsafe.SliceData(k), len(k))) //nolint:gosec // audited above: Get keeps no reference
 	*bp = k
 	keyBufs.Put(bp)
-	return status, ok
+	return e, ok
 }
 
 var keyBufs = sync.Pool{New: func() any {
@@ -99,7 +109,7 @@ func (c *Completed) Add(scope, eventID string, status int) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	if !c.closed {
-		c.c.SetWithTTL(key(scope, eventID), status, 1, c.ttl)
+		c.c.SetWithTTL(key(scope, eventID), Entry{Status: status, ID: eventID}, 1, c.ttl)
 	}
 }
 

@@ -20,9 +20,10 @@ func TestCompleted(t *testing.T) {
 	require.False(t, ok)
 	c.Add("stripe", "evt_1", 201)
 	c.c.Wait() // ristretto applies writes asynchronously
-	status, ok := c.Has("stripe", "evt_1")
+	e, ok := c.Has("stripe", "evt_1")
 	require.True(t, ok)
-	require.Equal(t, 201, status)
+	require.Equal(t, 201, e.Status)
+	require.Equal(t, "evt_1", e.ID, "the ID, as a string")
 
 	_, ok = c.Has("github", "evt_1")
 	require.False(t, ok, "scopes are separate")
