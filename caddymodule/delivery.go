@@ -3,12 +3,10 @@ package caddymodule
 import (
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
-	"golang.org/x/time/rate"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/cache"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/sendonce"
@@ -192,8 +190,10 @@ func (d *delivery) log() {
 // unsigned bodies, of handshakes), or that every delivery meets while the
 // store or the disk fails (a retry storm during an outage), at most once a
 // second per message and route, with times: how often it happened since
-// the last such line, this one included. Metrics and each delivery's own
-// line count each.
+// the last such line, this one included. What happened after the last line
+// is written a second after it (the latest occurrence's fields), so the
+// lines' times add up to every occurrence, as the metrics and each
+// delivery's own line count them.
 func (h *Handler) warnThrottled(msg string, fields ...zap.Field) {
 	h.logThrottled(zapcore.WarnLevel, msg, fields...)
 }
@@ -202,17 +202,50 @@ func (h *Handler) warnThrottled(msg string, fields ...zap.Field) {
 func (h *Handler) logThrottled(lvl zapcore.Level, msg string, fields ...zap.Field) {
 	v, ok := h.throttled.Load(msg)
 	if !ok {
-		v, _ = h.throttled.LoadOrStore(msg, &throttle{s: rate.Sometimes{Interval: time.Second}})
+		v, _ = h.throttled.LoadOrStore(msg, &throttle{log: h.logger, lvl: lvl, msg: msg})
 	}
-	t := v.(*throttle)
-	t.n.Add(1)
-	t.s.Do(func() { h.logger.Log(lvl, msg, append(fields, zap.Int64("times", t.n.Swap(0)))...) })
+	v.(*throttle).note(fields)
 }
 
-// throttle is warnThrottled's state for one message.
+// throttle is logThrottled's state for one message.
 type throttle struct {
-	s rate.Sometimes
-	n atomic.Int64
+	log *zap.Logger
+	lvl zapcore.Level
+	msg string
+
+	mu      sync.Mutex
+	last    time.Time   // when the last line was written
+	n       int64       // occurrences since then
+	pending []zap.Field // the latest of them, for the trailing line
+	trail   *time.Timer // armed to write the trailing line
+}
+
+func (t *throttle) note(fields []zap.Field) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.n++
+	if time.Since(t.last) >= time.Second {
+		t.writeLocked(fields)
+		return
+	}
+	t.pending = append(t.pending[:0], fields...)
+	if t.trail == nil {
+		t.trail = time.AfterFunc(time.Until(t.last.Add(time.Second)), func() {
+			t.mu.Lock()
+			defer t.mu.Unlock()
+			t.trail = nil
+			if t.n > 0 {
+				t.writeLocked(t.pending)
+			}
+		})
+	}
+}
+
+func (t *throttle) writeLocked(fields []zap.Field) {
+	t.log.Log(t.lvl, t.msg, append(fields[:len(fields):len(fields)], zap.Int64("times", t.n))...)
+	t.n, t.last = 0, time.Now()
+	clear(t.pending) // keep no error or event ID alive
+	t.pending = t.pending[:0]
 }
 
 // logFields pools the field slices of the per-delivery log line.

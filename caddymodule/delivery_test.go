@@ -8,11 +8,15 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // readLogLines returns the JSON lines of Caddy's log file, raw and decoded.
@@ -193,4 +197,33 @@ func TestEventIDPlaceholderOfCachedDuplicate(t *testing.T) {
 	require.Len(t, lines, 3)
 	require.Equal(t, []any{false, true, false}, []any{lines[0]["cached"], lines[1]["cached"], lines[2]["cached"]})
 	require.Equal(t, 2, g.up.count(), "the duplicate answered from the cache")
+}
+
+// A throttled warning's lines add up to every occurrence: the first is
+// written at once, what followed within the second a second after it, in
+// one line with the latest occurrence's fields; a quiet second later, the
+// next is written at once again.
+func TestWarnThrottledCountsEveryOccurrence(t *testing.T) {
+	core, logs := observer.New(zapcore.DebugLevel)
+	h := &Handler{logger: zap.New(core), throttled: new(sync.Map)}
+	lines := func() []observer.LoggedEntry { return logs.FilterMessage("flood").All() }
+	for n := range 50 {
+		h.warnThrottled("flood", zap.Int("n", n))
+	}
+	require.Len(t, lines(), 1, "one line at once")
+	require.Eventually(t, func() bool { return len(lines()) == 2 }, 5*time.Second, 20*time.Millisecond,
+		"the rest a second later")
+	var sum int64
+	for _, e := range lines() {
+		require.Equal(t, zapcore.WarnLevel, e.Level)
+		sum += e.ContextMap()["times"].(int64)
+	}
+	require.Equal(t, int64(50), sum, "the lines count every occurrence")
+	require.Equal(t, int64(49), lines()[1].ContextMap()["n"], "the latest occurrence's fields")
+
+	time.Sleep(1200 * time.Millisecond)
+	require.Len(t, lines(), 2, "nothing written when nothing happened")
+	h.warnThrottled("flood", zap.Int("n", 50))
+	require.Len(t, lines(), 3, "after a quiet second, at once")
+	require.Equal(t, int64(1), lines()[2].ContextMap()["times"])
 }
