@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/eventid"
@@ -201,7 +202,7 @@ func (h *Handler) answer(w http.ResponseWriter, d *delivery, a answerID, s say) 
 	}
 	retry := max(row.retry, s.retryAfter)
 	if !d.bodyRead && a != ansReadTimeout && d.r.ContentLength != 0 && d.r.ProtoMajor == 1 {
-		drainBriefly(w)
+		endUnreadBody(w, d)
 	}
 	switch {
 	case row.body != nil:
@@ -224,6 +225,20 @@ func (h *Handler) answer(w http.ResponseWriter, d *delivery, a answerID, s say) 
 		}{reason})
 		writeBody(w, status, "application/json", append(b, '\n'), retry)
 	}
+}
+
+// endUnreadBody prepares the connection for an answer given before the
+// body's end. A sender that asked for 100 Continue, none sent since nothing
+// read the body, waits for it or for this answer and sends no body: the
+// connection closes after the answer, as net/http itself does when it can
+// see the request's own body (Caddy's wrapper hides it, and reading the rest
+// waited drainAtMost for bytes that never come). Otherwise drainBriefly.
+func endUnreadBody(w http.ResponseWriter, d *delivery) {
+	if !d.bodyStarted && strings.Contains(strings.ToLower(d.r.Header.Get("Expect")), "100-continue") {
+		w.Header().Set("Connection", "close")
+		return
+	}
+	drainBriefly(w)
 }
 
 // drainAtMost bounds how long the server reads the unread rest of a

@@ -35,8 +35,8 @@ type delivery struct {
 	// max_body before its signature is checked.
 	decoded *spillFile
 	// bodyRead: the body was read to its end (else answer bounds the
-	// reading of the rest: drainBriefly).
-	bodyRead bool
+	// reading of the rest: endUnreadBody); bodyStarted: its reading began.
+	bodyRead, bodyStarted bool
 	// reserved is what the delivery holds of its scope's body_budget
 	// (budget.go), returned by done; bodyMeter reserves it chunk by chunk
 	// for a body of unknown length and a gzip body's decoded bytes.

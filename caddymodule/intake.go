@@ -410,6 +410,7 @@ func (h *Handler) readWithDeadline(w http.ResponseWriter, d *delivery, spill boo
 // (d.spill): straight away when Content-Length announces it, else once
 // the buffer holds spillAbove bytes.
 func (h *Handler) readInto(d *delivery, spill bool) (int64, error) {
+	d.bodyStarted = true
 	var body io.Reader = d.r.Body
 	if d.r.ContentLength < 0 { // reserved as it arrives
 		body = d.meter(body, h.MaxBody)
