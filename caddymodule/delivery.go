@@ -224,7 +224,10 @@ func (t *throttle) note(fields []zap.Field) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.n++
-	if time.Since(t.last) >= time.Second {
+	// While the trailing line is due, it is the next line: a timer that
+	// fired and waits for the lock would otherwise write a second line
+	// right after this one.
+	if t.trail == nil && time.Since(t.last) >= time.Second {
 		t.writeLocked(fields)
 		return
 	}
