@@ -158,7 +158,8 @@ type Handler struct {
 	// Cache is how many completed event IDs are held in memory to answer
 	// duplicates without a store round trip; nil means 100000, 0 disables
 	// the cache. Entries live at most 1 minute, the longest another instance can
-	// answer an event forgotten through the admin API as a duplicate.
+	// answer an event forgotten through the admin API as a duplicate. Routes
+	// of one storage that give the same size share one cache.
 	Cache *int `json:"cache,omitempty"`
 
 	// ForwardTimeout bounds one forward to the upstream; the forward is not
@@ -339,11 +340,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := checkProxyRetries(h.app); err != nil {
 		return err
 	}
-	entries := defaultCache
-	if h.Cache != nil {
-		entries = *h.Cache
-	}
-	b, err := openBackend(st, entries, caddy.Log().Named("http.handlers.webhook_idempotency.store"))
+	b, err := openBackend(st, caddy.Log().Named("http.handlers.webhook_idempotency.store"))
 	if err != nil {
 		return fmt.Errorf("storage %s: %w", st.Backend, err)
 	}
@@ -352,8 +349,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	scopeTrusts.add(h.Scope, h.trust)
 	h.provisionLearned(ctx)
 	h.stream = h.spillVerifier()
-	if entries > 0 {
-		h.completed = b.completed
+	if n := h.cacheEntries(); n > 0 {
+		if h.completed, err = b.caches.take(n); err != nil {
+			return err
+		}
 	}
 	if err := h.provisionMetrics(ctx); err != nil {
 		return err
@@ -442,6 +441,9 @@ func (h *Handler) Cleanup() error {
 			if h.learned != nil && h.backend.secrets != nil {
 				learningScopes.remove(h.Scope, h.backend)
 			}
+		}
+		if h.completed != nil {
+			h.backend.caches.give(h.cacheEntries())
 		}
 		if h.poolKey != "" {
 			_, err := backends.Delete(h.poolKey)

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -208,10 +209,10 @@ var backends = caddy.NewUsagePool()
 // an operator can still be answered as a duplicate by another instance.
 const cacheTTL = time.Minute
 
-// backend is the pooled value: a store and the cache of its completed IDs.
+// backend is the pooled value: a store and the caches of its completed IDs.
 type backend struct {
 	store.Store
-	completed *cache.Completed
+	caches completedCaches
 	// secrets keeps the secrets learned in handshakes (handshake.go); nil
 	// when the store has none.
 	secrets store.Secrets
@@ -230,8 +231,76 @@ type backend struct {
 // Destruct implements caddy.Destructor: the last handler using the store is
 // gone.
 func (b *backend) Destruct() error {
-	b.completed.Close()
+	b.caches.close()
 	return b.Close()
+}
+
+// completedCaches are a store's caches of completed IDs, one per size its
+// routes ask for (cache), each shared by the routes that ask for that size
+// and kept while one of them is loaded: across reloads, and past a
+// reload that changes the size until the old routes are cleaned up. One
+// cache of the first route's size made every other route's cache setting
+// silently ineffective.
+type completedCaches struct {
+	mu sync.Mutex
+	by map[int]*sizedCache
+}
+
+type sizedCache struct {
+	c    *cache.Completed
+	refs int
+}
+
+// take returns the cache of the given entries (> 0), made on first use;
+// give returns it.
+func (cs *completedCaches) take(entries int) (*cache.Completed, error) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if s := cs.by[entries]; s != nil {
+		s.refs++
+		return s.c, nil
+	}
+	c, err := cache.New(entries, cacheTTL)
+	if err != nil {
+		return nil, err
+	}
+	if cs.by == nil {
+		cs.by = map[int]*sizedCache{}
+	}
+	cs.by[entries] = &sizedCache{c: c, refs: 1}
+	return c, nil
+}
+
+// give undoes one take: the cache closes when no route holds it (a settle
+// still running adds nothing to a closed cache).
+func (cs *completedCaches) give(entries int) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if s := cs.by[entries]; s != nil {
+		if s.refs--; s.refs == 0 {
+			s.c.Close()
+			delete(cs.by, entries)
+		}
+	}
+}
+
+// forget drops an event an operator forgot or resolved from every cache.
+func (cs *completedCaches) forget(scope, id string) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	for _, s := range cs.by {
+		s.c.Forget(scope, id)
+	}
+}
+
+// close closes every cache: the store's last route is gone.
+func (cs *completedCaches) close() {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	for entries, s := range cs.by {
+		s.c.Close()
+		delete(cs.by, entries)
+	}
 }
 
 // openTimeout bounds one opening of a store: connecting and migrating.
@@ -242,19 +311,11 @@ const openTimeout = 30 * time.Second
 // says is only unreachable (backendKind.waits) does not fail: the backend
 // is returned with a pendingStore, opened in the background, whose calls
 // fail until then.
-func openBackend(c Storage, cacheEntries int, logger *zap.Logger) (*backend, error) {
+func openBackend(c Storage, logger *zap.Logger) (*backend, error) {
 	return loadPooled[*backend](backends, c.poolKey(), func() (caddy.Destructor, error) {
 		k := kindOf(c.Backend)
 		if k == nil {
 			return nil, fmt.Errorf("unknown storage backend %q", c.Backend)
-		}
-		entries := cacheEntries
-		if entries <= 0 {
-			entries = defaultCache
-		}
-		comp, err := cache.New(entries, cacheTTL)
-		if err != nil {
-			return nil, err
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 		defer cancel()
@@ -262,15 +323,14 @@ func openBackend(c Storage, cacheEntries int, logger *zap.Logger) (*backend, err
 		switch {
 		case err != nil && k.waits != nil && k.waits(err):
 			p := openLater(c, k, err, logger)
-			b := &backend{Store: p, completed: comp, completing: claim.NewCompletions(), pending: p}
+			b := &backend{Store: p, completing: claim.NewCompletions(), pending: p}
 			b.secrets = p
 			b.newQueue = func(context.Context) (closingQueue, error) { return newPendingQueue(p), nil }
 			return b, nil
 		case err != nil:
-			comp.Close()
 			return nil, err
 		}
-		b := &backend{Store: o.store, completed: comp, completing: claim.NewCompletions(), newQueue: o.newQueue}
+		b := &backend{Store: o.store, completing: claim.NewCompletions(), newQueue: o.newQueue}
 		b.secrets, _ = o.store.(store.Secrets)
 		return b, nil
 	})
@@ -341,4 +401,13 @@ func loadPooled[T caddy.Destructor](pool *caddy.UsagePool, key string, construct
 		return zero, errors.New("the storage pool holds an unexpected value")
 	}
 	return v, nil
+}
+
+// cacheEntries is the size of the route's cache of completed IDs (cache):
+// 0 for none.
+func (h *Handler) cacheEntries() int {
+	if h.Cache == nil {
+		return defaultCache
+	}
+	return *h.Cache
 }

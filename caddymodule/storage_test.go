@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -143,4 +144,33 @@ func TestScopeMustNotContainHash(t *testing.T) {
 	h := new(Handler)
 	require.NoError(t, h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("webhook_idempotency {\n provider stripe\n secret s\n scope a#body\n}")))
 	require.ErrorContains(t, h.Provision(ctx), "scope")
+}
+
+// Routes of one storage keep their own cache sizes: a route with the
+// default size answers its completed events from memory although a route
+// with cache 5 opened the store first (one cache of the first route's size
+// held 5 of 300); the admin API's forget reaches every cache.
+func TestCacheSizePerRoute(t *testing.T) {
+	small := newGateway(t, "webhook_idempotency {\nprovider stripe\nsecret whsec_x\nscope "+uniqueScope("small")+"\ncache 5\n}")
+	big := newGateway(t, "webhook_idempotency {\nprovider stripe\nsecret whsec_x\nscope "+uniqueScope("big")+"\n}", sharingStore(small))
+	require.Same(t, small.h.backend, big.h.backend, "one store")
+	require.NotSame(t, small.h.completed, big.h.completed, "a cache per size")
+	id := func(n int) string { return fmt.Sprintf("evt_size_%03d", n) }
+	for n := range 300 {
+		a := big.serve(withReplacer(stripeDelivery(t, "http://gateway.test/webhooks/stripe", "whsec_x", id(n), big.clock.Now())))
+		require.Equal(t, http.StatusOK, a.status, "%s", a.body)
+	}
+	big.h.claims.Settled()
+	big.h.completed.Wait()
+	known := 0
+	for n := range 300 {
+		if _, ok := big.h.completed.Has(big.h.Scope, id(n)); ok {
+			known++
+		}
+	}
+	require.Greater(t, known, 250, "the default-size route's cache holds its events (ristretto may drop a few writes)")
+
+	big.h.backend.caches.forget(big.h.Scope, id(0))
+	_, ok := big.h.completed.Has(big.h.Scope, id(0))
+	require.False(t, ok, "forgotten in every cache")
 }
