@@ -40,6 +40,10 @@ func New(entries int, ttl time.Duration) (*Completed, error) {
 		NumCounters: int64(entries) * 10,
 		MaxCost:     int64(entries),
 		BufferItems: 64,
+		// MaxCost counts entries (cost 1 each): without this ristretto
+		// adds its own per-item overhead (about 56) to each cost, and the
+		// default 100,000 held about 1,750 events (cache 50: none).
+		IgnoreInternalCost: true,
 	})
 	if err != nil {
 		return nil, err

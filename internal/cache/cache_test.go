@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -76,6 +77,33 @@ func TestBounded(t *testing.T) {
 		}
 	}
 	require.LessOrEqual(t, held, 100, "at most the configured entries are held")
+}
+
+// A cache holds about as many events as it is given entries: ristretto
+// counted its own per-item overhead in each entry's cost, so 1,000 entries
+// held 17 events and the default 100,000 about 1,750.
+func TestHoldsItsEntries(t *testing.T) {
+	t.Parallel()
+	for _, entries := range []int{50, 1000} {
+		c, err := New(entries, time.Minute)
+		require.NoError(t, err)
+		t.Cleanup(c.Close)
+		key := func(i int) string { return fmt.Sprintf("evt_%d", i) }
+		for i := range entries {
+			c.Add("s", key(i), 200)
+			if i%25 == 24 {
+				c.c.Wait() // ristretto drops writes its buffers cannot take at once
+			}
+		}
+		c.c.Wait()
+		held := 0
+		for i := range entries {
+			if _, ok := c.Has("s", key(i)); ok {
+				held++
+			}
+		}
+		require.GreaterOrEqual(t, held, entries*9/10, "cache %d holds its events", entries)
+	}
 }
 
 // A settle that outlives its config may Add after Close: no panic, no effect.
