@@ -162,7 +162,9 @@ Every ` + "`provider`" + ` preset, what its provider documents about how it deli
 const deliveryLegend = `Each fact links the provider's document it comes from; *undocumented* means the provider's webhook
 documentation does not state it, and "not yet checked" that it has not been looked up yet. "Retries" is what happens to a delivery that fails (no answer in time, a connection
 error, or a status the provider does not count as success): a provider that does not retry never
-sends a refused or failed event again. "Refusal" is the status the gateway answers a delivery that
+sends a refused or failed event again, so an upstream that fails one (a ` + "`5xx`" + `, a dropped
+connection) loses it unless someone redelivers it by hand; in front of such a provider, [async
+mode](async.md) answers once the event is stored and retries the upstream itself. "Refusal" is the status the gateway answers a delivery that
 fails verification with (` + "`refuse_status`" + `) and what the provider documents about it. "Replay stopped
 by" is what keeps a captured delivery from being accepted again under the preset's defaults: a
 signed timestamp within the tolerance (with Mailgun, whose signature does not cover the event
