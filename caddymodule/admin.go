@@ -330,7 +330,7 @@ func (a *Admin) forget(ctx context.Context, w http.ResponseWriter, bs []*backend
 		if err != nil {
 			return storeErr(err)
 		}
-		b.caches.forget(scope, id)
+		forgetCached(scope, id)
 		found = true
 	}
 	if !found {
@@ -355,7 +355,7 @@ func (a *Admin) resolve(ctx context.Context, w http.ResponseWriter, bs []*backen
 		case err != nil:
 			return storeErr(err)
 		}
-		b.caches.forget(scope, id)
+		forgetCached(scope, id)
 		e, err := b.Get(ctx, scope, id)
 		if err != nil {
 			return storeErr(err)

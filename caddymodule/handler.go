@@ -349,8 +349,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	scopeTrusts.add(h.Scope, h.trust)
 	h.provisionLearned(ctx)
 	h.stream = h.spillVerifier()
-	if n := h.cacheEntries(); n > 0 {
-		if h.completed, err = b.caches.take(n); err != nil {
+	if h.cacheEntries() > 0 {
+		if h.completed, err = h.takeCache(); err != nil {
 			return err
 		}
 	}
@@ -443,7 +443,7 @@ func (h *Handler) Cleanup() error {
 			}
 		}
 		if h.completed != nil {
-			h.backend.caches.give(h.cacheEntries())
+			_, _ = caches.Delete(h.cacheKey())
 		}
 		if h.poolKey != "" {
 			_, err := backends.Delete(h.poolKey)

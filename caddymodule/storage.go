@@ -7,8 +7,8 @@ import (
 	"net/url"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -198,10 +198,10 @@ func (c Storage) describe() string {
 	return fmt.Sprintf("%s %s (table %s)", c.Backend, where, table)
 }
 
-// backends holds one store (and its cache of completed IDs) per backend, DSN
-// or path, and table, for the whole process: every handler that names the
-// same database shares one pgxpool, and the pool survives config reloads
-// (a reload provisions the new handlers before it cleans up the old ones).
+// backends holds one store per backend, DSN or path, and table, for the
+// whole process: every handler that names the same database shares one
+// pgxpool, and the pool survives config reloads (a reload provisions the
+// new handlers before it cleans up the old ones).
 var backends = caddy.NewUsagePool()
 
 // cacheTTL bounds how long a completed ID is answered from an instance's
@@ -209,10 +209,10 @@ var backends = caddy.NewUsagePool()
 // an operator can still be answered as a duplicate by another instance.
 const cacheTTL = time.Minute
 
-// backend is the pooled value: a store and the caches of its completed IDs.
+// backend is the pooled value: a store (its caches of completed IDs are
+// caches').
 type backend struct {
 	store.Store
-	caches completedCaches
 	// secrets keeps the secrets learned in handshakes (handshake.go); nil
 	// when the store has none.
 	secrets store.Secrets
@@ -230,78 +230,7 @@ type backend struct {
 
 // Destruct implements caddy.Destructor: the last handler using the store is
 // gone.
-func (b *backend) Destruct() error {
-	b.caches.close()
-	return b.Close()
-}
-
-// completedCaches are a store's caches of completed IDs, one per size its
-// routes ask for (cache), each shared by the routes that ask for that size
-// and kept while one of them is loaded: across reloads, and past a
-// reload that changes the size until the old routes are cleaned up. One
-// cache of the first route's size made every other route's cache setting
-// silently ineffective.
-type completedCaches struct {
-	mu sync.Mutex
-	by map[int]*sizedCache
-}
-
-type sizedCache struct {
-	c    *cache.Completed
-	refs int
-}
-
-// take returns the cache of the given entries (> 0), made on first use;
-// give returns it.
-func (cs *completedCaches) take(entries int) (*cache.Completed, error) {
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	if s := cs.by[entries]; s != nil {
-		s.refs++
-		return s.c, nil
-	}
-	c, err := cache.New(entries, cacheTTL)
-	if err != nil {
-		return nil, err
-	}
-	if cs.by == nil {
-		cs.by = map[int]*sizedCache{}
-	}
-	cs.by[entries] = &sizedCache{c: c, refs: 1}
-	return c, nil
-}
-
-// give undoes one take: the cache closes when no route holds it (a settle
-// still running adds nothing to a closed cache).
-func (cs *completedCaches) give(entries int) {
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	if s := cs.by[entries]; s != nil {
-		if s.refs--; s.refs == 0 {
-			s.c.Close()
-			delete(cs.by, entries)
-		}
-	}
-}
-
-// forget drops an event an operator forgot or resolved from every cache.
-func (cs *completedCaches) forget(scope, id string) {
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	for _, s := range cs.by {
-		s.c.Forget(scope, id)
-	}
-}
-
-// close closes every cache: the store's last route is gone.
-func (cs *completedCaches) close() {
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	for entries, s := range cs.by {
-		s.c.Close()
-		delete(cs.by, entries)
-	}
-}
+func (b *backend) Destruct() error { return b.Close() }
 
 // openTimeout bounds one opening of a store: connecting and migrating.
 const openTimeout = 30 * time.Second
@@ -401,6 +330,49 @@ func loadPooled[T caddy.Destructor](pool *caddy.UsagePool, key string, construct
 		return zero, errors.New("the storage pool holds an unexpected value")
 	}
 	return v, nil
+}
+
+// caches holds the caches of completed IDs, one per storage and size its
+// routes ask for (cache), each shared by the routes that ask for that size
+// and kept while one of them is loaded: across reloads, and past a reload
+// that changes the size until the old routes are cleaned up. One cache per
+// storage, sized by the route that opened it first, made every other
+// route's cache, and any reload's, silently ineffective.
+var caches = caddy.NewUsagePool()
+
+// pooledCache is caches' value.
+type pooledCache struct{ *cache.Completed }
+
+// Destruct implements caddy.Destructor: the last route using the cache is
+// gone (a settle still running adds nothing to a closed cache).
+func (c pooledCache) Destruct() error {
+	c.Close()
+	return nil
+}
+
+// takeCache returns the route's cache of completed IDs on its storage
+// (poolKey), made on first use; the route's Cleanup gives it back
+// (caches.Delete of cacheKey).
+func (h *Handler) takeCache() (*cache.Completed, error) {
+	c, err := loadPooled[pooledCache](caches, h.cacheKey(), func() (caddy.Destructor, error) {
+		c, err := cache.New(h.cacheEntries(), cacheTTL)
+		return pooledCache{c}, err
+	})
+	return c.Completed, err
+}
+
+// cacheKey is the route's key in caches.
+func (h *Handler) cacheKey() string { return h.poolKey + "\x00cache " + strconv.Itoa(h.cacheEntries()) }
+
+// forgetCached drops an event an operator forgot or resolved from every
+// cache (a scope's events live on one storage).
+func forgetCached(scope, id string) {
+	caches.Range(func(_, v any) bool {
+		if c, ok := v.(pooledCache); ok {
+			c.Forget(scope, id)
+		}
+		return true
+	})
 }
 
 // cacheEntries is the size of the route's cache of completed IDs (cache):

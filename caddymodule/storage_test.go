@@ -170,7 +170,7 @@ func TestCacheSizePerRoute(t *testing.T) {
 	}
 	require.Greater(t, known, 250, "the default-size route's cache holds its events (ristretto may drop a few writes)")
 
-	big.h.backend.caches.forget(big.h.Scope, id(0))
+	forgetCached(big.h.Scope, id(0))
 	_, ok := big.h.completed.Has(big.h.Scope, id(0))
 	require.False(t, ok, "forgotten in every cache")
 }
