@@ -6,8 +6,9 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/eventid"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
@@ -234,7 +235,7 @@ func (h *Handler) answer(w http.ResponseWriter, d *delivery, a answerID, s say) 
 // see the request's own body (Caddy's wrapper hides it, and reading the rest
 // waited drainAtMost for bytes that never come). Otherwise drainBriefly.
 func endUnreadBody(w http.ResponseWriter, d *delivery) {
-	if !d.bodyStarted && strings.Contains(strings.ToLower(d.r.Header.Get("Expect")), "100-continue") {
+	if !d.bodyStarted && httpguts.HeaderValuesContainsToken(d.r.Header.Values("Expect"), "100-continue") {
 		w.Header().Set("Connection", "close")
 		return
 	}
