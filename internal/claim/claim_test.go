@@ -221,12 +221,7 @@ func TestSettleRetriedAfterLostAnswer(t *testing.T) {
 	const lostMsg = "claim lease lost before settling; another delivery may have been forwarded"
 	t.Run("committed", func(t *testing.T) {
 		t.Parallel()
-		core, logs := observer.New(zap.InfoLevel)
-		b := setup(t, claim.Options{Background: t.Context(), Logger: zap.New(core)})
-		b.store.loseAnswers.Store(1)
-		c, err := b.keeper.Claim(t.Context(), "s", "evt_lost_answer", "")
-		require.NoError(t, err)
-		b.keeper.Settle(t.Context(), []claim.Ref{claim.RefOf("s", "evt_lost_answer", c)}, 200, claim.Complete)
+		b, logs := completeOnce(t, "evt_lost_answer", claim.Options{}, func(f *faulty) { f.loseAnswers.Store(1) })
 		b.keeper.Wait()
 		require.Equal(t, int32(2), b.store.completes.Load(), "the first try, then the retry")
 		require.Equal(t, store.StateCompleted, b.state(t, "s", "evt_lost_answer"))
@@ -235,13 +230,10 @@ func TestSettleRetriedAfterLostAnswer(t *testing.T) {
 	})
 	t.Run("committed, the row unreadable once", func(t *testing.T) {
 		t.Parallel()
-		core, logs := observer.New(zap.InfoLevel)
-		b := setup(t, claim.Options{Background: t.Context(), Logger: zap.New(core)})
-		b.store.loseAnswers.Store(1)
-		b.store.failGets.Store(1) // the first retry cannot tell; the next one reads it
-		c, err := b.keeper.Claim(t.Context(), "s", "evt_lost_read", "")
-		require.NoError(t, err)
-		b.keeper.Settle(t.Context(), []claim.Ref{claim.RefOf("s", "evt_lost_read", c)}, 200, claim.Complete)
+		b, logs := completeOnce(t, "evt_lost_read", claim.Options{}, func(f *faulty) {
+			f.loseAnswers.Store(1)
+			f.failGets.Store(1) // the first retry cannot tell; the next one reads it
+		})
 		b.keeper.Wait()
 		require.Equal(t, int32(3), b.store.completes.Load(), "the first try, a retry that could not read the row, another")
 		require.Zero(t, logs.FilterMessage(lostMsg).Len(), "an unread row is not a lost lease")
@@ -249,28 +241,25 @@ func TestSettleRetriedAfterLostAnswer(t *testing.T) {
 	})
 	t.Run("committed, connection lost", func(t *testing.T) {
 		t.Parallel()
-		core, logs := observer.New(zap.InfoLevel)
-		b := setup(t, claim.Options{Background: t.Context(), Logger: zap.New(core)})
-		b.store.loseAnswers.Store(1)
-		b.store.lostConnection = true
-		c, err := b.keeper.Claim(t.Context(), "s", "evt_lost_conn", "")
-		require.NoError(t, err)
-		b.keeper.Settle(t.Context(), []claim.Ref{claim.RefOf("s", "evt_lost_conn", c)}, 200, claim.Complete)
+		b, logs := completeOnce(t, "evt_lost_conn", claim.Options{}, func(f *faulty) {
+			f.loseAnswers.Store(1)
+			f.lostConnection = true
+		})
 		require.False(t, b.keeper.Active(), "decided at once from the row: no retry")
 		require.Equal(t, int32(1), b.store.completes.Load())
 		require.Zero(t, logs.Len(), "settled: nothing to warn of")
 	})
 	t.Run("taken over", func(t *testing.T) {
 		t.Parallel()
-		core, logs := observer.New(zap.InfoLevel)
-		b := setup(t, claim.Options{Background: t.Context(), Logger: zap.New(core), Lease: 50 * time.Millisecond})
-		b.store.failCompletes.Store(1) // the first try does not commit
-		b.store.retryGate = make(chan struct{})
-		c, err := b.keeper.Claim(t.Context(), "s", "evt_taken", "")
-		require.NoError(t, err)
-		b.keeper.Settle(t.Context(), []claim.Ref{claim.RefOf("s", "evt_taken", c)}, 200, claim.Complete)
+		b, logs := completeOnce(t, "evt_taken", claim.Options{Lease: 50 * time.Millisecond}, func(f *faulty) {
+			f.failCompletes.Store(1) // the first try does not commit
+			f.retryGate = make(chan struct{})
+		})
 		other := claim.New(claim.Options{Store: b.store.Store, Lease: time.Minute})
-		var again store.Claim
+		var (
+			again store.Claim
+			err   error
+		)
 		require.Eventually(t, func() bool {
 			again, err = other.Claim(t.Context(), "s", "evt_taken", "")
 			return err == nil && again.Outcome == store.Claimed
@@ -281,6 +270,21 @@ func TestSettleRetriedAfterLostAnswer(t *testing.T) {
 		b.keeper.Wait()
 		require.Equal(t, 1, logs.FilterMessage(lostMsg).Len(), "another delivery completed the event")
 	})
+}
+
+// completeOnce claims event id of scope "s" through a keeper with opts, a
+// Background context and an observed logger, over a store prep sets up,
+// and completes it with 200 (Settle: the first try, and any retry begun).
+func completeOnce(t *testing.T, id string, opts claim.Options, prep func(*faulty)) (*testBundle, *observer.ObservedLogs) {
+	t.Helper()
+	core, logs := observer.New(zap.InfoLevel)
+	opts.Background, opts.Logger = t.Context(), zap.New(core)
+	b := setup(t, opts)
+	prep(b.store)
+	c, err := b.keeper.Claim(t.Context(), "s", id, "")
+	require.NoError(t, err)
+	b.keeper.Settle(t.Context(), []claim.Ref{claim.RefOf("s", id, c)}, 200, claim.Complete)
+	return b, logs
 }
 
 // TestSettleLeaseLost: a settle with a token that no longer holds the row
