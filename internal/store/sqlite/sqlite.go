@@ -83,6 +83,15 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("sqlite: creating directory: %w", err)
 	}
 
+	// The file holds event IDs and stored upstream answers: readable by
+	// Caddy's user only, as the spool's files are. SQLite would create it
+	// with the process's umask (0644 as a rule); its -wal and -shm files
+	// take the database file's mode. An existing file keeps its own.
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600) //nolint:gosec // the configured database path
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: opening %s: %w", path, err)
+	}
+	_ = f.Close()
 	db, err := sql.Open("sqlite", dsn(path))
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: opening %s: %w", path, interpretError(err))

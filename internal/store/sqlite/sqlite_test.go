@@ -46,6 +46,16 @@ func TestNewCreatesDirectory(t *testing.T) {
 	var mode string
 	require.NoError(t, s.DB().QueryRowContext(t.Context(), "PRAGMA journal_mode").Scan(&mode))
 	require.Equal(t, "wal", mode)
+	// Event IDs and stored answers: the database and its WAL files are
+	// Caddy's user's only, whatever the umask.
+	c, err := s.Claim(t.Context(), store.ClaimParams{Scope: "s", EventID: "e", Lease: time.Minute})
+	require.NoError(t, err)
+	require.NoError(t, s.Complete(t.Context(), "s", "e", c.Token, 200))
+	for _, name := range []string{"events.db", "events.db-wal", "events.db-shm"} {
+		fi, err := os.Stat(filepath.Join(dir, name))
+		require.NoError(t, err)
+		require.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), name)
+	}
 	var busy int
 	require.NoError(t, s.DB().QueryRowContext(t.Context(), "PRAGMA busy_timeout").Scan(&busy))
 	require.Positive(t, busy)
