@@ -47,6 +47,7 @@ const (
 	ansNoIdentity                            // idempotency_key: a key without the caller's identity
 	ansIncomplete                            // idempotency_key: the key's stored answer has no body
 	ansUpstreamError                         // the next handler failed before answering (status: the error's)
+	ansNoUpstream                            // no handler after this one answered (status: 502)
 	ansItemsDone                             // batch split: every item completed (body: the call's summary)
 	ansItemsUnavailable                      // batch split: an item could not be claimed or is held
 	ansItemsInFlight                         // batch split: an item is in flight in another delivery
@@ -146,6 +147,7 @@ var answers = [...]answerRow{
 		reason: "the request has no client identity", logged: true, title: "Client identity is missing"},
 	ansIncomplete:       {status: http.StatusBadGateway, replayed: true, title: "Stored answer is incomplete"},
 	ansUpstreamError:    {reason: "upstream unavailable"},
+	ansNoUpstream:       {reason: "no upstream handler answered", logged: true},
 	ansItemsDone:        {outcome: outcomeCompleted, status: http.StatusOK},
 	ansItemsUnavailable: {outcome: outcomeStoreError, status: http.StatusServiceUnavailable, retry: unavailableRetryAfter},
 	ansItemsInFlight:    {outcome: outcomeInFlight, status: http.StatusConflict},

@@ -297,8 +297,21 @@ func (h *Handler) passOn(w http.ResponseWriter, r *http.Request, next caddyhttp.
 // The answer is the error's status (502 when it has none) with a JSON body;
 // the log line names the error, never a header. Routes' handle_errors blocks
 // therefore do not see upstream errors of this handler.
+//
+// A next handler that returned no error and wrote no status means nothing
+// after this handler answered: the route has no reverse_proxy (Caddy would
+// answer an empty 200 and the provider would never deliver the event
+// again). It is answered 502, so the provider retries once the route is
+// fixed; the claim was released (nothing reached an upstream).
 func (h *Handler) answerProxyError(rec caddyhttp.ResponseRecorder, err error, d *delivery) error {
 	if err == nil {
+		if finalStatus(rec) == 0 {
+			h.answer(rec, d, ansNoUpstream, say{status: http.StatusBadGateway})
+			d.status = http.StatusBadGateway
+			h.logThrottled(zapcore.ErrorLevel, "no handler after webhook_idempotency answered the delivery; answered 502 so the provider delivers it again: "+
+				"put reverse_proxy (or the handler that runs the event) after webhook_idempotency in this route",
+				zap.String("scope", h.Scope), zap.String("event_id", d.eventID))
+		}
 		return nil
 	}
 	status := http.StatusBadGateway

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
@@ -835,4 +836,54 @@ func TestCompletionAfterAnswerAnotherRoute(t *testing.T) {
 	requireDuplicate(t, g2.serve(g2.stripe("whsec_routes", body, g2.clock.Unix())))
 	require.Equal(t, 1, g1.up.count())
 	g2.requireRow("stripe", "evt_routes", store.StateCompleted)
+}
+
+// A route with nothing after webhook_idempotency (reverse_proxy left out):
+// the next handler returns without answering, and Caddy would send an
+// empty 200 that ends the provider's deliveries of an event nothing ran.
+// It is answered 502 and released, so the provider's retry is forwarded
+// once the route is fixed; a throttled error says what to write, and
+// events forwarded without a claim (on_missing_id forward) get the same.
+func TestNoHandlerAfterTheDirectiveAnswers502(t *testing.T) {
+	t.Parallel()
+	const secret = "whsec_noupstream"
+	up := newUpstream()
+	silent := func(http.ResponseWriter, *http.Request, int) error { return nil }
+	up.respond = silent
+	g := newGateway(t, `webhook_idempotency {
+		provider stripe
+		secret `+secret+`
+		scope noupstream
+		on_missing_id forward
+	}`, withUpstream(up))
+	body := []byte(`{"id":"evt_noupstream_1","object":"event"}`)
+	for range 3 {
+		a := g.serve(g.stripe(secret, body, g.clock.Unix()))
+		require.Equal(t, http.StatusBadGateway, a.status)
+		require.JSONEq(t, `{"error":"no upstream handler answered"}`, string(a.body))
+	}
+	require.Equal(t, 3, up.count(), "each delivery was forwarded: the claim was released every time")
+	ev := g.requireRow("noupstream", "evt_noupstream_1", store.StateReleased)
+	require.Equal(t, 3, ev.Attempts)
+	lines := g.deliveryLog()
+	require.Len(t, lines, 3)
+	require.Equal(t, "released", lines[0]["outcome"])
+	require.EqualValues(t, 502, lines[0]["status"])
+	require.Equal(t, "no upstream handler answered", lines[0]["reason"])
+	errs := g.logged("no handler after webhook_idempotency answered the delivery")
+	require.Len(t, errs, 1, "throttled: one line a second")
+	require.Equal(t, zapcore.ErrorLevel, errs[0].Level)
+
+	// The route fixed: the provider's next delivery runs the event once.
+	up.respond = nil
+	a := g.serve(g.stripe(secret, body, g.clock.Unix()))
+	require.Equal(t, http.StatusOK, a.status)
+	g.requireRow("noupstream", "evt_noupstream_1", store.StateCompleted)
+	requireDuplicate(t, g.serve(g.stripe(secret, body, g.clock.Unix())))
+	require.Equal(t, 4, up.count())
+
+	// Without an event ID (forwarded without a claim): 502 too.
+	up.respond = silent
+	a = g.serve(g.stripe(secret, []byte(`{"object":"event"}`), g.clock.Unix()))
+	require.Equal(t, http.StatusBadGateway, a.status)
 }
