@@ -71,6 +71,11 @@ type Preset struct {
 	// provider's signing secret as displayed, e.g. "<access key>:<secret
 	// key>"; "" for the usual case.
 	SecretFormat string
+	// WrongSecrets are the provider's other credentials that are mistaken
+	// for its signing secret (Stripe's API keys): a configured secret
+	// starting with one of their prefixes is refused at load, naming it,
+	// instead of failing every delivery with "no matching signature".
+	WrongSecrets []WrongSecret
 	// Delivery is how the provider delivers (retries, maximum body,
 	// timeout, expected answer, refusal), each fact with its source.
 	Delivery Delivery
@@ -84,6 +89,14 @@ type Preset struct {
 	// overridable: build wraps the generic engine and applies the
 	// Options.HMAC overrides itself (linear, gitea, forgejo).
 	overridable bool
+}
+
+// WrongSecret is a kind of credential that is not the signing secret.
+type WrongSecret struct {
+	// Prefix starts every credential of the kind, e.g. "sk_".
+	Prefix string
+	// What it is, e.g. "a secret API key".
+	What string
 }
 
 // Scheme declares how a provider signs a delivery. The generic engine reads

@@ -379,6 +379,12 @@ func TestNewErrors(t *testing.T) {
 		{"hmac unknown encoding", "hmac", signature.Options{Secrets: []string{"s"}, HMAC: signature.HMACOptions{Header: "X", Encoding: "base32"}}, `unknown encoding "base32"`},
 		{"whsec secret not base64", "standard", signature.Options{Secrets: []string{"whsec_not*base64!"}}, "secret 1 is not base64"},
 		{"whsec secret empty key", "svix", signature.Options{Secrets: []string{"whsec_"}}, "secret 1 decodes to an empty key"},
+		{"stripe secret API key", "stripe", signature.Options{Secrets: []string{"whsec_current", "sk_live_51Habcdef"}},
+			"secret 2 is a secret API key (sk_…), not the signing secret: the webhook endpoint's signing secret, `whsec_…`"},
+		{"stripe restricted key", "stripe", signature.Options{Secrets: []string{"rk_test_51Habcdef"}}, "secret 1 is a restricted API key (rk_…)"},
+		{"stripe publishable key", "stripe", signature.Options{Secrets: []string{"pk_test_51Habcdef"}}, "secret 1 is a publishable API key (pk_…)"},
+		{"secret with a trailing space", "stripe", signature.Options{Secrets: []string{"whsec_pasted "}}, "secret 1 has whitespace before or after it"},
+		{"secret with a line break", "github", signature.Options{Secrets: []string{"gh-secret\n"}}, "secret 1 has whitespace before or after it"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

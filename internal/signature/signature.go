@@ -212,6 +212,16 @@ func checkOptions(p Preset, o Options) error {
 		if s == "" {
 			return fmt.Errorf("secret %d is empty", i+1)
 		}
+		// A space or a line break around a secret is a copy-paste slip no
+		// provider's secret has; kept, every delivery would fail.
+		if strings.TrimSpace(s) != s {
+			return fmt.Errorf("secret %d has whitespace before or after it: remove it (quote the secret exactly as the provider shows it)", i+1)
+		}
+		for _, w := range p.WrongSecrets {
+			if strings.HasPrefix(s, w.Prefix) {
+				return fmt.Errorf("secret %d is %s (%s…), not the signing secret: %s", i+1, w.What, w.Prefix, p.SecretFormat)
+			}
+		}
 	}
 	if o.Tolerance < 0 {
 		return errors.New("tolerance must not be negative")
