@@ -213,6 +213,10 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, seen map[string]
 		}
 	case "secret":
 		var s string
+		if d.CountRemainingArgs() == 0 {
+			return d.Err("secret: no value; a {$NAME} placeholder whose variable is unset when the Caddyfile is adapted leaves nothing: " +
+				"set it, or write {env.NAME}, read when Caddy loads the config")
+		}
 		if !d.AllArgs(&s) {
 			// d.ArgErr would echo the token after the secret.
 			return d.Err("secret: want exactly one value (quote a secret that contains spaces)")

@@ -119,6 +119,8 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		},
 		{name: "provider block repeats tolerance", input: "webhook_idempotency {\n provider stripe {\n tolerance 1m\n }\n tolerance 2m\n secret s\n}", wantErr: "tolerance already specified"},
 		{name: "secret with two values", input: "webhook_idempotency {\n provider stripe\n secret hunter2 extra\n}", wantErr: "secret: want exactly one value"},
+		// What an unset {$NAME} leaves after adaptation.
+		{name: "secret with no value", input: "webhook_idempotency {\n provider stripe\n secret\n}", wantErr: "secret: no value; a {$NAME} placeholder whose variable is unset when the Caddyfile is adapted leaves nothing: set it, or write {env.NAME}"},
 		{name: "no secret", input: "webhook_idempotency {\n provider stripe\n}", wantErr: "secret", config: true},
 		{name: "no provider", input: "webhook_idempotency {\n secret s\n}", wantErr: "provider", config: true},
 		{name: "unknown subdirective", input: "webhook_idempotency {\n provider stripe\n secret s\n frobnicate 1\n}", wantErr: `unknown subdirective "frobnicate"`},

@@ -45,3 +45,16 @@ func TestEmptyPlaceholderSaysWhich(t *testing.T) {
 		}
 	}
 }
+
+// A storage DSN or path that expands to nothing names its placeholder too
+// (it said "DSN is required", a new user's trial), and nothing is opened.
+func TestEmptyStoragePlaceholderSaysWhich(t *testing.T) {
+	t.Setenv("WI_TEST_EMPTY_DSN", "")
+	for backend, want := range map[string]string{
+		"postgres": "storage postgres: the DSN is empty ({env.WI_TEST_EMPTY_DSN} is empty: is the variable set in the environment of the running Caddy process?)",
+		"sqlite":   "storage sqlite: the path is empty ({env.WI_TEST_EMPTY_DSN} is empty: is the variable set in the environment of the running Caddy process?)",
+	} {
+		err := provisionErr(t, "webhook_idempotency {\n provider stripe\n secret whsec_ok\n storage "+backend+" {env.WI_TEST_EMPTY_DSN}\n}")
+		require.EqualError(t, err, want)
+	}
+}

@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -36,6 +37,10 @@ type Storage struct {
 	// Table is the name of the events table, so the gateway can share a
 	// database with the application. Default: webhook_events.
 	Table string `json:"table,omitempty"`
+
+	// emptyHint, set by Handler.storage, says why the DSN or path expanded
+	// to nothing ({env.NAME} unset, {file.path} empty).
+	emptyHint string
 }
 
 // backendKind is one kind of store the storage field names: a backend is
@@ -166,6 +171,9 @@ func (h *Handler) storage() Storage {
 			st = *h.Storage
 			st.DSN = repl.ReplaceAll(st.DSN, "")
 			st.Path = repl.ReplaceAll(st.Path, "")
+			if raw := h.Storage.location(); raw != "" && st.location() == "" {
+				st.emptyHint = cmp.Or(emptyHint(raw), " ("+raw+" expands to nothing)")
+			}
 		}
 		st.Table = table
 	}
@@ -241,6 +249,13 @@ const openTimeout = 30 * time.Second
 // is returned with a pendingStore, opened in the background, whose calls
 // fail until then.
 func openBackend(c Storage, logger *zap.Logger) (*backend, error) {
+	if c.emptyHint != "" {
+		what := "path"
+		if c.Backend == "postgres" {
+			what = "DSN"
+		}
+		return nil, fmt.Errorf("the %s is empty%s", what, c.emptyHint)
+	}
 	return loadPooled[*backend](backends, c.poolKey(), func() (caddy.Destructor, error) {
 		k := kindOf(c.Backend)
 		if k == nil {
