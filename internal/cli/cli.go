@@ -369,6 +369,14 @@ func BuildDelivery(p SignParams) (Delivery, error) {
 			return Delivery{}, fmt.Errorf("--event-id-from %q: want \"header <Name>\", \"json <path>\" or \"form <field>\"", from)
 		case kind == "header":
 			h.Set(name, id)
+			if example {
+				// The example's body would be the same on every run, and
+				// a route's dedupe_body (github, shopify, ...) answers a
+				// known body under a new ID as a replay: the body carries
+				// the ID too, so a fresh ID is a new event and a repeated
+				// --event-id the same one.
+				body = varyExample(body, contentType, id)
+			}
 		case kind == "json" && id != "":
 			if body, err = setJSON(body, name, id); err != nil {
 				return Delivery{}, fmt.Errorf("setting the event ID at json %s: %w", name, err)
@@ -447,6 +455,23 @@ func BuildDelivery(p SignParams) (Delivery, error) {
 
 // setJSON sets the string at a gjson-style dotted path of a JSON body,
 // keeping the rest of the body as it is.
+// varyExample writes id into an example body as its test_delivery member
+// (JSON) or field (form); another body is left as it is.
+func varyExample(body []byte, contentType, id string) []byte {
+	if gjson.ValidBytes(body) {
+		if b, err := sjson.SetBytes(body, "test_delivery", id); err == nil {
+			return b
+		}
+	}
+	if strings.HasPrefix(contentType, "application/x-www-form-urlencoded") {
+		if vals, err := url.ParseQuery(string(body)); err == nil {
+			vals.Set("test_delivery", id)
+			return []byte(vals.Encode())
+		}
+	}
+	return body
+}
+
 func setJSON(body []byte, path, value string) ([]byte, error) {
 	if !gjson.ValidBytes(body) {
 		return nil, errors.New("body is not JSON")

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/tidwall/gjson"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/cli"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
@@ -59,6 +60,27 @@ func TestBuildDelivery(t *testing.T) {
 		require.Equal(t, "guid-1", d.Header.Get("X-GitHub-Delivery"))
 		require.Equal(t, "push", d.Header.Get("X-GitHub-Event"))
 		require.True(t, strings.HasPrefix(d.Header.Get("X-Hub-Signature-256"), "sha256="))
+	})
+	t.Run("header id: the example body differs per event", func(t *testing.T) {
+		// A github route's dedupe_body answers a known body under a new
+		// delivery ID as a replay: two runs without --event-id must be
+		// two events, two runs with one --event-id the same one.
+		t.Parallel()
+		p := cli.SignParams{Provider: "github", Secret: "gh", Headers: http.Header{"X-Github-Event": {"push"}}}
+		a, err := cli.BuildDelivery(p)
+		require.NoError(t, err)
+		b, err := cli.BuildDelivery(p)
+		require.NoError(t, err)
+		require.NotEqual(t, a.EventID, b.EventID)
+		require.NotEqual(t, a.Body, b.Body)
+		require.Equal(t, a.EventID, gjson.GetBytes(a.Body, "test_delivery").String())
+		require.True(t, gjson.GetBytes(a.Body, "repository").Exists(), "the rest of the example is kept")
+		p.EventID = "guid-same"
+		c, err := cli.BuildDelivery(p)
+		require.NoError(t, err)
+		d, err := cli.BuildDelivery(p)
+		require.NoError(t, err)
+		require.Equal(t, c.Body, d.Body)
 	})
 	t.Run("form body", func(t *testing.T) {
 		t.Parallel()
