@@ -32,9 +32,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			<any subdirective below>                        # e.g. tolerance, event_id
 //		}]
 //		secret    <secret>               # repeatable; every one is tried (rotation)
-//		tolerance <duration>             # timestamped schemes; default 5m
+//		tolerance <duration>             # timestamped schemes; default per provider (5m for most)
 //		url       <public url>           # schemes that sign the URL (square, twilio)
-//		event_id  header <name> | json <path>... | form <field> | form_sha256 <field>  # repeatable parts; default: the provider's own ID
+//		event_id  header <name> | json <path>... | form <field> | form_sha256 <field> | jws <member>#<path>  # repeatable parts; default: the provider's own ID
 //		scope     <name>                 # namespace of event IDs; default: provider
 //		storage   postgres <dsn> | sqlite <path>
 //		table     <name>                 # events table; default webhook_events
@@ -42,7 +42,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		retention <duration>             # default 30d
 //		max_body  <size>                 # default: the provider's documented maximum over 5MB (github 25MiB), else 5MB
 //		body_budget <size>               # body bytes the scope holds at once (memory and temporary files); at least 2 × max_body + 64KiB; default 1GiB
-//		cache     <entries>              # completed IDs held in memory; 0 = off
+//		cache     <entries>              # completed IDs held in memory; default 100000; 0 = off
 //		forward_timeout <duration>       # upper bound of one forward; default 5m
 //		read_timeout <duration>          # to receive the whole body; default 10s
 //		on_ambiguous reforward | hold    # default reforward
@@ -225,7 +225,7 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, seen map[string]
 	case "event_id":
 		args := d.RemainingArgs()
 		if len(args) < 2 {
-			return d.Errf("event_id: want header <name>, json <path>..., form <field> or form_sha256 <field>")
+			return d.Errf("event_id: want header <name>, json <path>..., form <field>, form_sha256 <field> or jws <member>#<path>")
 		}
 		if args[0] != "json" && len(args) != 2 {
 			// A composite key mixing kinds is one line per part: a JSON path

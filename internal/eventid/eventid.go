@@ -61,11 +61,16 @@ type Source struct {
 	// Kind is where the part is read from: "header" (a request header, by
 	// case-insensitive name), "json" (a plain gjson path over the raw JSON
 	// body: member names and array indexes, no wildcards, queries or
-	// modifiers) or "form" (a field of an
-	// application/x-www-form-urlencoded body, percent-decoded).
+	// modifiers), "form" (a field of an
+	// application/x-www-form-urlencoded body, percent-decoded),
+	// "form_sha256" (the hex SHA-256 of a form field, for a provider whose
+	// only per-notification value is the whole notification: Braintree's
+	// bt_payload) or "jws" (a JSON path inside the payload of a compact JWS
+	// carried by a JSON member, named "<member path>#<payload path>":
+	// Apple's "signedPayload#notificationUUID").
 	Kind Kind `json:"from"`
-	// Name is the header's name, the JSON path (e.g. data.object.id) or the
-	// form field's name.
+	// Name is the header's name, the JSON path (e.g. data.object.id), the
+	// form field's name, or for jws "<member path>#<payload path>".
 	Name string `json:"name"`
 }
 
