@@ -3,6 +3,7 @@ module github.com/webhook-idempotency/caddy-webhook-idempotency
 go 1.26.0
 
 require (
+	github.com/agnivade/levenshtein v1.2.2
 	github.com/caddyserver/caddy/v2 v2.11.9
 	github.com/dgraph-io/ristretto/v2 v2.4.2
 	github.com/dustin/go-humanize v1.1.0

@@ -2,8 +2,10 @@ package caddymodule
 
 import (
 	"maps"
+	"slices"
 	"strconv"
 
+	"github.com/agnivade/levenshtein"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
@@ -167,7 +169,7 @@ func durationArg(d *caddyfile.Dispenser) (caddy.Duration, error) {
 	}
 	dur, err := caddy.ParseDuration(s)
 	if err != nil || dur <= 0 {
-		return 0, d.Errf("%s: invalid duration %q", name, s)
+		return 0, d.Errf("%s: invalid duration %q (write it as Caddy does: 30d, 72h, 90m, 1h30m)", name, s)
 	}
 	return caddy.Duration(dur), nil
 }
@@ -309,9 +311,32 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, seen map[string]
 	case "spool", "spool_max":
 		return h.unmarshalSpool(d, name)
 	default:
-		return d.Errf("unknown subdirective %q", name)
+		return h.unknownSubdirective(d, name)
 	}
 	return nil
+}
+
+// subdirectives are the block's subdirectives besides values(): with them,
+// the names an unknown one is compared with (TestSubdirectivesKnown keeps
+// the list in step with the parser and the syntax).
+var subdirectives = []string{"provider", "secret", "event_id", "storage", "table", "max_body", "body_budget",
+	"cache", "dedupe_body", "refuse_status", "allow_sha1", "hmac", "max_attempts", "retry_schedule",
+	"max_concurrency", "rate", "order_key", "handshake", "verify_token", "learned_secret", "enroll_window",
+	"batch", "replay", "replay_max", "replay_headers", "idempotency_key", "spool", "spool_max"}
+
+// unknownSubdirective refuses name, suggesting the subdirective it is
+// closest to (two edits at most: secrets, retension).
+func (h *Handler) unknownSubdirective(d *caddyfile.Dispenser, name string) error {
+	best, bestDist := "", 3
+	for _, k := range slices.Concat(slices.Sorted(maps.Keys(h.values())), subdirectives) {
+		if dist := levenshtein.ComputeDistance(name, k); dist < bestDist {
+			best, bestDist = k, dist
+		}
+	}
+	if best != "" {
+		return d.Errf("unknown subdirective %q: did you mean %s?", name, best)
+	}
+	return d.Errf("unknown subdirective %q (every subdirective is in the config reference, docs/config.md)", name)
 }
 
 // unmarshalScheme parses one field of an hmac { } or provider <name> { }

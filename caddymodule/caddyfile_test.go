@@ -1,6 +1,11 @@
 package caddymodule
 
 import (
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
@@ -123,7 +128,10 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		{name: "secret with no value", input: "webhook_idempotency {\n provider stripe\n secret\n}", wantErr: "secret: no value; a {$NAME} placeholder whose variable is unset when the Caddyfile is adapted leaves nothing: set it, or write {env.NAME}"},
 		{name: "no secret", input: "webhook_idempotency {\n provider stripe\n}", wantErr: "secret", config: true},
 		{name: "no provider", input: "webhook_idempotency {\n secret s\n}", wantErr: "provider", config: true},
-		{name: "unknown subdirective", input: "webhook_idempotency {\n provider stripe\n secret s\n frobnicate 1\n}", wantErr: `unknown subdirective "frobnicate"`},
+		{name: "unknown subdirective", input: "webhook_idempotency {\n provider stripe\n secret s\n frobnicate 1\n}", wantErr: `unknown subdirective "frobnicate" (every subdirective is in the config reference`},
+		{name: "misspelt subdirective", input: "webhook_idempotency {\n provider stripe\n secrets s\n}", wantErr: `unknown subdirective "secrets": did you mean secret?`},
+		{name: "misspelt value subdirective", input: "webhook_idempotency {\n provider stripe\n secret s\n retension 30d\n}", wantErr: `unknown subdirective "retension": did you mean retention?`},
+		{name: "duration in words", input: "webhook_idempotency {\n provider stripe\n secret s\n retention 30days\n}", wantErr: `retention: invalid duration "30days" (write it as Caddy does: 30d`},
 		{name: "repeated tolerance", input: "webhook_idempotency {\n provider stripe\n secret s\n tolerance 1m\n tolerance 2m\n}", wantErr: "tolerance already specified"},
 		{name: "bad duration", input: "webhook_idempotency {\n provider stripe\n secret s\n lease soon\n}", wantErr: "lease: invalid duration"},
 		{name: "bad size", input: "webhook_idempotency {\n provider stripe\n secret s\n max_body lots\n}", wantErr: "max_body: invalid size"},
@@ -203,4 +211,31 @@ func TestProtocolConfigChecked(t *testing.T) {
 	require.NoError(t, h.prepareConfig())
 	require.Equal(t, "edge", h.Handshake)
 	require.Equal(t, "keep", h.LearnedSecret)
+}
+
+// Every name an unknown subdirective is compared with parses as a
+// subdirective, and every subdirective of the syntax block (the config
+// reference's) is among them.
+func TestSubdirectivesKnown(t *testing.T) {
+	t.Parallel()
+	h := new(Handler)
+	known := slices.Concat(slices.Sorted(maps.Keys(h.values())), subdirectives)
+	for _, name := range known {
+		err := new(Handler).UnmarshalCaddyfile(caddyfile.NewTestDispenser("webhook_idempotency {\n " + name + "\n}"))
+		if err != nil {
+			require.NotContains(t, err.Error(), "unknown subdirective", name)
+		}
+	}
+	doc, err := os.ReadFile(filepath.Join("..", "docs", "config.md"))
+	require.NoError(t, err)
+	syntax := string(doc)
+	syntax = syntax[strings.Index(syntax, "webhook_idempotency [<matcher>] {"):]
+	syntax = syntax[:strings.Index(syntax, "```")]
+	for _, line := range strings.Split(syntax, "\n")[1:] {
+		if len(line) < 2 || line[0] != '\t' || line[1] == '\t' || line[1] == '}' || line[1] == '<' {
+			continue // nested blocks, the end, placeholders
+		}
+		name := strings.Fields(line)[0]
+		require.Contains(t, known, name, "the syntax's %s", name)
+	}
 }
