@@ -453,8 +453,6 @@ func BuildDelivery(p SignParams) (Delivery, error) {
 	return d, nil
 }
 
-// setJSON sets the string at a gjson-style dotted path of a JSON body,
-// keeping the rest of the body as it is.
 // varyExample writes id into an example body as its test_delivery member
 // (JSON) or field (form); another body is left as it is.
 func varyExample(body []byte, contentType, id string) []byte {
@@ -472,6 +470,8 @@ func varyExample(body []byte, contentType, id string) []byte {
 	return body
 }
 
+// setJSON sets the string at a gjson-style dotted path of a JSON body,
+// keeping the rest of the body as it is.
 func setJSON(body []byte, path, value string) ([]byte, error) {
 	if !gjson.ValidBytes(body) {
 		return nil, errors.New("body is not JSON")
