@@ -49,6 +49,24 @@ func TestDirectiveOrderedBeforeReverseProxy(t *testing.T) {
 	require.True(t, i >= 0 && j > i, "webhook_idempotency must come before reverse_proxy: %s", out)
 }
 
+// A site-level webhook_idempotency runs before the site's handle and route
+// blocks, as basic_auth does: ordered just before reverse_proxy, it came
+// after them, and a handle block holding the reverse_proxy answered every
+// request without it (a new user's trial: unsigned bodies forwarded, each
+// redelivery run again, nothing logged).
+func TestDirectiveOrderedBeforeHandle(t *testing.T) {
+	for _, block := range []string{"handle /webhooks/*", "route /webhooks/*", "handle_path /webhooks/*"} {
+		raw := "http://localhost:9999 {\n\t" + block + " {\n\t\treverse_proxy 127.0.0.1:9000\n\t}\n\trespond 404\n" +
+			"\twebhook_idempotency {\n\t\tprovider stripe\n\t\tsecret s\n\t}\n}\n"
+		out, err := adaptJSON(raw)
+		require.NoError(t, err)
+		i := strings.Index(out, `"handler":"webhook_idempotency"`)
+		j := strings.Index(out, `"handler":"reverse_proxy"`)
+		k := strings.Index(out, `"handler":"static_response"`)
+		require.True(t, i >= 0 && j > i && k > i, "%s: webhook_idempotency must come first: %s", block, out)
+	}
+}
+
 func adaptJSON(caddyfileText string) (string, error) {
 	out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfileText), nil)
 	return string(out), err

@@ -17,7 +17,7 @@ import (
 
 func init() {
 	httpcaddyfile.RegisterHandlerDirective("webhook_idempotency", parseCaddyfile)
-	httpcaddyfile.RegisterDirectiveOrder("webhook_idempotency", httpcaddyfile.Before, "reverse_proxy")
+	httpcaddyfile.RegisterDirectiveOrder("webhook_idempotency", httpcaddyfile.Before, "handle")
 }
 
 func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
@@ -244,6 +244,10 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, seen map[string]
 	case "storage":
 		var kind, arg string
 		if !d.AllArgs(&kind, &arg) {
+			if what := map[string]string{"postgres": "DSN", "sqlite": "path"}[kind]; what != "" && arg == "" {
+				return d.Errf("storage %s: no %s; a {$NAME} placeholder whose variable is unset when the Caddyfile is adapted leaves nothing: "+
+					"set it, or write {env.NAME}, read when Caddy loads the config", kind, what)
+			}
 			return d.Errf("storage: want postgres <dsn> or sqlite <path>")
 		}
 		h.setStorage(kind, arg)
