@@ -139,6 +139,8 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		{name: "hmac without header", input: "webhook_idempotency {\n provider hmac\n secret s\n event_id json id\n}", wantErr: "hmac", config: true},
 		{name: "hmac bad algorithm", input: "webhook_idempotency {\n provider hmac\n secret s\n hmac {\n header X\n algorithm md5\n }\n}", wantErr: "hmac algorithm"},
 		{name: "bad event_id source", input: "webhook_idempotency {\n provider stripe\n secret s\n event_id query id\n}", wantErr: "event_id"},
+		{name: "storage with no DSN", input: "webhook_idempotency {\n provider stripe\n secret s\n storage postgres\n}", wantErr: "storage postgres: no DSN; a {$NAME} placeholder whose variable is unset"},
+		{name: "storage with one word", input: "webhook_idempotency {\n provider stripe\n secret s\n storage /var/lib/events.db\n}", wantErr: "storage: want postgres <dsn> or sqlite <path>"},
 		{name: "bad storage", input: "webhook_idempotency {\n provider stripe\n secret s\n storage redis x\n}", wantErr: "storage", config: true},
 		{name: "bad on_ambiguous", input: "webhook_idempotency {\n provider stripe\n secret s\n on_ambiguous maybe\n}", wantErr: "on_ambiguous", config: true},
 		{name: "args on directive", input: "webhook_idempotency foo {\n provider stripe\n secret s\n}", wantErr: "wrong argument count"},

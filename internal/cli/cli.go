@@ -507,6 +507,12 @@ func SendSigned(ctx context.Context, out io.Writer, p SignParams, to string, tim
 	for k, vs := range d.Header {
 		req.Header[k] = vs
 	}
+	if host := req.Header.Get("Host"); host != "" {
+		// net/http sends req.Host and ignores a Host header: --header
+		// "Host: hooks.example.com" reaches a host-matched site locally.
+		req.Host = host
+		req.Header.Del("Host")
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return false, fmt.Errorf("posting the delivery: %w", err)

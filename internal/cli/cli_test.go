@@ -129,3 +129,21 @@ func TestSendSignedReportsStatusOfCutAnswer(t *testing.T) {
 	require.ErrorContains(t, err, "status 200 received, body cut after 100 bytes")
 	require.NotContains(t, err.Error(), "whsec_cut")
 }
+
+// --header "Host: ..." is the request's host, so a site matched by host
+// (the README's hooks.example.com) can be tried locally (a new user's
+// trial: net/http ignores a Host header and sent 127.0.0.1).
+func TestSendSignedHostHeader(t *testing.T) {
+	t.Parallel()
+	hosts := make(chan string, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		hosts <- r.Host
+	}))
+	t.Cleanup(srv.Close)
+	p := cli.SignParams{Provider: "stripe", Secret: "whsec_host", Headers: http.Header{"Host": {"hooks.example.com"}}}
+	ok, err := cli.SendSigned(t.Context(), io.Discard, p, srv.URL, 5*time.Second)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, "hooks.example.com", <-hosts)
+}

@@ -385,6 +385,8 @@ func TestNewErrors(t *testing.T) {
 		{"stripe publishable key", "stripe", signature.Options{Secrets: []string{"pk_test_51Habcdef"}}, "secret 1 is a publishable API key (pk_…)"},
 		{"secret with a trailing space", "stripe", signature.Options{Secrets: []string{"whsec_pasted "}}, "secret 1 has whitespace before or after it"},
 		{"secret with a line break", "github", signature.Options{Secrets: []string{"gh-secret\n"}}, "secret 1 has whitespace before or after it"},
+		{"secret in double quotes", "stripe", signature.Options{Secrets: []string{`"whsec_quoted"`}}, "secret 1 is in quotes: remove them"},
+		{"secret in single quotes", "github", signature.Options{Secrets: []string{"ok", `'gh-quoted'`}}, "secret 2 is in quotes: remove them"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -212,10 +212,14 @@ func checkOptions(p Preset, o Options) error {
 		if s == "" {
 			return fmt.Errorf("secret %d is empty", i+1)
 		}
-		// A space or a line break around a secret is a copy-paste slip no
-		// provider's secret has; kept, every delivery would fail.
+		// A space, a line break or quotes around a secret are a copy-paste
+		// slip (an env file that keeps quotes) no provider's secret has;
+		// kept, every delivery would fail.
 		if strings.TrimSpace(s) != s {
-			return fmt.Errorf("secret %d has whitespace before or after it: remove it (quote the secret exactly as the provider shows it)", i+1)
+			return fmt.Errorf("secret %d has whitespace before or after it: remove it from the secret's value (in the Caddyfile, or the variable or file it is read from)", i+1)
+		}
+		if len(s) >= 2 && (s[0] == '"' || s[0] == '\'') && s[len(s)-1] == s[0] {
+			return fmt.Errorf("secret %d is in quotes: remove them from the secret's value (an env file passed to docker run --env-file keeps them)", i+1)
 		}
 		for _, w := range p.WrongSecrets {
 			if strings.HasPrefix(s, w.Prefix) {
