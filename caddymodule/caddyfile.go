@@ -17,8 +17,16 @@ import (
 
 func init() {
 	httpcaddyfile.RegisterHandlerDirective("webhook_idempotency", parseCaddyfile)
+	// Before handle, as basic_auth: at a site's top level the gate runs
+	// before the site's handle and route blocks, which would otherwise
+	// answer without it (and so before reverse_proxy too).
 	httpcaddyfile.RegisterDirectiveOrder("webhook_idempotency", httpcaddyfile.Before, "handle")
 }
+
+// unsetAdaptVar explains a subdirective left without its value: what an
+// unset {$NAME} leaves once the Caddyfile is adapted.
+const unsetAdaptVar = "a {$NAME} placeholder whose variable is unset when the Caddyfile is adapted leaves nothing: " +
+	"set it, or write {env.NAME}, read when Caddy loads the config"
 
 func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	m := new(Handler)
@@ -216,8 +224,7 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, seen map[string]
 	case "secret":
 		var s string
 		if d.CountRemainingArgs() == 0 {
-			return d.Err("secret: no value; a {$NAME} placeholder whose variable is unset when the Caddyfile is adapted leaves nothing: " +
-				"set it, or write {env.NAME}, read when Caddy loads the config")
+			return d.Err("secret: no value; " + unsetAdaptVar)
 		}
 		if !d.AllArgs(&s) {
 			// d.ArgErr would echo the token after the secret.
@@ -245,8 +252,7 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, seen map[string]
 		var kind, arg string
 		if !d.AllArgs(&kind, &arg) {
 			if what := map[string]string{"postgres": "DSN", "sqlite": "path"}[kind]; what != "" && arg == "" {
-				return d.Errf("storage %s: no %s; a {$NAME} placeholder whose variable is unset when the Caddyfile is adapted leaves nothing: "+
-					"set it, or write {env.NAME}, read when Caddy loads the config", kind, what)
+				return d.Errf("storage %s: no %s; %s", kind, what, unsetAdaptVar)
 			}
 			return d.Errf("storage: want postgres <dsn> or sqlite <path>")
 		}
