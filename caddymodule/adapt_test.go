@@ -1,11 +1,14 @@
 package caddymodule
 
 import (
+	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddytest"
@@ -58,16 +61,60 @@ func TestDirectiveOrderedBeforeHandle(t *testing.T) {
 	for _, block := range []string{"handle /webhooks/*", "route /webhooks/*", "handle_path /webhooks/*"} {
 		raw := "http://localhost:9999 {\n\t" + block + " {\n\t\treverse_proxy 127.0.0.1:9000\n\t}\n\trespond 404\n" +
 			"\twebhook_idempotency {\n\t\tprovider stripe\n\t\tsecret s\n\t}\n}\n"
-		out, err := adaptJSON(raw)
-		require.NoError(t, err)
-		i := strings.Index(out, `"handler":"webhook_idempotency"`)
-		j := strings.Index(out, `"handler":"reverse_proxy"`)
-		k := strings.Index(out, `"handler":"static_response"`)
-		require.True(t, i >= 0 && j > i && k > i, "%s: webhook_idempotency must come first: %s", block, out)
+		requireFirst(t, block, raw)
 	}
+	// invoke sorts just before handle: an invoked named route holding the
+	// reverse_proxy answered without the handler, in a handle block too (an
+	// adversarial trial).
+	raw := "&(up) {\n\treverse_proxy 127.0.0.1:9000\n}\nhttp://localhost:9999 {\n\thandle /webhooks/* {\n\t\tinvoke up\n" +
+		"\t\twebhook_idempotency {\n\t\t\tprovider stripe\n\t\t\tsecret s\n\t\t}\n\t}\n\trespond 404\n}\n"
+	out, err := adaptJSON(raw)
+	require.NoError(t, err)
+	i := strings.Index(out, `"handler":"webhook_idempotency"`)
+	j := strings.Index(out, `"handler":"invoke"`)
+	require.True(t, i >= 0 && j > i, "invoke: webhook_idempotency must come first: %s", out)
+}
+
+// requireFirst adapts raw and requires webhook_idempotency before the
+// reverse_proxy and the respond of its site.
+func requireFirst(t *testing.T, name, raw string) {
+	t.Helper()
+	out, err := adaptJSON(raw)
+	require.NoError(t, err)
+	i := strings.Index(out, `"handler":"webhook_idempotency"`)
+	j := strings.Index(out, `"handler":"reverse_proxy"`)
+	k := strings.Index(out, `"handler":"static_response"`)
+	require.True(t, i >= 0 && j > i && k > i, "%s: webhook_idempotency must come first: %s", name, out)
 }
 
 func adaptJSON(caddyfileText string) (string, error) {
 	out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfileText), nil)
 	return string(out), err
+}
+
+// A handler at a site's top level and one of the same scope in a handle
+// block both run now that the directive sorts before handle: the inner one
+// passes deliveries on (the outer verified, claimed and settles them)
+// instead of finding the outer's claim in flight and answering 409 to every
+// delivery (an adversarial trial: an event lost to a provider that gives
+// up). Unsigned bodies are still refused, redeliveries still duplicates.
+func TestNestedHandlerOfItsScopePassesOn(t *testing.T) {
+	up, forwards := countingUpstream(t)
+	secret := "whsec_" + randomHex(8)
+	scope := uniqueScope("nested")
+	db := filepath.Join(t.TempDir(), "events.db")
+	block := fmt.Sprintf("webhook_idempotency {\n\t\tprovider stripe\n\t\tsecret %q\n\t\tscope %s\n\t\tstorage sqlite %q\n\t}", secret, scope, db)
+	startCaddy(t, "{\n"+caddyTestGlobals+"}\nhttp://localhost:9080 {\n\t"+block+"\n\thandle /hook {\n\t"+block+
+		"\n\t\treverse_proxy "+up.Listener.Addr().String()+"\n\t}\n\thandle {\n\t\trespond 404\n\t}\n}\n")
+
+	body := stripeBody("evt_nested", "x")
+	first := send(t, stripeRequest(t, gatewayBase+"/hook", secret, body, time.Now(), "nested"))
+	require.Equal(t, http.StatusOK, first.status, first.body)
+	require.False(t, first.replayed)
+	again := send(t, stripeRequest(t, gatewayBase+"/hook", secret, body, time.Now(), "nested"))
+	require.Equal(t, http.StatusOK, again.status, again.body)
+	require.True(t, again.replayed, "the redelivery is a duplicate")
+	unsigned := send(t, stripeRequest(t, gatewayBase+"/hook", "whsec_other", stripeBody("evt_forged", "x"), time.Now(), "forged"))
+	require.Equal(t, http.StatusBadRequest, unsigned.status, unsigned.body)
+	require.Equal(t, int32(1), forwards.Load(), "forwarded once, the forged body never")
 }

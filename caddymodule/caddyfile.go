@@ -17,10 +17,11 @@ import (
 
 func init() {
 	httpcaddyfile.RegisterHandlerDirective("webhook_idempotency", parseCaddyfile)
-	// Before handle, as basic_auth: at a site's top level the gate runs
-	// before the site's handle and route blocks, which would otherwise
-	// answer without it (and so before reverse_proxy too).
-	httpcaddyfile.RegisterDirectiveOrder("webhook_idempotency", httpcaddyfile.Before, "handle")
+	// Before invoke, which comes just before handle: at a site's top level
+	// the gate runs before the site's handle and route blocks, and in any
+	// block before an invoke of a named route, which would otherwise answer
+	// without it (and so before reverse_proxy too).
+	httpcaddyfile.RegisterDirectiveOrder("webhook_idempotency", httpcaddyfile.Before, "invoke")
 }
 
 // unsetAdaptVar explains a subdirective left without its value: what an

@@ -467,14 +467,14 @@ func (h *Handler) Cleanup() error {
 	return release()
 }
 
-// ServeHTTP takes the request in (intake.go: body, signature, event ID)
-// and hands it to the route's mode (forward.go: claim, forward once,
-// settle; async.go: queue; batch.go: split): the steps of the README's "How
-// it works" table. Whatever is answered at the edge is answered from the
-// one outcome table (answer.go).
+// ServeHTTP takes the request in (intake.go: body, signature, event ID) and
+// hands it to the route's mode (forward.go: claim, forward once, settle;
+// async.go: queue; batch.go: split), the README's "How it works" steps;
+// edge answers come from the one outcome table (answer.go).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	stripClaimHeader(r)
-	setPlaceholders(r, h.scopeValue)
+	if h.enter(r) { // nested in a handler of its scope, which has it
+		return next.ServeHTTP(w, r)
+	}
 	if rp := replayOf(r); rp != nil {
 		return h.serveReplay(w, r, rp, next)
 	}

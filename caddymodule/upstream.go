@@ -90,6 +90,28 @@ func stripClaimHeader(r *http.Request) {
 	}
 }
 
+// enter strips a sender's Webhook-Claim header and sets the route's
+// placeholders, unless a webhook_idempotency of the same scope already
+// took r: one at a site's top level and one in a handle block of the site
+// both run since the directive sorts before handle, and the inner one
+// would find the outer's claim in flight and answer 409 to every delivery.
+// It then reports true, warns (throttled), and r is passed on as it is
+// (the outer handler verified, claimed and settles it; under complete_by
+// upstream r carries the outer's claim header).
+func (h *Handler) enter(r *http.Request) (nested bool) {
+	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if repl != nil {
+		if scope, ok := repl.Get(placeholderScope); ok && scope == h.scopeValue {
+			h.warnThrottled("webhook_idempotency runs inside another of the same scope (one at the site's top level, one in a handle block?): "+
+				"the inner one passes deliveries on; keep one", zap.String("scope", h.Scope))
+			return true
+		}
+	}
+	stripClaimHeader(r)
+	setPlaceholders(r, h.scopeValue)
+	return false
+}
+
 // setPlaceholders sets the route's placeholders on r's replacer: the
 // scope (a string, Handler.scopeValue), and the others empty until known
 // (an unset placeholder would reach a header_up as its own text).
