@@ -98,23 +98,41 @@ func adaptJSON(caddyfileText string) (string, error) {
 // instead of finding the outer's claim in flight and answering 409 to every
 // delivery (an adversarial trial: an event lost to a provider that gives
 // up). Unsigned bodies are still refused, redeliveries still duplicates.
+// The mark cannot be forged by a config (a map directive writing the scope
+// placeholder skipped the only handler), and scopes a, b, a nest too.
 func TestNestedHandlerOfItsScopePassesOn(t *testing.T) {
-	up, forwards := countingUpstream(t)
 	secret := "whsec_" + randomHex(8)
-	scope := uniqueScope("nested")
 	db := filepath.Join(t.TempDir(), "events.db")
-	block := fmt.Sprintf("webhook_idempotency {\n\t\tprovider stripe\n\t\tsecret %q\n\t\tscope %s\n\t\tstorage sqlite %q\n\t}", secret, scope, db)
-	startCaddy(t, "{\n"+caddyTestGlobals+"}\nhttp://localhost:9080 {\n\t"+block+"\n\thandle /hook {\n\t"+block+
-		"\n\t\treverse_proxy "+up.Listener.Addr().String()+"\n\t}\n\thandle {\n\t\trespond 404\n\t}\n}\n")
-
-	body := stripeBody("evt_nested", "x")
-	first := send(t, stripeRequest(t, gatewayBase+"/hook", secret, body, time.Now(), "nested"))
-	require.Equal(t, http.StatusOK, first.status, first.body)
-	require.False(t, first.replayed)
-	again := send(t, stripeRequest(t, gatewayBase+"/hook", secret, body, time.Now(), "nested"))
-	require.Equal(t, http.StatusOK, again.status, again.body)
-	require.True(t, again.replayed, "the redelivery is a duplicate")
-	unsigned := send(t, stripeRequest(t, gatewayBase+"/hook", "whsec_other", stripeBody("evt_forged", "x"), time.Now(), "forged"))
-	require.Equal(t, http.StatusBadRequest, unsigned.status, unsigned.body)
-	require.Equal(t, int32(1), forwards.Load(), "forwarded once, the forged body never")
+	block := func(scope string) string {
+		return fmt.Sprintf("webhook_idempotency {\n\t\tprovider stripe\n\t\tsecret %q\n\t\tscope %s\n\t\tstorage sqlite %q\n\t}", secret, scope, db)
+	}
+	a, b := uniqueScope("nested_a"), uniqueScope("nested_b")
+	for name, site := range map[string]func(up string) string{
+		"top level and handle": func(up string) string {
+			return block(a) + "\n\thandle /hook {\n\t" + block(a) + "\n\t\treverse_proxy " + up + "\n\t}"
+		},
+		"scopes a, b, a": func(up string) string {
+			return block(a) + "\n\thandle /hook {\n\t" + block(b) + "\n\t\thandle /hook {\n\t" + block(a) +
+				"\n\t\t\treverse_proxy " + up + "\n\t\t}\n\t}"
+		},
+		"a map writing the scope placeholder": func(up string) string {
+			return "map {path} {http.webhook_idempotency.scope} {\n\t\tdefault " + a + "\n\t}\n\thandle /hook {\n\t" + block(a) +
+				"\n\t\treverse_proxy " + up + "\n\t}"
+		},
+	} {
+		up, forwards := countingUpstream(t)
+		startCaddy(t, "{\n"+caddyTestGlobals+"}\nhttp://localhost:9080 {\n\t"+site(up.Listener.Addr().String())+
+			"\n\thandle {\n\t\trespond 404\n\t}\n}\n")
+		id := "evt_nested_" + randomHex(4)
+		body := stripeBody(id, "x")
+		first := send(t, stripeRequest(t, gatewayBase+"/hook", secret, body, time.Now(), id))
+		require.Equal(t, http.StatusOK, first.status, "%s: %s", name, first.body)
+		require.False(t, first.replayed, name)
+		again := send(t, stripeRequest(t, gatewayBase+"/hook", secret, body, time.Now(), id))
+		require.Equal(t, http.StatusOK, again.status, "%s: %s", name, again.body)
+		require.True(t, again.replayed, "%s: the redelivery is a duplicate", name)
+		forged := send(t, stripeRequest(t, gatewayBase+"/hook", "whsec_other", stripeBody("evt_forged", "x"), time.Now(), "forged"))
+		require.Equal(t, http.StatusBadRequest, forged.status, "%s: %s", name, forged.body)
+		require.Equal(t, int32(1), forwards.Load(), "%s: forwarded once, the forged body never", name)
+	}
 }

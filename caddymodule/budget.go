@@ -80,6 +80,9 @@ type bodyBudget struct {
 	// users are the provisioned handlers not cleaned up yet, under
 	// budgets' lock.
 	users map[*Handler]budgetUser
+	// enteredKey is the replacer key under which a handler of the scope
+	// marks a request it took (Handler.enter).
+	enteredKey string
 }
 
 // provisionBudget joins the scope's budget (made on first use): its limit
@@ -92,7 +95,8 @@ func (h *Handler) provisionBudget() {
 	b := budgets.m[h.Scope]
 	if b == nil {
 		b = &bodyBudget{heldBytes: metrics.budgetHeld.WithLabelValues(h.Scope),
-			refused: metrics.budgetRefuse.WithLabelValues(h.Scope), users: map[*Handler]budgetUser{}}
+			refused: metrics.budgetRefuse.WithLabelValues(h.Scope), users: map[*Handler]budgetUser{},
+			enteredKey: "http.webhook_idempotency.entered." + h.Scope}
 		budgets.m[h.Scope] = b
 	}
 	budgets.seq++

@@ -66,10 +66,10 @@ func benchRedelivery(b *testing.B, replay string, cached bool) {
 	serve := func(next caddyhttp.Handler) {
 		rb.Reset(body)
 		r.Body, r.ContentLength = rb, int64(len(body))
-		// A server gives each request a replacer of its own: the scope set
+		// A server gives each request a replacer of its own: the mark set
 		// by the last iteration would read as a handler of the scope
 		// before this one (Handler.enter).
-		repl.Delete(placeholderScope)
+		repl.Delete(h.budget.enteredKey)
 		clear(w.h)
 		w.status = 0
 		if err := h.ServeHTTP(w, r, next); err != nil {

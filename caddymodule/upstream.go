@@ -98,14 +98,19 @@ func stripClaimHeader(r *http.Request) {
 // It then reports true, warns (throttled), and r is passed on as it is
 // (the outer handler verified, claimed and settles it; under complete_by
 // upstream r carries the outer's claim header).
+//
+// The mark is the scope's budget, a pointer no config can write (a map
+// directive can write the scope placeholder, and so skip the handler), under
+// a key of its own per scope (scope a, then b, then a again).
 func (h *Handler) enter(r *http.Request) (nested bool) {
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if repl != nil {
-		if scope, ok := repl.Get(placeholderScope); ok && scope == h.scopeValue {
+		if mark, ok := repl.Get(h.budget.enteredKey); ok && mark == any(h.budget) {
 			h.warnThrottled("webhook_idempotency runs inside another of the same scope (one at the site's top level, one in a handle block?): "+
 				"the inner one passes deliveries on; keep one", zap.String("scope", h.Scope))
 			return true
 		}
+		repl.Set(h.budget.enteredKey, h.budget)
 	}
 	stripClaimHeader(r)
 	setPlaceholders(r, h.scopeValue)
