@@ -252,8 +252,8 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, seen map[string]
 	case "storage":
 		var kind, arg string
 		if !d.AllArgs(&kind, &arg) {
-			if what := map[string]string{"postgres": "DSN", "sqlite": "path"}[kind]; what != "" && arg == "" {
-				return d.Errf("storage %s: no %s; %s", kind, what, unsetAdaptVar)
+			if k := kindOf(kind); k != nil && arg == "" {
+				return d.Errf("storage %s: no %s; %s", kind, k.whereName, unsetAdaptVar)
 			}
 			return d.Errf("storage: want postgres <dsn> or sqlite <path>")
 		}

@@ -49,8 +49,9 @@ type backendKind struct {
 	// name is storage's backend, the Caddyfile's storage <name> <arg>.
 	name string
 	// where is the field that locates the database (DSN or Path), the one
-	// the Caddyfile's argument fills.
-	where func(*Storage) *string
+	// the Caddyfile's argument fills; whereName names it in errors.
+	where     func(*Storage) *string
+	whereName string
 	// redact names the database for an error message, never a password.
 	redact func(Storage) string
 	// queue: the backend can hold async mode's queue (shared by every
@@ -81,8 +82,9 @@ type closingQueue interface {
 
 var backendKinds = []backendKind{
 	{
-		name:  "postgres",
-		where: func(c *Storage) *string { return &c.DSN },
+		name:      "postgres",
+		where:     func(c *Storage) *string { return &c.DSN },
+		whereName: "DSN",
 		redact: func(c Storage) string {
 			if u, err := url.Parse(c.DSN); err == nil && u.Scheme != "" && !strings.ContainsAny(c.DSN, " ") {
 				return u.Redacted()
@@ -107,9 +109,10 @@ var backendKinds = []backendKind{
 		waits: func(err error) bool { return errors.Is(err, postgres.ErrUnreachable) },
 	},
 	{
-		name:   "sqlite",
-		where:  func(c *Storage) *string { return &c.Path },
-		redact: func(c Storage) string { return c.Path },
+		name:      "sqlite",
+		where:     func(c *Storage) *string { return &c.Path },
+		whereName: "path",
+		redact:    func(c Storage) string { return c.Path },
 		open: func(ctx context.Context, c Storage) (opened, error) {
 			s, err := sqlite.New(ctx, sqlite.Options{Path: c.Path, Table: c.Table,
 				Batch: store.BatchOptions{Observe: observeBatch}})
@@ -249,18 +252,14 @@ const openTimeout = 30 * time.Second
 // is returned with a pendingStore, opened in the background, whose calls
 // fail until then.
 func openBackend(c Storage, logger *zap.Logger) (*backend, error) {
-	if c.emptyHint != "" {
-		what := "path"
-		if c.Backend == "postgres" {
-			what = "DSN"
-		}
-		return nil, fmt.Errorf("the %s is empty%s", what, c.emptyHint)
+	k := kindOf(c.Backend)
+	switch {
+	case k == nil:
+		return nil, fmt.Errorf("unknown storage backend %q", c.Backend)
+	case c.emptyHint != "":
+		return nil, fmt.Errorf("the %s is empty%s", k.whereName, c.emptyHint)
 	}
 	return loadPooled[*backend](backends, c.poolKey(), func() (caddy.Destructor, error) {
-		k := kindOf(c.Backend)
-		if k == nil {
-			return nil, fmt.Errorf("unknown storage backend %q", c.Backend)
-		}
 		ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 		defer cancel()
 		o, err := k.open(ctx, c)
