@@ -456,10 +456,8 @@ func BuildDelivery(p SignParams) (Delivery, error) {
 // varyExample writes id into an example body as its test_delivery member
 // (JSON) or field (form); another body is left as it is.
 func varyExample(body []byte, contentType, id string) []byte {
-	if gjson.ValidBytes(body) {
-		if b, err := sjson.SetBytes(body, "test_delivery", id); err == nil {
-			return b
-		}
+	if b, err := setJSON(body, "test_delivery", id); err == nil {
+		return b
 	}
 	if strings.HasPrefix(contentType, "application/x-www-form-urlencoded") {
 		if vals, err := url.ParseQuery(string(body)); err == nil {
