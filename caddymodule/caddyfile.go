@@ -65,7 +65,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		allow_sha1                       # github: accept X-Hub-Signature when X-Hub-Signature-256 is absent
 //		mode      sync | async           # default sync; async: store and answer at once, deliver from a queue (postgres)
 //		deliver_to <url>                 # async: where queued events are delivered (required)
-//		max_attempts <n>                 # async: default 8
+//		max_attempts <n>                 # async: default retry_schedule entries + 1 (8)
 //		max_age   <duration>             # async: default 72h
 //		retry_schedule <duration>...     # async: default 5s 1m 5m 30m 2h 8h 24h
 //		max_concurrency <n>              # async: deliveries in flight across all instances; default no cap
