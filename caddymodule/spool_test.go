@@ -2,14 +2,19 @@ package caddymodule
 
 import (
 	"context"
+	"fmt"
+	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/stretchr/testify/require"
 
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/e2e"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/spool"
 )
 
@@ -145,4 +150,44 @@ func mustMode(t *testing.T, path string) os.FileMode {
 	fi, err := os.Stat(path)
 	require.NoError(t, err)
 	return fi.Mode().Perm()
+}
+
+// A delivery spooled by a route that holds a handler of another scope
+// nested in it (scopes a, then b in a handle block) is replayed through
+// both once the store is back: the inner handler passes it on, as the
+// outer verified and claimed it. It refused the replay before (421), so
+// the outer released the claim and replayed it again, forever: an event
+// answered 200 to its provider and never forwarded.
+func TestSpoolReplayPassesThroughNestedScope(t *testing.T) {
+	u, err := url.Parse(pgDSN(t))
+	require.NoError(t, err)
+	link, err := e2e.NewLink(u.Host)
+	require.NoError(t, err)
+	t.Cleanup(link.Close)
+	link.Cut()
+	u.Host = link.Addr()
+	secret := "whsec_" + randomHex(8)
+	dir := t.TempDir()
+	outer := fmt.Sprintf("webhook_idempotency {\n\t\tprovider stripe\n\t\tsecret %q\n\t\tscope %s\n\t\tstorage postgres %q\n\t\tspool %q\n\t}",
+		secret, uniqueScope("spool_outer"), u.String(), filepath.Join(dir, "spool"))
+	inner := fmt.Sprintf("webhook_idempotency {\n\t\t\tprovider stripe\n\t\t\tsecret %q\n\t\t\tscope %s\n\t\t\tstorage sqlite %q\n\t\t}",
+		secret, uniqueScope("spool_inner"), filepath.Join(dir, "events.db"))
+	up, forwards := countingUpstream(t)
+	startCaddy(t, "{\n"+caddyTestGlobals+"}\nhttp://localhost:9080 {\n\t"+outer+"\n\thandle /hook {\n\t\t"+inner+
+		"\n\t\treverse_proxy "+up.Listener.Addr().String()+"\n\t}\n}\n")
+
+	id := "evt_spool_nested_" + randomHex(4)
+	body := stripeBody(id, "x")
+	first := send(t, stripeRequest(t, gatewayBase+"/hook", secret, body, time.Now(), id))
+	require.Equal(t, http.StatusOK, first.status, "kept in the spool: %s", first.body)
+	require.Zero(t, forwards.Load(), "nothing forwarded without a claim")
+
+	link.Restore()
+	require.Eventually(t, func() bool { return forwards.Load() == 1 }, 30*time.Second, 50*time.Millisecond,
+		"the spooled delivery is forwarded once the store is back")
+	again := send(t, stripeRequest(t, gatewayBase+"/hook", secret, body, time.Now(), id))
+	require.Equal(t, http.StatusOK, again.status, "%s", again.body)
+	require.True(t, again.replayed, "the redelivery is a duplicate")
+	time.Sleep(2 * time.Second) // a replay refused by the inner handler would be tried again
+	require.Equal(t, int32(1), forwards.Load(), "forwarded exactly once")
 }

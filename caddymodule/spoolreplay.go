@@ -181,10 +181,16 @@ func routesHold(routes caddyhttp.RouteList, h *Handler) bool {
 
 // serveReplay is ServeHTTP for a spooled delivery replayed through the
 // server: the route that holds its spool claims, forwards and settles it
-// (replaySpooled); any other handler of this module refuses it untouched.
-// The delivery was verified when it arrived and is not verified again: a
-// signed timestamp may be older than the tolerance by now.
+// (replaySpooled); a handler before it refuses it untouched, and one after
+// it (nested in its route, of another scope) passes it on, as the route
+// that holds the spool verified and claimed it: refused there, the replay
+// would be released and replayed again forever. The delivery was verified
+// when it arrived and is not verified again: a signed timestamp may be
+// older than the tolerance by now.
 func (h *Handler) serveReplay(w http.ResponseWriter, r *http.Request, rp *spoolReplay, next caddyhttp.Handler) error {
+	if rp.reached {
+		return next.ServeHTTP(w, r)
+	}
 	if h.spooler == nil || rp.sp != h.spooler.sp || rp.rec.Scope != h.Scope {
 		writeBody(w, http.StatusMisdirectedRequest, "application/json", misroutedBody, 0)
 		return nil
