@@ -215,9 +215,9 @@ func TestSecurity_HostileEventIDs(t *testing.T) {
 			`"evt_*?[]{}.#|@"`:                    "evt_*?[]{}.#|@",
 		}
 		refused := map[string]string{ // JSON spelling -> the reason
-			`"evt_\u0000nul"`:                       "not valid UTF-8 text",
-			`"evt_\ud800_lone_surrogate"`:           "not valid UTF-8 text", // would merge with \udbff etc. as U+FFFD
-			"\"evt_\xff\xfe\"":                      "not valid UTF-8 text",
+			`"evt_\u0000nul"`:                       "not text (a NUL byte or invalid UTF-8)",
+			`"evt_\ud800_lone_surrogate"`:           "not text (a NUL byte or invalid UTF-8)", // would merge with \udbff etc. as U+FFFD
+			"\"evt_\xff\xfe\"":                      "not text (a NUL byte or invalid UTF-8)",
 			`"` + strings.Repeat(check, 85) + `x"`:  "longer than 255 bytes",
 			`"` + strings.Repeat("A", 10<<10) + `"`: "longer than 255 bytes",
 			`"` + strings.Repeat(`\"`, 5<<10) + `"`: "longer than 255 bytes",

@@ -34,7 +34,7 @@ var (
 	ErrBadBody   = errors.New("body is not valid for the event id source")
 	// ErrNotText: the ID holds a NUL byte or is not valid UTF-8; no
 	// provider sends one, and PostgreSQL's text cannot store it.
-	ErrNotText = errors.New("event id is not valid UTF-8 text")
+	ErrNotText = errors.New("event id is not text (a NUL byte or invalid UTF-8)")
 )
 
 // Kind is where a part of the ID is read from.

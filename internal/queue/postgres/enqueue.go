@@ -29,7 +29,7 @@ var (
 	ErrClosed = errors.New("queue closed")
 	// ErrNotText: a field of the entry is not text PostgreSQL can store
 	// (invalid UTF-8, or a NUL byte); nothing is stored.
-	ErrNotText = errors.New("not valid UTF-8 text")
+	ErrNotText = errors.New("not text (a NUL byte or invalid UTF-8)")
 )
 
 // BatchOptions configure group commit of enqueues: deliveries that arrive
