@@ -314,13 +314,18 @@ func (h *Handler) answerProxyError(rec caddyhttp.ResponseRecorder, err error, d 
 		}
 		return nil
 	}
-	status := http.StatusBadGateway
+	status, reason := http.StatusBadGateway, ""
 	var he caddyhttp.HandlerError
 	if errors.As(err, &he) && he.StatusCode >= 400 {
 		status = he.StatusCode
 	}
+	if status < 500 {
+		// A handler's own refusal (file_server's 405 to a POST), not an
+		// upstream that could not be reached.
+		reason = fmt.Sprintf("the handler after webhook_idempotency refused the request: %d %s", status, http.StatusText(status))
+	}
 	if finalStatus(rec) == 0 {
-		h.answer(rec, d, ansUpstreamError, say{status: status})
+		h.answer(rec, d, ansUpstreamError, say{status: status, reason: reason})
 		d.status = status
 	}
 	if c := h.logger.Check(zapcore.WarnLevel, "upstream error"); c != nil {

@@ -2,6 +2,8 @@ package caddymodule
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -886,4 +888,36 @@ func TestNoHandlerAfterTheDirectiveAnswers502(t *testing.T) {
 	up.respond = silent
 	a = g.serve(g.stripe(secret, []byte(`{"object":"event"}`), g.clock.Unix()))
 	require.Equal(t, http.StatusBadGateway, a.status)
+}
+
+// A handler after the directive that refuses the request with an error of
+// its own (file_server's 405 to a POST, a 404) is answered with its status
+// and says so; "upstream unavailable" is kept for the 5xx of a proxy that
+// could not reach its upstream. Either way the claim is released.
+func TestHandlerErrorAnswerSaysWhoRefused(t *testing.T) {
+	t.Parallel()
+	const secret = "whsec_handlererror"
+	up := newUpstream()
+	g := newGateway(t, `webhook_idempotency {
+		provider stripe
+		secret `+secret+`
+		scope handlererror
+	}`, withUpstream(up))
+	for n, c := range []struct {
+		err    error
+		status int
+		body   string
+	}{
+		{caddyhttp.Error(http.StatusMethodNotAllowed, nil), 405,
+			`{"error":"the handler after webhook_idempotency refused the request: 405 Method Not Allowed"}`},
+		{caddyhttp.Error(http.StatusBadGateway, errors.New("dial tcp: connection refused")), 502, `{"error":"upstream unavailable"}`},
+		{errors.New("no status"), 502, `{"error":"upstream unavailable"}`},
+	} {
+		up.respond = func(http.ResponseWriter, *http.Request, int) error { return c.err }
+		id := fmt.Sprintf("evt_handlererror_%d", n)
+		a := g.serve(g.stripe(secret, []byte(`{"id":"`+id+`","object":"event"}`), g.clock.Unix()))
+		require.Equal(t, c.status, a.status, "%v", c.err)
+		require.JSONEq(t, c.body, string(a.body), "%v", c.err)
+		g.requireRow("handlererror", id, store.StateReleased)
+	}
 }
