@@ -12,6 +12,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/url"
 	"os"
@@ -86,12 +87,15 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 	// The file holds event IDs and stored upstream answers: readable by
 	// Caddy's user only, as the spool's files are. SQLite would create it
 	// with the process's umask (0644 as a rule); its -wal and -shm files
-	// take the database file's mode. An existing file keeps its own.
+	// take the database file's mode.
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600) //nolint:gosec // the configured database path
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: opening %s: %w", path, err)
 	}
 	_ = f.Close()
+	if err := closeToOthers(path, path+"-wal", path+"-shm"); err != nil {
+		return nil, err
+	}
 	db, err := sql.Open("sqlite", dsn(path))
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: opening %s: %w", path, interpretError(err))
@@ -294,4 +298,24 @@ func execAll(stmts ...string) func(context.Context, *sql.Tx) error {
 		}
 		return nil
 	}
+}
+
+// closeToOthers takes the others' permission bits off each existing file
+// of paths: files an earlier version made with the umask's 0644, readable
+// by every user of the machine. The group's bits are the operator's choice
+// and stay.
+func closeToOthers(paths ...string) error {
+	for _, p := range paths {
+		fi, err := os.Stat(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err == nil && fi.Mode().Perm()&0o007 != 0 {
+			err = os.Chmod(p, fi.Mode().Perm()&^0o007)
+		}
+		if err != nil {
+			return fmt.Errorf("sqlite: closing %s to other users: %w", p, err)
+		}
+	}
+	return nil
 }

@@ -239,3 +239,25 @@ func TestUpgradeAddsHoldReason(t *testing.T) {
 	require.Equal(t, "after the upgrade", ev.HoldReason)
 	require.Equal(t, 1, ev.Ambiguous)
 }
+
+// A database an earlier version made with the umask's 0644 (and its WAL
+// files) is closed to other users when opened; the group's bits stay.
+func TestNewClosesAnOldFileToOthers(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "events.db")
+	s := newStore(t, sqlite.Options{Path: path})
+	require.NoError(t, s.Close())
+	require.NoError(t, os.WriteFile(path+"-wal", nil, 0o600)) // an empty WAL, as a crash leaves one
+	for _, p := range []string{path, path + "-wal"} {
+		require.NoError(t, os.Chmod(p, 0o644))
+	}
+	s = newStore(t, sqlite.Options{Path: path})
+	_, err := s.Claim(t.Context(), store.ClaimParams{Scope: "s", EventID: "e", Lease: time.Minute})
+	require.NoError(t, err)
+	for _, name := range []string{"events.db", "events.db-wal"} {
+		fi, err := os.Stat(filepath.Join(dir, name))
+		require.NoError(t, err)
+		require.Equal(t, os.FileMode(0o640), fi.Mode().Perm(), name)
+	}
+}
