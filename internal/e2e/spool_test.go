@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -345,8 +346,9 @@ func spoolSeries(g *e2e.Gateway, name string, labels ...string) string {
 
 // Two Caddy processes on one machine given one spool directory: the second
 // refuses to start (its config does not load), naming the directory's
-// holder and what to write instead; once the first is gone (even killed),
-// the directory is free.
+// holder and what to write instead, while caddy validate of the first's
+// config succeeds; once the first is gone (even killed), the directory is
+// free.
 func TestSpoolDirectoryServesOneProcess(t *testing.T) {
 	t.Parallel()
 	b := setup(t, func(string, int) e2e.Answer { return e2e.Answer{} })
@@ -356,6 +358,12 @@ func TestSpoolDirectoryServesOneProcess(t *testing.T) {
 			Handler: e2e.GitHubHandler(b.secret, b.db.DSN, "spool "+dir)}
 	}
 	a := b.start(cfgOf("a"))
+	// Validating the running config next to it (before a reload) is not
+	// a second gateway: it checks the directory and leaves the spool alone.
+	for _, args := range [][]string{{"validate"}, {"adapt", "--validate"}} {
+		out, err := exec.Command(caddyBin, append(args, "--config", filepath.Join(b.dir, "a.Caddyfile"), "--adapter", "caddyfile")...).CombinedOutput() //nolint:gosec // the test's own binary
+		require.NoError(t, err, "caddy %s while a runs: %s", args, out)
+	}
 	_, err := e2e.StartGateway(cfgOf("b"))
 	require.Error(t, err, "a second process on the same spool directory")
 	require.Contains(t, err.Error(), "in use by another process (pid ")
