@@ -230,6 +230,12 @@ func (h *Handler) provisionAsync(ctx caddy.Context) error {
 	if err := initQueueMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering queue metrics: %w", err)
 	}
+	if validateOnly() {
+		// A registered route starts delivering the queue at once: a
+		// config being validated (perhaps with another deliver_to) must
+		// not send the running gateway's events.
+		return nil
+	}
 	qb, err := openQueue(h.poolKey, h.backend)
 	if err != nil {
 		return fmt.Errorf("mode async: opening the queue: %w", err)

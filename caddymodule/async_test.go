@@ -893,3 +893,31 @@ func TestQueueAdminOddIDs(t *testing.T) {
 		require.Equal(t, http.StatusNotFound, status)
 	}
 }
+
+// caddy validate provisions a config next to the gateway that runs the
+// one in use, and cleans it up without serving it: an async route there
+// must not deliver the queue (it registered with a dispatcher of its own,
+// which delivered due events at once, to the validated config's
+// deliver_to). Once the config runs, the event goes out.
+func TestAsyncValidateDeliversNothing(t *testing.T) {
+	table := asyncTable(t)
+	scope := "validate_" + asyncToken()
+	down := newLegacyUpstream(t)
+	down.status.Store(http.StatusServiceUnavailable)
+	g := newAsyncGateway(t, table, "running", asyncSnippet(scope, down, "retry_schedule 50ms"))
+	requireQueued(t, g.send(asyncEvent{ID: "evt_validate_1"}))
+	waitFor(t, 10*time.Second, "a failed attempt", func() bool { return down.total.Load() > 0 })
+	g.stop() // the event stays queued, due again within 50ms
+
+	up := newLegacyUpstream(t)
+	args := os.Args
+	os.Args = []string{"caddy", "validate", "--config", "Caddyfile"}
+	v := newAsyncGateway(t, table, "validating", asyncSnippet(scope, up, ""))
+	time.Sleep(time.Second)
+	v.stop()
+	os.Args = args
+	require.Zero(t, up.total.Load(), "caddy validate delivered a queued event")
+
+	newAsyncGateway(t, table, "next", asyncSnippet(scope, up, ""))
+	waitFor(t, 10*time.Second, "the event delivered by the running config", func() bool { return up.answeredEvents() == 1 })
+}

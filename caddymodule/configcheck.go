@@ -3,8 +3,10 @@ package caddymodule
 import (
 	"encoding/json"
 	"fmt"
+	"os"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/caddyserver/caddy/v2"
@@ -213,4 +215,27 @@ func hostOnly(routes caddyhttp.RouteList) ([]string, bool) {
 	}
 	slices.Sort(hosts)
 	return slices.Compact(hosts), len(routes) > 0
+}
+
+// validateOnly reports whether this process only validates the config
+// (caddy validate, caddy adapt --validate): it provisions the config and
+// cleans it up without ever serving it, next to the gateway that runs the
+// config in use. So it checks a spool directory but does not open it (the
+// gateway holds its lock and writes it), registers no async route (which
+// would deliver the queue at once, perhaps to another deliver_to), and
+// records no route load (which opens an enrollment window).
+func validateOnly() bool {
+	if len(os.Args) < 2 {
+		return false
+	}
+	switch os.Args[1] {
+	case "validate":
+		return true
+	case "adapt":
+		return slices.ContainsFunc(os.Args[2:], func(a string) bool {
+			a = strings.TrimLeft(a, "-")
+			return a == "validate" || a == "validate=true"
+		})
+	}
+	return false
 }

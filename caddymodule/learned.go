@@ -86,8 +86,8 @@ func clientAddr(r *http.Request) string {
 // not fatal: no window is opened, and the operator can open one.
 func (h *Handler) provisionLearned(ctx context.Context) {
 	ss := h.backend.secrets
-	if h.learned == nil || ss == nil {
-		return
+	if h.learned == nil || ss == nil || validateOnly() {
+		return // validated, not loaded: the window opens when the config runs
 	}
 	learningScopes.add(h.Scope, h.backend)
 	loaded := func() {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"testing"
 	"time"
 
@@ -184,4 +185,24 @@ func TestIssue22_SecretsAdminEnrollListForget(t *testing.T) {
 	require.ErrorIs(t, err, store.ErrNotFound)
 	status, _ = secretsAdmin(t, http.MethodDelete, "/webhook_idempotency/secrets?scope="+scope+"&confirm="+scope)
 	require.Equal(t, http.StatusNotFound, status)
+}
+
+// caddy validate provisions the config without running it: that is not
+// the scope's first load, so it opens no enrollment window; the window
+// opens when the config runs (here 11 minutes later, past a window the
+// validation would have opened and let expire unused).
+func TestValidateOpensNoEnrollmentWindow(t *testing.T) {
+	scope := uniqueScope("asana_validate")
+	block := "webhook_idempotency {\n provider asana\n event_id json id\n scope " + scope + "\n}"
+	clock := newTestClock(time.Now())
+	args := os.Args
+	os.Args = []string{"caddy", "validate", "--config", "Caddyfile"}
+	v := newGateway(t, block, withClock(clock))
+	os.Args = args
+	clock.Advance(11 * time.Minute)
+	g := newGateway(t, block, sharingStore(v), withClock(clock))
+	clock.Advance(time.Minute)
+	a := g.serve(asanaHandshake("real_asana_secret"))
+	require.Equal(t, http.StatusOK, a.status, "%s", a.body)
+	require.Equal(t, "real_asana_secret", a.header.Get("X-Hook-Secret"))
 }

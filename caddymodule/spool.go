@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -208,28 +207,6 @@ func (h *Handler) provisionSpool(ctx caddy.Context) error {
 	st.detach = p.Attach(h.deliverSpooled)
 	h.spooler = st
 	return nil
-}
-
-// validateOnly reports whether this process only validates the config
-// (caddy validate, caddy adapt --validate): it provisions the config and
-// cleans it up without ever serving it, so it checks a spool directory
-// but does not open it. The gateway running the config holds the
-// directory's lock, and validating next to it must not fail on that (nor
-// read a spool another process is writing).
-func validateOnly() bool {
-	if len(os.Args) < 2 {
-		return false
-	}
-	switch os.Args[1] {
-	case "validate":
-		return true
-	case "adapt":
-		return slices.ContainsFunc(os.Args[2:], func(a string) bool {
-			a = strings.TrimLeft(a, "-")
-			return a == "validate" || a == "validate=true"
-		})
-	}
-	return false
 }
 
 // cleanupSpool detaches this handler and releases its use of the spool.
