@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"testing"
@@ -14,7 +13,6 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/stretchr/testify/require"
 
-	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/e2e"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/spool"
 )
 
@@ -159,13 +157,7 @@ func mustMode(t *testing.T, path string) os.FileMode {
 // the outer released the claim and replayed it again, forever: an event
 // answered 200 to its provider and never forwarded.
 func TestSpoolReplayPassesThroughNestedScope(t *testing.T) {
-	u, err := url.Parse(pgDSN(t))
-	require.NoError(t, err)
-	link, err := e2e.NewLink(u.Host)
-	require.NoError(t, err)
-	t.Cleanup(link.Close)
-	link.Cut()
-	u.Host = link.Addr()
+	link, u := cutStoreLink(t)
 	secret := "whsec_" + randomHex(8)
 	dir := t.TempDir()
 	outer := fmt.Sprintf("webhook_idempotency {\n\t\tprovider stripe\n\t\tsecret %q\n\t\tscope %s\n\t\tstorage postgres %q\n\t\tspool %q\n\t}",

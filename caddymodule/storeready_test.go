@@ -19,12 +19,7 @@ import (
 // restored the store is opened (migrated) in the background and the same
 // deliveries are forwarded and queued.
 func TestStoreDownAtStartOpensLater(t *testing.T) {
-	u, err := url.Parse(pgDSN(t))
-	require.NoError(t, err)
-	link, err := e2e.NewLink(u.Host)
-	require.NoError(t, err)
-	t.Cleanup(link.Close)
-	link.Cut()
+	link, _ := cutStoreLink(t)
 
 	t0 := time.Now()
 	g := newGateway(t, "webhook_idempotency {\nprovider stripe\nsecret whsec_x\n}", onPostgres(), through(link.Addr()))
@@ -60,7 +55,7 @@ func TestStoreDownAtStartOpensLater(t *testing.T) {
 	require.Less(t, len(async.logged("enqueueing event failed")), 5, "the warning is throttled")
 	a = deliver(async, "evt_down_2")
 	require.Equal(t, http.StatusServiceUnavailable, a.status, "%s", a.body)
-	_, err = g.h.backend.Get(context.Background(), g.h.Scope, "evt_down_1")
+	_, err := g.h.backend.Get(context.Background(), g.h.Scope, "evt_down_1")
 	require.ErrorIs(t, err, errStoreNotReady)
 	require.Contains(t, err.Error(), "has not been reached and migrated since the gateway started")
 
@@ -78,4 +73,18 @@ func TestStoreDownAtStartOpensLater(t *testing.T) {
 	}, 15*time.Second, 50*time.Millisecond, "the queue is created once the store is open")
 	a = deliver(async, "evt_down_2")
 	require.Equal(t, http.StatusOK, a.status, "%s", a.body)
+}
+
+// cutStoreLink is a relay to the test PostgreSQL, cut (restore it with
+// link.Restore), and the test DSN through it.
+func cutStoreLink(t *testing.T) (*e2e.Link, *url.URL) {
+	t.Helper()
+	u, err := url.Parse(pgDSN(t))
+	require.NoError(t, err)
+	link, err := e2e.NewLink(u.Host)
+	require.NoError(t, err)
+	t.Cleanup(link.Close)
+	link.Cut()
+	u.Host = link.Addr()
+	return link, u
 }
