@@ -3,6 +3,8 @@ package caddymodule
 import (
 	"bufio"
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net"
 	"net/http"
@@ -402,7 +404,7 @@ func TestScopeSharedOnlyBySameTrust(t *testing.T) {
 	stripe := "\t\t\tprovider stripe\n\t\t\tsecret whsec_AAAA\n"
 	for _, tc := range []struct{ name, other, want string }{
 		{"unverified route", "\t\t\tprovider idempotency_key\n", "no signature (provider idempotency_key)"},
-		{"other secret", "\t\t\tprovider stripe\n\t\t\tsecret whsec_BBBB\n", "provider stripe, secrets sha256:"},
+		{"other secret", "\t\t\tprovider stripe\n\t\t\tsecret whsec_BBBB\n", "provider stripe, secrets pbkdf2:"},
 		{"other provider", "\t\t\tprovider github\n\t\t\tsecret whsec_AAAA\n", "provider github"},
 		{"header event ID", stripe + "\t\t\tevent_id header X-Event-Id\n", "event_id header X-Event-Id"},
 		{"on_missing_id forward", stripe + "\t\t\ton_missing_id forward\n", "on_missing_id forward"},
@@ -410,7 +412,7 @@ func TestScopeSharedOnlyBySameTrust(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := validateCaddyfile(t, ":18083 {\n"+route("/webhooks/stripe", stripe)+route("/api/*", tc.other)+"}\n")
 			require.Error(t, err)
-			require.Contains(t, err.Error(), `scope: "stripe" is already used by a route that verifies with provider stripe, secrets sha256:`)
+			require.Contains(t, err.Error(), `scope: "stripe" is already used by a route that verifies with provider stripe, secrets pbkdf2:`)
 			require.Contains(t, err.Error(), tc.want)
 			require.Contains(t, err.Error(), "give each route its own scope")
 			require.NotContains(t, err.Error(), "whsec_")
@@ -425,7 +427,20 @@ func TestScopeSharedOnlyBySameTrust(t *testing.T) {
 		rec := httptest.NewRecorder()
 		require.NoError(t, new(Admin).serve(rec, httptest.NewRequest(http.MethodGet, "/webhook_idempotency/scopes", nil)))
 		require.Equal(t, http.StatusOK, rec.Code)
-		require.Contains(t, rec.Body.String(), `{"scope":"`+g.h.Scope+`","verifiers":["provider stripe, secrets sha256:`)
+		require.Contains(t, rec.Body.String(), `{"scope":"`+g.h.Scope+`","verifiers":["provider stripe, secrets pbkdf2:`)
 		require.NotContains(t, rec.Body.String(), "whsec_")
 	})
+}
+
+// The secrets' fingerprint is the same for the same secrets in any order,
+// differs for others, and is not a plain hash: a secret an operator chose
+// (provider hmac) is not guessed from the admin API or a refused config's
+// error at the speed of SHA-256.
+func TestSecretsFingerprint(t *testing.T) {
+	a := secretsFingerprint([]string{"hunter2", "whsec_AAAA"})
+	require.Equal(t, a, secretsFingerprint([]string{"whsec_AAAA", "hunter2"}))
+	require.NotEqual(t, a, secretsFingerprint([]string{"hunter2"}))
+	require.Regexp(t, `^pbkdf2:[0-9a-f]{16}$`, a)
+	plain := sha256.Sum256([]byte("hunter2\x00whsec_AAAA"))
+	require.NotContains(t, hex.EncodeToString(plain[:]), strings.TrimPrefix(a, "pbkdf2:"))
 }

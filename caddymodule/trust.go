@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"crypto/pbkdf2"
 	"crypto/sha256"
 	"encoding/hex"
 	"slices"
@@ -18,8 +19,8 @@ import (
 // routes like it: its claims are made by anyone who can reach it.
 
 // trustOf describes how a delivery becomes a claim on this route, for
-// comparing routes and for the admin API: never a secret, only the first 96
-// bits of the SHA-256 of the sorted secrets.
+// comparing routes and for the admin API: never a secret, only
+// secretsFingerprint of them.
 func (h *Handler) trustOf(secrets []string) string {
 	if h.Provider == providerIdempotencyKey {
 		return "no signature (provider idempotency_key)"
@@ -30,10 +31,7 @@ func (h *Handler) trustOf(secrets []string) string {
 	}
 	switch {
 	case len(secrets) > 0:
-		sorted := slices.Clone(secrets)
-		slices.Sort(sorted)
-		sum := sha256.Sum256([]byte(strings.Join(sorted, "\x00")))
-		parts = append(parts, "secrets sha256:"+hex.EncodeToString(sum[:12]))
+		parts = append(parts, "secrets "+secretsFingerprint(secrets))
 	default:
 		parts = append(parts, "secret learned from the provider")
 	}
@@ -48,4 +46,25 @@ func (h *Handler) trustOf(secrets []string) string {
 		parts = append(parts, "on_missing_id forward")
 	}
 	return strings.Join(parts, ", ")
+}
+
+// fingerprintRounds is PBKDF2's iteration count for secretsFingerprint:
+// about 4 ms once per route load, and as many times the work of a guess.
+const fingerprintRounds = 20000
+
+// secretsFingerprint identifies a set of secrets (in any order) the same
+// way on every instance and every load, without revealing them: 64 bits of
+// PBKDF2-HMAC-SHA256 (RFC 8018) of the sorted secrets, as "pbkdf2:<16 hex
+// digits>". The fingerprint reaches the admin API and a refused config's
+// error, so logs: a secret an operator chose (provider hmac) could be
+// guessed from a plain hash, and the iterations make each guess cost what
+// a route load does.
+func secretsFingerprint(secrets []string) string {
+	sorted := slices.Clone(secrets)
+	slices.Sort(sorted)
+	key, err := pbkdf2.Key(sha256.New, strings.Join(sorted, "\x00"), []byte("webhook_idempotency secrets"), fingerprintRounds, 8)
+	if err != nil { // only for a key length or FIPS limit this call does not reach
+		return "pbkdf2:unavailable"
+	}
+	return "pbkdf2:" + hex.EncodeToString(key)
 }
