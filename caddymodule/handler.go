@@ -337,7 +337,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.scopeUsed = true
 	warnHostOnly(h.app, h.logger)
-	if err := checkProxyRetries(h.app); err != nil {
+	if err := checkRoutes(h.app); err != nil {
 		return err
 	}
 	b, err := openBackend(st, caddy.Log().Named("http.handlers.webhook_idempotency.store"))

@@ -444,3 +444,46 @@ func TestSecretsFingerprint(t *testing.T) {
 	plain := sha256.Sum256([]byte("hunter2\x00whsec_AAAA"))
 	require.NotContains(t, hex.EncodeToString(plain[:]), strings.TrimPrefix(a, "pbkdf2:"))
 }
+
+// A webhook_idempotency that never runs is refused at load (a new user's
+// trial: in a route block, which keeps its written order, a reverse_proxy
+// before the directive forwarded every delivery unverified and each
+// redelivery again, with no warning and no log line). So is one after an
+// earlier route with no matcher that answers everything. What may pass a
+// request on, or may not run, does not count: a proxy with a matcher, a
+// file_server with pass_thru, a subroute, or anything after the handler.
+func TestHandlerThatNeverRunsRefused(t *testing.T) {
+	dir := t.TempDir()
+	hook := func() string {
+		return "\t\twebhook_idempotency {\n\t\t\tprovider stripe\n\t\t\tsecret whsec_x\n\t\t\tstorage sqlite " +
+			filepath.Join(dir, randomHex(4)+".db") + "\n\t\t}\n"
+	}
+	proxy := "\t\treverse_proxy 127.0.0.1:1\n"
+	for _, tc := range []struct {
+		name, site, refused string
+	}{
+		{"route block, proxy first", ":18081 {\n\troute {\n" + proxy + hook() + "\t}\n}\n", "reverse_proxy (before it in the same route)"},
+		{"route block, respond first", ":18081 {\n\troute /hooks {\n\t\trespond 200\n" + hook() + proxy + "\t}\n}\n",
+			"static_response (before it in the same route)"},
+		{"route block, file_server first", ":18081 {\n\troute {\n\t\tfile_server\n" + hook() + proxy + "\t}\n}\n", "file_server"},
+		{"earlier route answers everything", ":18081 {\n\troute {\n\t\trespond 404\n\t\troute /hooks {\n" + hook() + proxy + "\t\t}\n\t}\n}\n",
+			"static_response (in an earlier route with no matcher)"},
+		{"later route blocks sort by matcher", ":18081 {\n\troute {\n\t\trespond 404\n\t}\n\troute /hooks {\n" + hook() + proxy + "\t}\n}\n", ""},
+		{"route block, directive first", ":18081 {\n\troute {\n" + hook() + proxy + "\t}\n}\n", ""},
+		{"route block, matched proxy first", ":18081 {\n\troute {\n\t\treverse_proxy /other/* 127.0.0.1:1\n" + hook() + proxy + "\t}\n}\n", ""},
+		{"file_server pass_thru first", ":18081 {\n\troute {\n\t\tfile_server {\n\t\t\tpass_thru\n\t\t}\n" + hook() + proxy + "\t}\n}\n", ""},
+		{"earlier handle, other path", ":18081 {\n\thandle /api/* {\n" + proxy + "\t}\n\thandle /hooks {\n" + hook() + proxy + "\t}\n}\n", ""},
+		{"top level, written after", ":18081 {\n" + proxy + hook() + "}\n", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := validateCaddyfile(t, tc.site)
+			if tc.refused == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			require.Contains(t, err.Error(), "webhook_idempotency never runs: "+tc.refused)
+			require.Contains(t, err.Error(), "put webhook_idempotency before it")
+		})
+	}
+}

@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/fileserver"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 )
 
@@ -18,14 +20,15 @@ import (
 // upstream that did the work and then failed would run twice inside one
 // forward, so such a reverse_proxy after this handler is refused.
 
-// checkProxyRetries refuses a config in which a reverse_proxy that
-// re-sends written requests may run after a webhook_idempotency handler:
-// later in the same route, in a later route of the same list (not in the
-// same exclusive group), or in a subroute of one. It reads the routes as
-// raw JSON where they are not provisioned yet (those after the handler
-// being provisioned) and as modules where they are. A nil or non-http app
-// (handler unit tests) checks nothing.
-func checkProxyRetries(app any) error {
+// checkRoutes refuses a config whose routes defeat the handler: one in
+// which a reverse_proxy that re-sends written requests may run after a
+// webhook_idempotency handler (later in the same route, in a later route
+// of the same list not in the same exclusive group, or in a subroute of
+// one), and one in which a webhook_idempotency handler never runs. It reads
+// the routes as raw JSON where they are not provisioned yet (those after
+// the handler being provisioned) and as modules where they are. A nil or
+// non-http app (handler unit tests) checks nothing.
+func checkRoutes(app any) error {
 	a, ok := app.(*caddyhttp.App)
 	if !ok {
 		return nil
@@ -34,10 +37,16 @@ func checkProxyRetries(app any) error {
 		if srv == nil {
 			continue
 		}
-		if _, bad := unsafeRetriesAfter(routeNodes(srv.Routes), false); bad != "" {
+		routes := routeNodes(srv.Routes)
+		if _, bad := unsafeRetriesAfter(routes, false); bad != "" {
 			return fmt.Errorf("server %s: a reverse_proxy after webhook_idempotency re-sends requests it has already written "+
 				"(%s): an upstream that did the work and then failed would run twice inside one forward; remove lb_retry_match "+
 				"(reverse_proxy then retries a POST only when it could not connect, which is safe) or set lb_retries 0", name, bad)
+		}
+		if before := unreachable(routes, ""); before != "" {
+			return fmt.Errorf("server %s: webhook_idempotency never runs: %s answers every request first, so deliveries would be "+
+				"forwarded unverified and every redelivery run again; put webhook_idempotency before it (a route block keeps the "+
+				"order it is written in; at a site's top level and in handle blocks the directive is ordered first)", name, before)
 		}
 	}
 	return nil
@@ -46,13 +55,56 @@ func checkProxyRetries(app any) error {
 // rnode and hnode are a route tree read from either form.
 type rnode struct {
 	group    string
+	matched  bool // the route has matchers: it may not run
+	terminal bool // the route ends the chain when it runs
 	handlers []hnode
 }
 
 type hnode struct {
-	ours   bool    // a webhook_idempotency handler
-	unsafe string  // a reverse_proxy that re-sends written requests: what it has
-	routes []rnode // a subroute's routes
+	ours    bool    // a webhook_idempotency handler
+	unsafe  string  // a reverse_proxy that re-sends written requests: what it has
+	routes  []rnode // a subroute's routes
+	answers string  // a handler that answers every request it gets (never calls the next): its name
+}
+
+// answering are the handlers that answer every request they get, by
+// module name; file_server does unless pass_thru.
+var answering = map[string]bool{"reverse_proxy": true, "static_response": true, "file_server": true, "error": true, "acme_server": true}
+
+// unreachable walks routes in their order, blocked by what answers every
+// request before them (blocker), and describes what answers first for a
+// webhook_idempotency handler that never runs, or returns "". Only what is
+// sure to answer counts: a route with matchers may not run, and a subroute
+// may pass requests on, so neither blocks what follows it.
+func unreachable(routes []rnode, blocker string) string {
+	for _, r := range routes {
+		local := blocker
+		for _, h := range r.handlers {
+			switch {
+			case h.ours && local != "":
+				return local
+			case h.routes != nil:
+				if b := unreachable(h.routes, local); b != "" {
+					return b
+				}
+			case h.answers != "" && local == "":
+				local = h.answers + " (before it in the same route)"
+			}
+		}
+		if blocker != "" || r.matched {
+			continue
+		}
+		for _, h := range r.handlers {
+			if h.answers != "" {
+				blocker = h.answers + " (in an earlier route with no matcher)"
+				break
+			}
+		}
+		if blocker == "" && r.terminal {
+			blocker = "an earlier terminal route with no matcher"
+		}
+	}
+	return ""
 }
 
 // unsafeRetriesAfter walks routes in their order; armed says a
@@ -101,7 +153,7 @@ func unsafeRetriesAfter(routes []rnode, armed bool) (ours bool, unsafe string) {
 func routeNodes(routes caddyhttp.RouteList) []rnode {
 	out := make([]rnode, 0, len(routes))
 	for _, r := range routes {
-		n := rnode{group: r.Group}
+		n := rnode{group: r.Group, matched: len(r.MatcherSetsRaw) > 0 || len(r.MatcherSets) > 0, terminal: r.Terminal}
 		if r.HandlersRaw != nil {
 			for _, raw := range r.HandlersRaw {
 				n.handlers = append(n.handlers, rawHandlerNode(raw))
@@ -123,8 +175,20 @@ func handlerNode(h caddyhttp.MiddlewareHandler) hnode {
 	case *caddyhttp.Subroute:
 		return hnode{routes: routeNodes(h.Routes)}
 	case *reverseproxy.Handler:
+		n := hnode{answers: "reverse_proxy"}
 		if lb := h.LoadBalancing; lb != nil {
-			return hnode{unsafe: retryWhat(lb.Retries, int64(lb.TryDuration), len(lb.RetryMatchRaw) > 0 || len(lb.RetryMatch) > 0)}
+			n.unsafe = retryWhat(lb.Retries, int64(lb.TryDuration), len(lb.RetryMatchRaw) > 0 || len(lb.RetryMatch) > 0)
+		}
+		return n
+	case *fileserver.FileServer:
+		if !h.PassThru {
+			return hnode{answers: "file_server"}
+		}
+		return hnode{}
+	}
+	if m, ok := h.(caddy.Module); ok {
+		if name := string(m.CaddyModule().ID.Name()); answering[name] && name != "file_server" {
+			return hnode{answers: name}
 		}
 	}
 	return hnode{}
@@ -132,10 +196,13 @@ func handlerNode(h caddyhttp.MiddlewareHandler) hnode {
 
 // rawHandler is what the check reads of a handler's JSON.
 type rawHandler struct {
-	Handler string `json:"handler"`
-	Routes  []struct {
-		Group  string            `json:"group"`
-		Handle []json.RawMessage `json:"handle"`
+	Handler  string `json:"handler"`
+	PassThru bool   `json:"pass_thru"`
+	Routes   []struct {
+		Group    string            `json:"group"`
+		Match    json.RawMessage   `json:"match"`
+		Terminal bool              `json:"terminal"`
+		Handle   []json.RawMessage `json:"handle"`
 	} `json:"routes"`
 	LoadBalancing *struct {
 		Retries     int             `json:"retries"`
@@ -155,7 +222,8 @@ func rawHandlerNode(raw json.RawMessage) hnode {
 	case "subroute":
 		n := hnode{routes: []rnode{}}
 		for _, r := range h.Routes {
-			rn := rnode{group: r.Group}
+			m := string(r.Match)
+			rn := rnode{group: r.Group, matched: m != "" && m != "null" && m != "[]", terminal: r.Terminal}
 			for _, raw := range r.Handle {
 				rn.handlers = append(rn.handlers, rawHandlerNode(raw))
 			}
@@ -163,14 +231,23 @@ func rawHandlerNode(raw json.RawMessage) hnode {
 		}
 		return n
 	case "reverse_proxy":
+		n := hnode{answers: "reverse_proxy"}
 		if lb := h.LoadBalancing; lb != nil {
 			try := int64(0)
 			if d := string(lb.TryDuration); d != "" && d != "0" && d != `""` && d != "null" {
 				try = 1
 			}
 			match := len(lb.RetryMatch) > 0 && string(lb.RetryMatch) != "null" && string(lb.RetryMatch) != "[]"
-			return hnode{unsafe: retryWhat(lb.Retries, try, match)}
+			n.unsafe = retryWhat(lb.Retries, try, match)
 		}
+		return n
+	case "file_server":
+		if h.PassThru {
+			return hnode{}
+		}
+	}
+	if answering[h.Handler] {
+		return hnode{answers: h.Handler}
 	}
 	return hnode{}
 }
