@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptrace"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -319,7 +320,7 @@ func (h *Handler) answerProxyError(rec caddyhttp.ResponseRecorder, err error, d 
 	if errors.As(err, &he) && he.StatusCode >= 400 {
 		status = he.StatusCode
 	}
-	if status < 500 {
+	if refused(err) || status < 500 {
 		// A handler's own refusal (file_server's 405 to a POST), not an
 		// upstream that could not be reached.
 		reason = fmt.Sprintf("the handler after webhook_idempotency refused the request: %d %s", status, http.StatusText(status))
@@ -399,7 +400,7 @@ func (e forwardEnd) verdict() verdict {
 		return verdictComplete
 	case e.status >= 200:
 		return verdictRelease
-	case e.wire.nothingWritten():
+	case e.wire.nothingWritten(), refused(e.err) && !e.wire.used():
 		return verdictRelease
 	case e.timedOut, e.shutdown, e.panicked:
 		return verdictAmbiguous
@@ -460,6 +461,34 @@ func (t *wireTrace) with(ctx context.Context) context.Context {
 		GetConn:      func(string) { t.connTried.Store(true) },
 		WroteHeaders: func() { t.wrote.Store(true) },
 	})
+}
+
+// used reports whether net/http's transport took a connection for the
+// request.
+func (t *wireTrace) used() bool { return t != nil && t.connTried.Load() }
+
+// refusers are the packages of handlers that answer with an error of
+// their own and forward nothing: file_server (404, 405), error and other
+// handlers of caddyhttp, authentication. Their caddyhttp.HandlerError
+// names the function that made it (HandlerError.Trace).
+var refusers = []string{"fileserver.", "caddyhttp.", "caddyauth."}
+
+// refused reports whether err is a refusal by a handler that forwards
+// nothing (refusers), so no upstream can have run the event: the claim is
+// released, not held as ambiguous. An error of reverse_proxy, of its
+// transports or of a handler this list does not name may follow a forward
+// and stays ambiguous (proxyerr.Ambiguous).
+func refused(err error) bool {
+	var he caddyhttp.HandlerError
+	if !errors.As(err, &he) {
+		return false
+	}
+	for _, p := range refusers {
+		if strings.HasPrefix(he.Trace, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // nothingWritten reports whether net/http's transport was used for the

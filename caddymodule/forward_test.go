@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"syscall"
@@ -919,5 +921,39 @@ func TestHandlerErrorAnswerSaysWhoRefused(t *testing.T) {
 		require.Equal(t, c.status, a.status, "%v", c.err)
 		require.JSONEq(t, c.body, string(a.body), "%v", c.err)
 		g.requireRow("handlererror", id, store.StateReleased)
+	}
+}
+
+// Handlers after the directive that refuse a delivery with an error of
+// their own (file_server's 405 to a POST, the error directive) forwarded
+// nothing: each delivery is answered with their status and the claim is
+// released, so a retry runs again once the route is fixed. They were taken
+// for an upstream cut after the request was written: the event was held
+// after two deliveries (503 from then on) with a false reason (an
+// adversarial trial).
+func TestHandlerRefusalReleasesTheClaim(t *testing.T) {
+	secret := "whsec_" + randomHex(8)
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "index.html"), []byte("hi"), 0o600))
+	block := func(scope string) string {
+		return fmt.Sprintf("webhook_idempotency {\n\t\t\tprovider stripe\n\t\t\tsecret %q\n\t\t\tscope %s\n\t\t\tstorage sqlite %q\n\t\t}",
+			secret, uniqueScope(scope), filepath.Join(dir, "events.db"))
+	}
+	startCaddy(t, "{\n"+caddyTestGlobals+"}\nhttp://localhost:9080 {\n"+
+		"\thandle /files/* {\n\t\t"+block("files")+"\n\t\turi strip_prefix /files\n\t\tfile_server {\n\t\t\troot "+dir+"\n\t\t}\n\t}\n"+
+		"\thandle /forbidden {\n\t\t"+block("forbidden")+"\n\t\terror \"forbidden\" 403\n\t}\n"+
+		"\thandle /boom {\n\t\t"+block("boom")+"\n\t\terror \"boom\" 500\n\t}\n"+
+		"\thandle {\n\t\trespond 404\n\t}\n}\n")
+	for _, c := range []struct {
+		path   string
+		status int
+	}{{"/files/index.html", http.StatusMethodNotAllowed}, {"/forbidden", http.StatusForbidden}, {"/boom", http.StatusInternalServerError}} {
+		id := "evt_refused_" + randomHex(4)
+		body := stripeBody(id, "x")
+		for n := range 3 {
+			a := send(t, stripeRequest(t, gatewayBase+c.path, secret, body, time.Now(), id))
+			require.Equal(t, c.status, a.status, "%s, delivery %d: %s", c.path, n+1, a.body)
+			require.Contains(t, string(a.body), "the handler after webhook_idempotency refused the request", c.path)
+		}
 	}
 }
