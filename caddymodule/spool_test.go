@@ -183,3 +183,35 @@ func TestSpoolReplayPassesThroughNestedScope(t *testing.T) {
 	time.Sleep(2 * time.Second) // a replay refused by the inner handler would be tried again
 	require.Equal(t, int32(1), forwards.Load(), "forwarded exactly once")
 }
+
+// The other way round: the inner handler (scope b, its store down, with a
+// spool) spools a delivery the outer one (scope a, its store up) claimed,
+// and completes since the inner answered 200. Replayed once the inner's
+// store is back, the delivery passes the outer handler on its way to the
+// inner one, which claims and forwards it. The outer refused it (421)
+// before: the record waited forever, an event answered 200 and never
+// forwarded (an adversarial trial).
+func TestSpoolReplayPassesOuterScope(t *testing.T) {
+	link, u := cutStoreLink(t)
+	secret := "whsec_" + randomHex(8)
+	dir := t.TempDir()
+	outer := fmt.Sprintf("webhook_idempotency {\n\t\tprovider stripe\n\t\tsecret %q\n\t\tscope %s\n\t\tstorage sqlite %q\n\t}",
+		secret, uniqueScope("outer_up"), filepath.Join(dir, "events.db"))
+	inner := fmt.Sprintf("webhook_idempotency {\n\t\t\tprovider stripe\n\t\t\tsecret %q\n\t\t\tscope %s\n\t\t\tstorage postgres %q\n\t\t\tspool %q\n\t\t}",
+		secret, uniqueScope("inner_down"), u.String(), filepath.Join(dir, "spool"))
+	up, forwards := countingUpstream(t)
+	startCaddy(t, "{\n"+caddyTestGlobals+"}\nhttp://localhost:9080 {\n\t"+outer+"\n\thandle /hook {\n\t\t"+inner+
+		"\n\t\treverse_proxy "+up.Listener.Addr().String()+"\n\t}\n\thandle {\n\t\trespond 404\n\t}\n}\n")
+
+	id := "evt_spool_outer_" + randomHex(4)
+	body := stripeBody(id, "x")
+	first := send(t, stripeRequest(t, gatewayBase+"/hook", secret, body, time.Now(), id))
+	require.Equal(t, http.StatusOK, first.status, "kept in the inner route's spool: %s", first.body)
+	require.Zero(t, forwards.Load())
+
+	link.Restore()
+	require.Eventually(t, func() bool { return forwards.Load() == 1 }, 30*time.Second, 50*time.Millisecond,
+		"the spooled delivery is forwarded once the inner store is back")
+	time.Sleep(2 * time.Second)
+	require.Equal(t, int32(1), forwards.Load(), "forwarded exactly once")
+}

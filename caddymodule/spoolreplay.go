@@ -28,8 +28,11 @@ import (
 // outcome back in it. It cannot come from outside: context values are not
 // headers.
 type spoolReplay struct {
-	sp      *pooledSpool
-	rec     *spool.Record
+	sp  *pooledSpool
+	rec *spool.Record
+	// to is the handler the spool delivers to, in srv's routes.
+	to      *Handler
+	srv     *caddyhttp.Server
 	reached bool
 	result  spool.Result
 }
@@ -70,7 +73,7 @@ func (h *Handler) deliverSpooled(ctx context.Context, rec *spool.Record) spool.R
 		}
 		st.srv.Store(srv)
 	}
-	rp := &spoolReplay{sp: st.sp, rec: rec}
+	rp := &spoolReplay{sp: st.sp, rec: rec, to: h, srv: srv}
 	req, err := replayRequest(context.WithValue(ctx, spoolReplayKey{}, rp), rec)
 	if err != nil {
 		h.logger.Error("spool: a spooled delivery cannot be replayed; it waits for an operator",
@@ -179,19 +182,50 @@ func routesHold(routes caddyhttp.RouteList, h *Handler) bool {
 	return false
 }
 
+// runsBefore reports whether handler first comes before handler then in
+// the order routes run their handlers (subroutes in place).
+func runsBefore(routes caddyhttp.RouteList, first, then *Handler) bool {
+	seen := false
+	var walk func(caddyhttp.RouteList) bool
+	walk = func(routes caddyhttp.RouteList) bool {
+		for _, rt := range routes {
+			for _, mh := range rt.Handlers {
+				switch v := mh.(type) {
+				case *Handler:
+					if v == then {
+						return seen
+					}
+					seen = seen || v == first
+				case *caddyhttp.Subroute:
+					if walk(v.Routes) {
+						return true
+					}
+				}
+			}
+		}
+		return false
+	}
+	return walk(routes)
+}
+
 // serveReplay is ServeHTTP for a spooled delivery replayed through the
 // server: the route that holds its spool claims, forwards and settles it
-// (replaySpooled); a handler before it refuses it untouched, and one after
-// it (nested in its route, of another scope) passes it on, as the route
-// that holds the spool verified and claimed it: refused there, the replay
-// would be released and replayed again forever. The delivery was verified
-// when it arrived and is not verified again: a signed timestamp may be
-// older than the tolerance by now.
+// (replaySpooled). Another handler passes it on when it runs before that
+// route's handler in the server's routes (one of another scope that
+// nested it, and already took the delivery when it arrived) or after it
+// (nested in it: the route that holds the spool verified and claimed it);
+// refused in either place, the replay would wait or be released, and be
+// replayed again forever. Any other handler refuses it untouched. The
+// delivery was verified when it arrived and is not verified again: a
+// signed timestamp may be older than the tolerance by now.
 func (h *Handler) serveReplay(w http.ResponseWriter, r *http.Request, rp *spoolReplay, next caddyhttp.Handler) error {
 	if rp.reached {
 		return next.ServeHTTP(w, r)
 	}
 	if h.spooler == nil || rp.sp != h.spooler.sp || rp.rec.Scope != h.Scope {
+		if rp.srv != nil && runsBefore(rp.srv.Routes, h, rp.to) {
+			return next.ServeHTTP(w, r)
+		}
 		writeBody(w, http.StatusMisdirectedRequest, "application/json", misroutedBody, 0)
 		return nil
 	}
