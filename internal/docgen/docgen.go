@@ -421,7 +421,9 @@ func parseSyntax(docs []string) (string, map[string]form) {
 				continue
 			}
 			trimmed := strings.TrimSpace(line)
-			code, note, _ := strings.Cut(trimmed, "#")
+			// A comment starts a token, as in a Caddyfile: "jws <member>#<path>"
+			// holds no comment.
+			code, note, _ := strings.Cut(" "+trimmed, " #")
 			code = strings.TrimSpace(code)
 			if code == "" || strings.HasPrefix(code, "}") {
 				if len(stack) > 0 && strings.HasPrefix(code, "}") {

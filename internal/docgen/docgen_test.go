@@ -55,6 +55,8 @@ func TestEveryJSONFieldDocumented(t *testing.T) {
 		require.NotEmpty(t, f.Caddyfile, want)
 	}
 	require.Equal(t, "secret <secret>", paths["secrets"].Caddyfile)
+	// A # inside a token is not a comment (jws <member>#<path>).
+	require.Contains(t, paths["event_id"].Caddyfile, "jws <member>#<path>")
 	require.Equal(t, "table <name>", paths["storage.table"].Caddyfile)
 	require.Equal(t, "idempotency_key", paths["idempotency_key.client"].Block)
 	require.Equal(t, "duration", paths["lease"].Type)
