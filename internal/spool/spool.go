@@ -284,11 +284,16 @@ func Open(o Options) (*Spool, error) {
 }
 
 // prepareDir creates dir (0700) or checks that an existing one is private.
-// CheckDir creates dir (0700) if it is missing and checks it is a
-// directory closed to other users, as Open does, without locking or
-// reading it: for a process that only validates a config while a running
-// gateway holds the spool.
-func CheckDir(dir string) error { return prepareDir(dir) }
+// CheckDir checks that dir, if it exists, is a directory closed to other
+// users, as Open does, without creating, locking or reading it: for a
+// process that only validates a config while a running gateway holds the
+// spool. A missing directory is created by Open.
+func CheckDir(dir string) error {
+	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	return prepareDir(dir)
+}
 
 func prepareDir(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {

@@ -3,6 +3,7 @@ package spool_test
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -481,4 +482,17 @@ func TestDropRefusesALiveRecord(t *testing.T) {
 	_, err := b.sp.Drop(b.sp.List(1)[0].Seq)
 	require.ErrorIs(t, err, spool.ErrNotDead)
 	require.Equal(t, 1, b.sp.Stats().Records)
+}
+
+// CheckDir (caddy validate) checks a spool directory without making it:
+// a missing one is left missing, one others can read is refused.
+func TestCheckDir(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "spool")
+	require.NoError(t, spool.CheckDir(dir))
+	_, err := os.Stat(dir)
+	require.ErrorIs(t, err, fs.ErrNotExist, "validate creates nothing")
+	require.NoError(t, os.Mkdir(dir, 0o755))
+	require.ErrorContains(t, spool.CheckDir(dir), "chmod 700")
+	require.NoError(t, os.Chmod(dir, 0o700))
+	require.NoError(t, spool.CheckDir(dir))
 }
