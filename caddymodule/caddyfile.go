@@ -335,16 +335,22 @@ var subdirectives = []string{"provider", "secret", "event_id", "storage", "table
 	"max_concurrency", "rate", "order_key", "handshake", "verify_token", "learned_secret", "enroll_window",
 	"batch", "replay", "replay_max", "replay_headers", "idempotency_key", "spool", "spool_max"}
 
-// unknownSubdirective refuses name, suggesting the subdirective it is
-// closest to (two edits at most: secrets, retension).
-func (h *Handler) unknownSubdirective(d *caddyfile.Dispenser, name string) error {
+// closest is the candidate name is closest to, two edits at most (a typo),
+// or "".
+func closest(name string, candidates []string) string {
 	best, bestDist := "", 3
-	for _, k := range slices.Concat(slices.Sorted(maps.Keys(h.values())), subdirectives) {
+	for _, k := range candidates {
 		if dist := levenshtein.ComputeDistance(name, k); dist < bestDist {
 			best, bestDist = k, dist
 		}
 	}
-	if best != "" {
+	return best
+}
+
+// unknownSubdirective refuses name, suggesting the subdirective it is
+// closest to (two edits at most: secrets, retension).
+func (h *Handler) unknownSubdirective(d *caddyfile.Dispenser, name string) error {
+	if best := closest(name, slices.Concat(slices.Sorted(maps.Keys(h.values())), subdirectives)); best != "" {
 		return d.Errf("unknown subdirective %q: did you mean %s?", name, best)
 	}
 	return d.Errf("unknown subdirective %q (every subdirective is in the config reference, docs/config.md)", name)

@@ -109,6 +109,9 @@ func (h *Handler) checkConfig() error {
 	}
 	preset, ok := signature.Lookup(h.Provider)
 	if !ok {
+		if best := closest(h.Provider, signature.Providers()); best != "" {
+			return fmt.Errorf("provider: unknown provider %q: did you mean %s? (docs/providers.md lists every provider)", h.Provider, best)
+		}
 		return fmt.Errorf("provider: unknown provider %q (known: %s)", h.Provider, strings.Join(signature.Providers(), ", "))
 	}
 	if h.Provider == "hmac" && (h.HMAC == nil || h.HMAC.Header == "") {

@@ -21,3 +21,16 @@ func TestUnknownProviderListsPresets(t *testing.T) {
 		require.Contains(t, err.Error(), " "+name+",", name)
 	}
 }
+
+// A misspelt provider names the one it is closest to (a new user's trial:
+// 109 names and no hint).
+func TestMisspeltProviderSuggested(t *testing.T) {
+	t.Parallel()
+	for typo, want := range map[string]string{"strpe": "stripe", "gihub": "github", "shopfy": "shopify"} {
+		h := &Handler{Provider: typo, Secrets: []string{"s"}}
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: t.Context()})
+		err := h.Provision(ctx)
+		cancel()
+		require.ErrorContains(t, err, `unknown provider "`+typo+`": did you mean `+want+`?`)
+	}
+}

@@ -10,7 +10,7 @@ import "time"
 // The delivery ID header is not signed and there is no timestamp, hence
 // DedupeBody.
 func init() {
-	register(Preset{
+	register(Preset{ //nolint:gosec // G101: SecretFormat and WrongSecrets describe secrets, hold none
 		Name: "github",
 		Delivery: Delivery{
 			Retry:   Retry{Note: "failed deliveries are redelivered only by hand or by a script using the REST API", Source: "https://docs.github.com/en/webhooks/using-webhooks/handling-failed-webhook-deliveries"},
@@ -25,6 +25,15 @@ func init() {
 		DedupeBody:      true,
 		Oracle:          "@octokit/webhooks-methods",
 		IDStability:     StabilityStable, // a redelivery keeps the delivery GUID
+		SecretFormat:    "the webhook's secret as typed in its settings (Settings → Webhooks → Secret, or the app's webhook secret), never a GitHub token",
+		WrongSecrets: []WrongSecret{
+			{Prefix: "ghp_", What: "a personal access token"},
+			{Prefix: "github_pat_", What: "a fine-grained personal access token"},
+			{Prefix: "gho_", What: "an OAuth token"},
+			{Prefix: "ghu_", What: "a user access token"},
+			{Prefix: "ghs_", What: "an installation access token"},
+			{Prefix: "ghr_", What: "a refresh token"},
+		},
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "X-Hub-Signature-256"}},
 			Format:    Format{Prefix: "sha256="},
