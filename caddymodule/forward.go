@@ -197,6 +197,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 	h.upstreamTime.Observe(d.upstream.Seconds())
 
 	end := forwardEnd{status: finalStatus(rec), err: err, panicked: panicked != nil, wire: wire}
+	end.refused = refused(err) && !wire.used()
 	end.timedOut = errors.Is(fctx.Err(), context.DeadlineExceeded) && end.status == 0
 	end.shutdown = errors.Is(context.Cause(fctx), errShutdown) && end.status == 0
 	d.status = end.status
@@ -204,7 +205,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, next caddyhttp
 	if panicked != nil {
 		panic(panicked)
 	}
-	return h.answerProxyError(rec, err, d)
+	return h.answerProxyError(rec, err, end.refused, d)
 }
 
 // settle settles the forward's claims by its verdict: complete (cached at
@@ -288,7 +289,7 @@ func (h *Handler) passOn(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	if panicked != nil {
 		panic(panicked) // the delivery's line is logged on the way out
 	}
-	return h.answerProxyError(rec, err, d)
+	return h.answerProxyError(rec, err, refused(err), d)
 }
 
 // answerProxyError answers an error of the next handler (the upstream
@@ -304,7 +305,7 @@ func (h *Handler) passOn(w http.ResponseWriter, r *http.Request, next caddyhttp.
 // answer an empty 200 and the provider would never deliver the event
 // again). It is answered 502, so the provider retries once the route is
 // fixed; the claim was released (nothing reached an upstream).
-func (h *Handler) answerProxyError(rec caddyhttp.ResponseRecorder, err error, d *delivery) error {
+func (h *Handler) answerProxyError(rec caddyhttp.ResponseRecorder, err error, refusal bool, d *delivery) error {
 	if err == nil {
 		if finalStatus(rec) == 0 {
 			h.answer(rec, d, ansNoUpstream, say{status: http.StatusBadGateway})
@@ -320,7 +321,7 @@ func (h *Handler) answerProxyError(rec caddyhttp.ResponseRecorder, err error, d 
 	if errors.As(err, &he) && he.StatusCode >= 400 {
 		status = he.StatusCode
 	}
-	if refused(err) || status < 500 {
+	if refusal || status < 500 {
 		// A handler's own refusal (file_server's 405 to a POST), not an
 		// upstream that could not be reached.
 		reason = fmt.Sprintf("the handler after webhook_idempotency refused the request: %d %s", status, http.StatusText(status))
@@ -381,6 +382,9 @@ type forwardEnd struct {
 	// wire is what net/http's transport reported about the request; zero
 	// when the next handler did not use it (php_fastcgi, a custom handler).
 	wire *wireTrace
+	// refused: err is a handler's own refusal (refused) and no transport
+	// was used, so nothing reached an upstream.
+	refused bool
 }
 
 // verdict classifies the end of a forward. The rules, in order:
@@ -389,7 +393,8 @@ type forwardEnd struct {
 //     provider's connection failed, or the handler panicked);
 //   - any other final status → release;
 //   - net/http's transport took a connection for the request but wrote no
-//     request header → release (nothing reached the upstream);
+//     request header, or a handler that forwards nothing refused it with
+//     no transport used → release (nothing reached the upstream);
 //   - forward_timeout, the process's exit, or a panic before any status →
 //     ambiguous;
 //   - an error: proxyerr.Ambiguous decides;
@@ -400,7 +405,7 @@ func (e forwardEnd) verdict() verdict {
 		return verdictComplete
 	case e.status >= 200:
 		return verdictRelease
-	case e.wire.nothingWritten(), refused(e.err) && !e.wire.used():
+	case e.wire.nothingWritten(), e.refused:
 		return verdictRelease
 	case e.timedOut, e.shutdown, e.panicked:
 		return verdictAmbiguous

@@ -935,6 +935,7 @@ func TestHandlerRefusalReleasesTheClaim(t *testing.T) {
 	secret := "whsec_" + randomHex(8)
 	dir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "index.html"), []byte("hi"), 0o600))
+	up, forwards := countingUpstream(t)
 	block := func(scope string) string {
 		return fmt.Sprintf("webhook_idempotency {\n\t\t\tprovider stripe\n\t\t\tsecret %q\n\t\t\tscope %s\n\t\t\tstorage sqlite %q\n\t\t}",
 			secret, uniqueScope(scope), filepath.Join(dir, "events.db"))
@@ -943,6 +944,8 @@ func TestHandlerRefusalReleasesTheClaim(t *testing.T) {
 		"\thandle /files/* {\n\t\t"+block("files")+"\n\t\turi strip_prefix /files\n\t\tfile_server {\n\t\t\troot "+dir+"\n\t\t}\n\t}\n"+
 		"\thandle /forbidden {\n\t\t"+block("forbidden")+"\n\t\terror \"forbidden\" 403\n\t}\n"+
 		"\thandle /boom {\n\t\t"+block("boom")+"\n\t\terror \"boom\" 500\n\t}\n"+
+		"\thandle /after {\n\t\t"+block("after")+"\n\t\treverse_proxy "+up.Listener.Addr().String()+" {\n\t\t\t@ok status 2xx\n"+
+		"\t\t\thandle_response @ok {\n\t\t\t\terror \"post-processing failed\" 500\n\t\t\t}\n\t\t}\n\t}\n"+
 		"\thandle {\n\t\trespond 404\n\t}\n}\n")
 	for _, c := range []struct {
 		path   string
@@ -956,4 +959,11 @@ func TestHandlerRefusalReleasesTheClaim(t *testing.T) {
 			require.Contains(t, string(a.body), "the handler after webhook_idempotency refused the request", c.path)
 		}
 	}
+	// The same error after the upstream answered (handle_response) is no
+	// refusal: the upstream ran the event (the claim stays ambiguous).
+	id := "evt_after_" + randomHex(4)
+	a := send(t, stripeRequest(t, gatewayBase+"/after", secret, stripeBody(id, "x"), time.Now(), id))
+	require.Equal(t, http.StatusInternalServerError, a.status)
+	require.NotContains(t, string(a.body), "refused the request")
+	require.Equal(t, int32(1), forwards.Load())
 }

@@ -3,6 +3,8 @@ package caddymodule
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -46,7 +48,7 @@ func checkRoutes(app any) error {
 		if before := unreachable(routes, ""); before != "" {
 			return fmt.Errorf("server %s: webhook_idempotency never runs: %s answers every request first, so deliveries would be "+
 				"forwarded unverified and every redelivery run again; put webhook_idempotency before it (a route block keeps the "+
-				"order it is written in; at a site's top level and in handle blocks the directive is ordered first)", name, before)
+				"order it is written in; elsewhere the directive is ordered before handle, route, respond and reverse_proxy)", name, before)
 		}
 	}
 	return nil
@@ -68,8 +70,12 @@ type hnode struct {
 }
 
 // answering are the handlers that answer every request they get, by
-// module name; file_server does unless pass_thru.
-var answering = map[string]bool{"reverse_proxy": true, "static_response": true, "file_server": true, "error": true, "acme_server": true}
+// module name, but for what hnode's readers tell apart: file_server with
+// pass_thru, reverse_proxy with handle_response routes (forward_auth
+// passes a request its auth service accepted on), respond with a 1xx
+// status (103 Early Hints). acme_server passes on what is not under its
+// path prefix, so it is not among them.
+var answering = map[string]bool{"reverse_proxy": true, "static_response": true, "file_server": true, "error": true}
 
 // unreachable walks routes in their order, blocked by what answers every
 // request before them (blocker), and describes what answers first for a
@@ -87,6 +93,9 @@ func unreachable(routes []rnode, blocker string) string {
 				if b := unreachable(h.routes, local); b != "" {
 					return b
 				}
+				if a := answersAll(h.routes); a != "" && local == "" {
+					local = a + " (before it in the same route)"
+				}
 			case h.answers != "" && local == "":
 				local = h.answers + " (before it in the same route)"
 			}
@@ -94,14 +103,36 @@ func unreachable(routes []rnode, blocker string) string {
 		if blocker != "" || r.matched {
 			continue
 		}
+		if a := answersAll([]rnode{r}); a != "" {
+			blocker = a + " (in an earlier route with no matcher)"
+		} else if r.terminal {
+			blocker = "an earlier terminal route with no matcher"
+		}
+	}
+	return ""
+}
+
+// answersAll names a handler that answers every request routes get, or
+// returns "": one in a route with no matcher that no earlier route of its
+// group can take the request from, directly or in a subroute that answers
+// all (a catch-all handle block).
+func answersAll(routes []rnode) string {
+	groups := map[string]bool{}
+	for _, r := range routes {
+		taken := r.group != "" && groups[r.group]
+		groups[r.group] = true
+		if r.matched || taken {
+			continue
+		}
 		for _, h := range r.handlers {
 			if h.answers != "" {
-				blocker = h.answers + " (in an earlier route with no matcher)"
-				break
+				return h.answers
 			}
-		}
-		if blocker == "" && r.terminal {
-			blocker = "an earlier terminal route with no matcher"
+			if h.routes != nil {
+				if a := answersAll(h.routes); a != "" {
+					return a
+				}
+			}
 		}
 	}
 	return ""
@@ -175,7 +206,10 @@ func handlerNode(h caddyhttp.MiddlewareHandler) hnode {
 	case *caddyhttp.Subroute:
 		return hnode{routes: routeNodes(h.Routes)}
 	case *reverseproxy.Handler:
-		n := hnode{answers: "reverse_proxy"}
+		n := hnode{}
+		if len(h.HandleResponse) == 0 {
+			n.answers = "reverse_proxy"
+		}
 		if lb := h.LoadBalancing; lb != nil {
 			n.unsafe = retryWhat(lb.Retries, int64(lb.TryDuration), len(lb.RetryMatchRaw) > 0 || len(lb.RetryMatch) > 0)
 		}
@@ -185,6 +219,10 @@ func handlerNode(h caddyhttp.MiddlewareHandler) hnode {
 			return hnode{answers: "file_server"}
 		}
 		return hnode{}
+	case *caddyhttp.StaticResponse:
+		if informational(string(h.StatusCode)) {
+			return hnode{}
+		}
 	}
 	if m, ok := h.(caddy.Module); ok {
 		if name := string(m.CaddyModule().ID.Name()); answering[name] && name != "file_server" {
@@ -196,9 +234,11 @@ func handlerNode(h caddyhttp.MiddlewareHandler) hnode {
 
 // rawHandler is what the check reads of a handler's JSON.
 type rawHandler struct {
-	Handler  string `json:"handler"`
-	PassThru bool   `json:"pass_thru"`
-	Routes   []struct {
+	Handler        string            `json:"handler"`
+	PassThru       bool              `json:"pass_thru"`
+	HandleResponse []json.RawMessage `json:"handle_response"`
+	StatusCode     json.RawMessage   `json:"status_code"`
+	Routes         []struct {
 		Group    string            `json:"group"`
 		Match    json.RawMessage   `json:"match"`
 		Terminal bool              `json:"terminal"`
@@ -223,7 +263,7 @@ func rawHandlerNode(raw json.RawMessage) hnode {
 		n := hnode{routes: []rnode{}}
 		for _, r := range h.Routes {
 			m := string(r.Match)
-			rn := rnode{group: r.Group, matched: m != "" && m != "null" && m != "[]", terminal: r.Terminal}
+			rn := rnode{group: r.Group, matched: m != "" && m != "null" && m != "[]" && m != "[{}]", terminal: r.Terminal}
 			for _, raw := range r.Handle {
 				rn.handlers = append(rn.handlers, rawHandlerNode(raw))
 			}
@@ -231,7 +271,10 @@ func rawHandlerNode(raw json.RawMessage) hnode {
 		}
 		return n
 	case "reverse_proxy":
-		n := hnode{answers: "reverse_proxy"}
+		n := hnode{}
+		if len(h.HandleResponse) == 0 {
+			n.answers = "reverse_proxy"
+		}
 		if lb := h.LoadBalancing; lb != nil {
 			try := int64(0)
 			if d := string(lb.TryDuration); d != "" && d != "0" && d != `""` && d != "null" {
@@ -243,6 +286,10 @@ func rawHandlerNode(raw json.RawMessage) hnode {
 		return n
 	case "file_server":
 		if h.PassThru {
+			return hnode{}
+		}
+	case "static_response":
+		if informational(strings.Trim(string(h.StatusCode), `"`)) {
 			return hnode{}
 		}
 	}
@@ -264,4 +311,11 @@ func retryWhat(retries int, tryDuration int64, match bool) string {
 		return "lb_try_duration with lb_retry_match"
 	}
 	return ""
+}
+
+// informational reports whether a respond's status is 1xx (103 Early
+// Hints), after which Caddy runs the next handler.
+func informational(status string) bool {
+	n, err := strconv.Atoi(status)
+	return err == nil && n >= 100 && n < 200
 }

@@ -474,6 +474,20 @@ func TestHandlerThatNeverRunsRefused(t *testing.T) {
 		{"file_server pass_thru first", ":18081 {\n\troute {\n\t\tfile_server {\n\t\t\tpass_thru\n\t\t}\n" + hook() + proxy + "\t}\n}\n", ""},
 		{"earlier handle, other path", ":18081 {\n\thandle /api/* {\n" + proxy + "\t}\n\thandle /hooks {\n" + hook() + proxy + "\t}\n}\n", ""},
 		{"top level, written after", ":18081 {\n" + proxy + hook() + "}\n", ""},
+		// A verification trial's false positives: what passes a request on.
+		{"forward_auth first", ":18081 {\n\tforward_auth 127.0.0.1:1 {\n\t\turi /verify\n\t\tcopy_headers X-User\n\t}\n" + hook() + proxy + "}\n", ""},
+		{"forward_auth, then handle blocks", ":18081 {\n\tforward_auth 127.0.0.1:1 {\n\t\turi /verify\n\t}\n\thandle /v1/* {\n" + hook() + proxy +
+			"\t}\n\thandle {\n\t\trespond 404\n\t}\n}\n", ""},
+		{"route block, forward_auth first", ":18081 {\n\troute {\n\t\tforward_auth 127.0.0.1:1 {\n\t\t\turi /verify\n\t\t}\n" + hook() + proxy + "\t}\n}\n", ""},
+		{"route block, acme_server first", ":18081 {\n\troute {\n\t\tacme_server\n" + hook() + proxy + "\t}\n}\n", ""},
+		{"route block, early hints first", ":18081 {\n\troute {\n\t\trespond 103\n" + hook() + proxy + "\t}\n}\n", ""},
+		// Its false negatives: a catch-all in a subroute answers first.
+		{"catch-all handle before a route", ":18081 {\n\troute /hooks/* {\n" + hook() + proxy + "\t}\n\thandle {\n" + proxy + "\t}\n}\n",
+			"reverse_proxy (in an earlier route with no matcher)"},
+		{"route block, catch-all handle first", ":18081 {\n\troute {\n\t\thandle {\n\t\t\trespond 404\n\t\t}\n\t\thandle /hooks/* {\n" + hook() + proxy + "\t\t}\n\t}\n}\n",
+			"static_response (in an earlier route with no matcher)"},
+		{"route in route answers first", ":18081 {\n\troute {\n\t\troute {\n\t\t\trespond 404\n\t\t}\n" + hook() + proxy + "\t}\n}\n",
+			"static_response"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := validateCaddyfile(t, tc.site)
