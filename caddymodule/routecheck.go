@@ -45,7 +45,7 @@ func checkRoutes(app any) error {
 				"(%s): an upstream that did the work and then failed would run twice inside one forward; remove lb_retry_match "+
 				"(reverse_proxy then retries a POST only when it could not connect, which is safe) or set lb_retries 0", name, bad)
 		}
-		if before := unreachable(routes, ""); before != "" {
+		if before := unreachable(routes, "", sharedGroups(routes)); before != "" {
 			return fmt.Errorf("server %s: webhook_idempotency never runs: %s answers every request first, so deliveries would be "+
 				"forwarded unverified and every redelivery run again; put webhook_idempotency before it (a route block keeps the "+
 				"order it is written in; elsewhere the directive is ordered before handle, route, respond and reverse_proxy)", name, before)
@@ -80,9 +80,11 @@ var answering = map[string]bool{"reverse_proxy": true, "static_response": true, 
 // unreachable walks routes in their order, blocked by what answers every
 // request before them (blocker), and describes what answers first for a
 // webhook_idempotency handler that never runs, or returns "". Only what is
-// sure to answer counts: a route with matchers may not run, and a subroute
-// may pass requests on, so neither blocks what follows it.
-func unreachable(routes []rnode, blocker string) string {
+// sure to answer counts (answersAll): a route with matchers may not run, a
+// grouped route may be skipped, and a subroute may pass requests on.
+// shared are the groups found in more than one route list (sharedGroups).
+func unreachable(routes []rnode, blocker string, shared map[string]bool) string {
+	leaky := map[string]bool{}
 	for _, r := range routes {
 		local := blocker
 		for _, h := range r.handlers {
@@ -90,22 +92,23 @@ func unreachable(routes []rnode, blocker string) string {
 			case h.ours && local != "":
 				return local
 			case h.routes != nil:
-				if b := unreachable(h.routes, local); b != "" {
+				if b := unreachable(h.routes, local, shared); b != "" {
 					return b
 				}
-				if a := answersAll(h.routes); a != "" && local == "" {
+				if a := answersAll(h.routes, shared); a != "" && local == "" {
 					local = a + " (before it in the same route)"
 				}
 			case h.answers != "" && local == "":
 				local = h.answers + " (before it in the same route)"
 			}
 		}
-		if blocker != "" || r.matched {
+		a, blocks := answersEverything(r, leaky, shared)
+		if blocker != "" || !blocks {
 			continue
 		}
-		if a := answersAll([]rnode{r}); a != "" {
+		if a != "" {
 			blocker = a + " (in an earlier route with no matcher)"
-		} else if r.terminal {
+		} else if r.terminal && r.group == "" {
 			blocker = "an earlier terminal route with no matcher"
 		}
 	}
@@ -113,29 +116,73 @@ func unreachable(routes []rnode, blocker string) string {
 }
 
 // answersAll names a handler that answers every request routes get, or
-// returns "": one in a route with no matcher that no earlier route of its
-// group can take the request from, directly or in a subroute that answers
-// all (a catch-all handle block).
-func answersAll(routes []rnode) string {
-	groups := map[string]bool{}
+// returns "" (answersEverything).
+func answersAll(routes []rnode, shared map[string]bool) string {
+	leaky := map[string]bool{}
 	for _, r := range routes {
-		taken := r.group != "" && groups[r.group]
-		groups[r.group] = true
-		if r.matched || taken {
-			continue
+		if a, blocks := answersEverything(r, leaky, shared); blocks && a != "" {
+			return a
 		}
-		for _, h := range r.handlers {
-			if h.answers != "" {
-				return h.answers
+	}
+	return ""
+}
+
+// answersEverything reports whether r, taken in its list's order, gets
+// every request that reaches it (no matcher, and its group, if any, is
+// not shared with another list and no earlier route of it passes a
+// request on: leaky, which it updates), and names what in it answers them
+// all ("" when nothing does): a handler, or a subroute that answers all (a
+// catch-all handle block).
+func answersEverything(r rnode, leaky, shared map[string]bool) (string, bool) {
+	a := ""
+	for _, h := range r.handlers {
+		if h.answers != "" {
+			a = h.answers
+			break
+		}
+		if h.routes != nil {
+			if a = answersAll(h.routes, shared); a != "" {
+				break
 			}
-			if h.routes != nil {
-				if a := answersAll(h.routes); a != "" {
-					return a
+		}
+	}
+	g := r.group
+	takesAll := !r.matched && (g == "" || (!shared[g] && !leaky[g]))
+	if g != "" && a == "" {
+		leaky[g] = true // requests it matches go on past the whole group
+	}
+	return a, takesAll
+}
+
+// sharedGroups are the route groups found in more than one route list:
+// Caddy keeps one record of the groups a request has matched, across
+// subroutes, so such a group's routes may be skipped in ways one list does
+// not show.
+func sharedGroups(routes []rnode) map[string]bool {
+	lists := map[string]int{}
+	var walk func([]rnode)
+	walk = func(routes []rnode) {
+		here := map[string]bool{}
+		for _, r := range routes {
+			if r.group != "" && !here[r.group] {
+				here[r.group] = true
+				lists[r.group]++
+			}
+			for _, h := range r.handlers {
+				if h.routes != nil {
+					walk(h.routes)
 				}
 			}
 		}
 	}
-	return ""
+	walk(routes)
+	shared := map[string]bool{}
+	for g, n := range lists {
+		if n > 1 {
+			shared[g] = true
+		}
+	}
+	return shared
 }
 
 // unsafeRetriesAfter walks routes in their order; armed says a
@@ -262,8 +309,7 @@ func rawHandlerNode(raw json.RawMessage) hnode {
 	case "subroute":
 		n := hnode{routes: []rnode{}}
 		for _, r := range h.Routes {
-			m := string(r.Match)
-			rn := rnode{group: r.Group, matched: m != "" && m != "null" && m != "[]" && m != "[{}]", terminal: r.Terminal}
+			rn := rnode{group: r.Group, matched: hasMatcher(r.Match), terminal: r.Terminal}
 			for _, raw := range r.Handle {
 				rn.handlers = append(rn.handlers, rawHandlerNode(raw))
 			}
@@ -318,4 +364,19 @@ func retryWhat(retries int, tryDuration int64, match bool) string {
 func informational(status string) bool {
 	n, err := strconv.Atoi(status)
 	return err == nil && n >= 100 && n < 200
+}
+
+// hasMatcher reports whether a route's raw "match" holds a matcher: a set
+// with at least one (an empty set, [{}], matches every request).
+func hasMatcher(raw json.RawMessage) bool {
+	var sets []map[string]json.RawMessage
+	if json.Unmarshal(raw, &sets) != nil {
+		return len(raw) > 0 && string(raw) != "null" // unreadable: assume it may not match
+	}
+	for _, set := range sets {
+		if len(set) > 0 {
+			return true
+		}
+	}
+	return false
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -481,6 +482,14 @@ func TestHandlerThatNeverRunsRefused(t *testing.T) {
 		{"route block, forward_auth first", ":18081 {\n\troute {\n\t\tforward_auth 127.0.0.1:1 {\n\t\t\turi /verify\n\t\t}\n" + hook() + proxy + "\t}\n}\n", ""},
 		{"route block, acme_server first", ":18081 {\n\troute {\n\t\tacme_server\n" + hook() + proxy + "\t}\n}\n", ""},
 		{"route block, early hints first", ":18081 {\n\troute {\n\t\trespond 103\n" + hook() + proxy + "\t}\n}\n", ""},
+		// Another trial's: a handle block that does not answer lets the
+		// requests it matches skip the rest of its group, the catch-all too.
+		{"fall-through handle, catch-all, then a route", ":18081 {\n\thandle /hooks/* {\n\t\trequest_header X-Hook 1\n\t}\n\thandle {\n\t\trespond 404\n\t}\n\troute {\n" +
+			hook() + proxy + "\t}\n}\n", ""},
+		{"route block, fall-through handle_path, catch-all", ":18081 {\n\troute {\n\t\thandle_path /hooks/* {\n\t\t\theader X-Hook 1\n\t\t}\n\t\thandle {\n\t\t\trespond 404\n\t\t}\n" +
+			hook() + proxy + "\t}\n}\n", ""},
+		{"answering handles, catch-all, then a route", ":18081 {\n\thandle /api/* {\n" + proxy + "\t}\n\thandle {\n\t\trespond 404\n\t}\n\troute /hooks/* {\n" +
+			hook() + proxy + "\t}\n}\n", "static_response (in an earlier route with no matcher)"},
 		// Its false negatives: a catch-all in a subroute answers first.
 		{"catch-all handle before a route", ":18081 {\n\troute /hooks/* {\n" + hook() + proxy + "\t}\n\thandle {\n" + proxy + "\t}\n}\n",
 			"reverse_proxy (in an earlier route with no matcher)"},
@@ -500,4 +509,32 @@ func TestHandlerThatNeverRunsRefused(t *testing.T) {
 			require.Contains(t, err.Error(), "put webhook_idempotency before it")
 		})
 	}
+}
+
+// The check's route tree in JSON's shapes (a trial's false positives and
+// negatives): a group that lets requests past its catch-all, one shared
+// with a subroute, and an empty matcher set, which matches everything.
+func TestUnreachableGroups(t *testing.T) {
+	vars := hnode{}
+	answer := hnode{answers: "static_response"}
+	ours := hnode{ours: true}
+	check := func(routes []rnode) string { return unreachable(routes, "", sharedGroups(routes)) }
+	require.Empty(t, check([]rnode{
+		{group: "g", matched: true, handlers: []hnode{vars}},
+		{group: "g", handlers: []hnode{answer}},
+		{handlers: []hnode{ours}},
+	}), "requests /hooks/* match the first route of g and skip its catch-all")
+	require.Empty(t, check([]rnode{
+		{group: "g", matched: true, handlers: []hnode{vars}},
+		{handlers: []hnode{{routes: []rnode{{group: "g", handlers: []hnode{answer}}}}}},
+		{handlers: []hnode{ours}},
+	}), "group g matched outside the subroute skips the catch-all in it")
+	require.Contains(t, check([]rnode{
+		{group: "g", matched: true, handlers: []hnode{answer}},
+		{group: "g", handlers: []hnode{answer}},
+		{handlers: []hnode{ours}},
+	}), "static_response (in an earlier route with no matcher)")
+	require.False(t, hasMatcher(json.RawMessage(`[{}]`)))
+	require.False(t, hasMatcher(json.RawMessage("[ {\n} ]")))
+	require.True(t, hasMatcher(json.RawMessage(`[{"path":["/hooks/*"]}]`)))
 }
