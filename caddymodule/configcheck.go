@@ -154,8 +154,10 @@ func warnHostOnly(app any, logger *zap.Logger) {
 	}
 }
 
-// forgetHostWarnings drops a config's record when it is unloaded.
+// forgetHostWarnings drops a config's records (its host warnings and
+// checkRoutes' answer) when it is unloaded.
 func forgetHostWarnings(app any) {
+	routeChecks.Delete(app)
 	hostWarned.Lock()
 	delete(hostWarned.m, app)
 	hostWarned.Unlock()

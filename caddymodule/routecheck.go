@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -30,11 +31,29 @@ import (
 // the routes as raw JSON where they are not provisioned yet (those after
 // the handler being provisioned) and as modules where they are. A nil or
 // non-http app (handler unit tests) checks nothing.
+//
+// The answer is the config's, whichever of its handlers asks, so it is
+// worked out once per config (routeChecks): a config of a hundred routes
+// would otherwise read every route's JSON once per handler.
 func checkRoutes(app any) error {
 	a, ok := app.(*caddyhttp.App)
 	if !ok {
 		return nil
 	}
+	if err, done := routeChecks.Load(app); done {
+		err, _ := err.(error)
+		return err
+	}
+	err := checkServers(a)
+	routeChecks.Store(app, err)
+	return err
+}
+
+// routeChecks holds checkRoutes' answer per config's http app, until the
+// config is unloaded (forgetHostWarnings).
+var routeChecks sync.Map
+
+func checkServers(a *caddyhttp.App) error {
 	for name, srv := range a.Servers {
 		if srv == nil {
 			continue
