@@ -375,14 +375,7 @@ func TestProxyRetriesRefused(t *testing.T) {
 			proxy(retryPOST) + "\t}\n}\n", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := validateCaddyfile(t, tc.site)
-			if tc.refused == "" {
-				require.NoError(t, err)
-				return
-			}
-			require.Error(t, err)
-			require.Contains(t, err.Error(), tc.refused)
-			require.Contains(t, err.Error(), "remove lb_retry_match")
+			requireRefusedAtLoad(t, tc.site, tc.refused, "remove lb_retry_match")
 		})
 	}
 }
@@ -499,14 +492,7 @@ func TestHandlerThatNeverRunsRefused(t *testing.T) {
 			"static_response"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := validateCaddyfile(t, tc.site)
-			if tc.refused == "" {
-				require.NoError(t, err)
-				return
-			}
-			require.Error(t, err)
-			require.Contains(t, err.Error(), "webhook_idempotency never runs: "+tc.refused)
-			require.Contains(t, err.Error(), "put webhook_idempotency before it")
+			requireRefusedAtLoad(t, tc.site, tc.refused, "webhook_idempotency never runs: "+tc.refused, "put webhook_idempotency before it")
 		})
 	}
 }
@@ -537,4 +523,19 @@ func TestUnreachableGroups(t *testing.T) {
 	require.False(t, hasMatcher(json.RawMessage(`[{}]`)))
 	require.False(t, hasMatcher(json.RawMessage("[ {\n} ]")))
 	require.True(t, hasMatcher(json.RawMessage(`[{"path":["/hooks/*"]}]`)))
+}
+
+// requireRefusedAtLoad validates a Caddyfile: it loads when refused is "",
+// else it is refused with an error holding refused and each of says.
+func requireRefusedAtLoad(t *testing.T, site, refused string, says ...string) {
+	t.Helper()
+	_, err := validateCaddyfile(t, site)
+	if refused == "" {
+		require.NoError(t, err)
+		return
+	}
+	require.Error(t, err)
+	for _, want := range append([]string{refused}, says...) {
+		require.Contains(t, err.Error(), want)
+	}
 }

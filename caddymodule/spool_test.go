@@ -150,68 +150,44 @@ func mustMode(t *testing.T, path string) os.FileMode {
 	return fi.Mode().Perm()
 }
 
-// A delivery spooled by a route that holds a handler of another scope
-// nested in it (scopes a, then b in a handle block) is replayed through
-// both once the store is back: the inner handler passes it on, as the
-// outer verified and claimed it. It refused the replay before (421), so
-// the outer released the claim and replayed it again, forever: an event
-// answered 200 to its provider and never forwarded.
-func TestSpoolReplayPassesThroughNestedScope(t *testing.T) {
-	link, u := cutStoreLink(t)
-	secret := "whsec_" + randomHex(8)
-	dir := t.TempDir()
-	outer := fmt.Sprintf("webhook_idempotency {\n\t\tprovider stripe\n\t\tsecret %q\n\t\tscope %s\n\t\tstorage postgres %q\n\t\tspool %q\n\t}",
-		secret, uniqueScope("spool_outer"), u.String(), filepath.Join(dir, "spool"))
-	inner := fmt.Sprintf("webhook_idempotency {\n\t\t\tprovider stripe\n\t\t\tsecret %q\n\t\t\tscope %s\n\t\t\tstorage sqlite %q\n\t\t}",
-		secret, uniqueScope("spool_inner"), filepath.Join(dir, "events.db"))
-	up, forwards := countingUpstream(t)
-	startCaddy(t, "{\n"+caddyTestGlobals+"}\nhttp://localhost:9080 {\n\t"+outer+"\n\thandle /hook {\n\t\t"+inner+
-		"\n\t\treverse_proxy "+up.Listener.Addr().String()+"\n\t}\n}\n")
+// Spooled deliveries replayed through nested handlers of two scopes, each
+// on its own store, one of them down with a spool: the other handler
+// passes the replay on, before or after the spool's (the outer one verified
+// and claimed it, or the inner one spooled what the outer claimed and then
+// completed on its 200). Either refused it (421) before, so the record was
+// replayed forever: an event answered 200 and never forwarded (the second
+// found by an adversarial trial).
+func TestSpoolReplayThroughNestedScopes(t *testing.T) {
+	for _, outerDown := range []bool{true, false} {
+		link, u := cutStoreLink(t)
+		secret := "whsec_" + randomHex(8)
+		dir := t.TempDir()
+		block := func(indent, scope string, down bool) string {
+			storage := fmt.Sprintf("storage sqlite %q", filepath.Join(dir, "events.db"))
+			if down {
+				storage = fmt.Sprintf("storage postgres %q\n%sspool %q", u.String(), indent, filepath.Join(dir, "spool"))
+			}
+			return fmt.Sprintf("webhook_idempotency {\n%sprovider stripe\n%ssecret %q\n%sscope %s\n%s%s\n%s}",
+				indent, indent, secret, indent, uniqueScope(scope), indent, storage, indent[1:])
+		}
+		up, forwards := countingUpstream(t)
+		startCaddy(t, "{\n"+caddyTestGlobals+"}\nhttp://localhost:9080 {\n\t"+block("\t\t", "outer", outerDown)+
+			"\n\thandle /hook {\n\t\t"+block("\t\t\t", "inner", !outerDown)+"\n\t\treverse_proxy "+up.Listener.Addr().String()+
+			"\n\t}\n\thandle {\n\t\trespond 404\n\t}\n}\n")
 
-	id := "evt_spool_nested_" + randomHex(4)
-	body := stripeBody(id, "x")
-	first := send(t, stripeRequest(t, gatewayBase+"/hook", secret, body, time.Now(), id))
-	require.Equal(t, http.StatusOK, first.status, "kept in the spool: %s", first.body)
-	require.Zero(t, forwards.Load(), "nothing forwarded without a claim")
+		id := "evt_spool_nested_" + randomHex(4)
+		body := stripeBody(id, "x")
+		first := send(t, stripeRequest(t, gatewayBase+"/hook", secret, body, time.Now(), id))
+		require.Equal(t, http.StatusOK, first.status, "outer down %v: kept in the spool: %s", outerDown, first.body)
+		require.Zero(t, forwards.Load(), "outer down %v: nothing forwarded without a claim", outerDown)
 
-	link.Restore()
-	require.Eventually(t, func() bool { return forwards.Load() == 1 }, 30*time.Second, 50*time.Millisecond,
-		"the spooled delivery is forwarded once the store is back")
-	again := send(t, stripeRequest(t, gatewayBase+"/hook", secret, body, time.Now(), id))
-	require.Equal(t, http.StatusOK, again.status, "%s", again.body)
-	require.True(t, again.replayed, "the redelivery is a duplicate")
-	time.Sleep(2 * time.Second) // a replay refused by the inner handler would be tried again
-	require.Equal(t, int32(1), forwards.Load(), "forwarded exactly once")
-}
-
-// The other way round: the inner handler (scope b, its store down, with a
-// spool) spools a delivery the outer one (scope a, its store up) claimed,
-// and completes since the inner answered 200. Replayed once the inner's
-// store is back, the delivery passes the outer handler on its way to the
-// inner one, which claims and forwards it. The outer refused it (421)
-// before: the record waited forever, an event answered 200 and never
-// forwarded (an adversarial trial).
-func TestSpoolReplayPassesOuterScope(t *testing.T) {
-	link, u := cutStoreLink(t)
-	secret := "whsec_" + randomHex(8)
-	dir := t.TempDir()
-	outer := fmt.Sprintf("webhook_idempotency {\n\t\tprovider stripe\n\t\tsecret %q\n\t\tscope %s\n\t\tstorage sqlite %q\n\t}",
-		secret, uniqueScope("outer_up"), filepath.Join(dir, "events.db"))
-	inner := fmt.Sprintf("webhook_idempotency {\n\t\t\tprovider stripe\n\t\t\tsecret %q\n\t\t\tscope %s\n\t\t\tstorage postgres %q\n\t\t\tspool %q\n\t\t}",
-		secret, uniqueScope("inner_down"), u.String(), filepath.Join(dir, "spool"))
-	up, forwards := countingUpstream(t)
-	startCaddy(t, "{\n"+caddyTestGlobals+"}\nhttp://localhost:9080 {\n\t"+outer+"\n\thandle /hook {\n\t\t"+inner+
-		"\n\t\treverse_proxy "+up.Listener.Addr().String()+"\n\t}\n\thandle {\n\t\trespond 404\n\t}\n}\n")
-
-	id := "evt_spool_outer_" + randomHex(4)
-	body := stripeBody(id, "x")
-	first := send(t, stripeRequest(t, gatewayBase+"/hook", secret, body, time.Now(), id))
-	require.Equal(t, http.StatusOK, first.status, "kept in the inner route's spool: %s", first.body)
-	require.Zero(t, forwards.Load())
-
-	link.Restore()
-	require.Eventually(t, func() bool { return forwards.Load() == 1 }, 30*time.Second, 50*time.Millisecond,
-		"the spooled delivery is forwarded once the inner store is back")
-	time.Sleep(2 * time.Second)
-	require.Equal(t, int32(1), forwards.Load(), "forwarded exactly once")
+		link.Restore()
+		require.Eventually(t, func() bool { return forwards.Load() == 1 }, 30*time.Second, 50*time.Millisecond,
+			"outer down %v: the spooled delivery is forwarded once the store is back", outerDown)
+		again := send(t, stripeRequest(t, gatewayBase+"/hook", secret, body, time.Now(), id))
+		require.Equal(t, http.StatusOK, again.status, "%s", again.body)
+		require.True(t, again.replayed, "outer down %v: the redelivery is a duplicate", outerDown)
+		time.Sleep(2 * time.Second) // a refused replay would be tried again
+		require.Equal(t, int32(1), forwards.Load(), "outer down %v: forwarded exactly once", outerDown)
+	}
 }
