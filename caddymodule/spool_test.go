@@ -2,8 +2,10 @@ package caddymodule
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"testing"
@@ -190,4 +192,47 @@ func TestSpoolReplayThroughNestedScopes(t *testing.T) {
 		time.Sleep(2 * time.Second) // a refused replay would be tried again
 		require.Equal(t, int32(1), forwards.Load(), "outer down %v: forwarded exactly once", outerDown)
 	}
+}
+
+// A spooled delivery whose route changed before it was replayed (its path
+// now answered by another handler) reaches no handler of its spool: it is
+// counted as refused, so it is tried with back-off and set aside (dead)
+// after the spool's dead_after, where the admin API can retry or drop it.
+// It waited before, forever, and could not be dropped (an adversarial
+// trial: "409 is not dead").
+func TestSpoolReplayThatMissesItsRouteIsRefused(t *testing.T) {
+	link, u := cutStoreLink(t)
+	secret := "whsec_" + randomHex(8)
+	dir := t.TempDir()
+	scope := uniqueScope("moved")
+	up, forwards := countingUpstream(t)
+	site := func(path string) string {
+		return fmt.Sprintf("{\n%s}\nhttp://localhost:9080 {\n\thandle %s {\n\t\twebhook_idempotency {\n\t\t\tprovider stripe\n\t\t\tsecret %q\n"+
+			"\t\t\tscope %s\n\t\t\tstorage postgres %q\n\t\t\tspool %q\n\t\t}\n\t\treverse_proxy %s\n\t}\n\thandle {\n\t\trespond 404\n\t}\n}\n",
+			caddyTestGlobals, path, secret, scope, u.String(), filepath.Join(dir, "spool"), up.Listener.Addr().String())
+	}
+	startCaddy(t, site("/hook"))
+	id := "evt_moved_" + randomHex(4)
+	first := send(t, stripeRequest(t, gatewayBase+"/hook", secret, stripeBody(id, "x"), time.Now(), id))
+	require.Equal(t, http.StatusOK, first.status, "kept in the spool: %s", first.body)
+
+	startCaddy(t, site("/moved")) // a reload: /hook now answered 404
+	link.Restore()
+	var entry SpoolEntryJSON
+	require.Eventually(t, func() bool {
+		rec := httptest.NewRecorder()
+		require.NoError(t, new(Admin).serve(rec, httptest.NewRequest(http.MethodGet, "/webhook_idempotency/spool", nil)))
+		var spools []SpoolJSON
+		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &spools))
+		for _, sp := range spools {
+			for _, e := range sp.Deliveries {
+				if e.EventID == id {
+					entry = e
+				}
+			}
+		}
+		return entry.Attempts > 0
+	}, 30*time.Second, 100*time.Millisecond, "the missed replay counts as a refused attempt")
+	require.Equal(t, "refused", entry.Last)
+	require.Zero(t, forwards.Load(), "nothing forwarded")
 }

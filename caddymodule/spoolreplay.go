@@ -82,9 +82,14 @@ func (h *Handler) deliverSpooled(ctx context.Context, rec *spool.Record) spool.R
 	}
 	srv.ServeHTTP(new(replayWriter), req)
 	if !rp.reached {
-		h.logger.Warn("spool: a spooled delivery did not reach its route when replayed (was the route changed?); it waits",
+		// Refused, not a wait: tried again with back-off, then set aside
+		// (dead) like a delivery the upstream keeps refusing, where an
+		// operator can retry or drop it. A wait never ended, and the admin
+		// API drops only dead deliveries.
+		h.logger.Warn("spool: a spooled delivery did not reach its route when replayed (was the route changed?); "+
+			"it is tried again, then set aside for an operator like a refused one",
 			zap.String("scope", rec.Scope), zap.String("event_id", rec.EventID))
-		return spool.Result{Outcome: spool.Wait, RetryAfter: unroutedRetry}
+		return spool.Result{Outcome: spool.Refused}
 	}
 	return rp.result
 }
