@@ -169,16 +169,24 @@ func serverOf(app any, h *Handler) *caddyhttp.Server {
 	return nil
 }
 
+// routesHold reports whether h is among the handlers of routes.
 func routesHold(routes caddyhttp.RouteList, h *Handler) bool {
+	return eachHandler(routes, func(v *Handler) bool { return v == h })
+}
+
+// eachHandler calls visit with each handler of this module in routes, in
+// the order they run (subroutes in place), until visit returns true, and
+// reports whether it did.
+func eachHandler(routes caddyhttp.RouteList, visit func(*Handler) bool) bool {
 	for _, rt := range routes {
 		for _, mh := range rt.Handlers {
 			switch v := mh.(type) {
 			case *Handler:
-				if v == h {
+				if visit(v) {
 					return true
 				}
 			case *caddyhttp.Subroute:
-				if routesHold(v.Routes, h) {
+				if eachHandler(v.Routes, visit) {
 					return true
 				}
 			}
@@ -190,27 +198,16 @@ func routesHold(routes caddyhttp.RouteList, h *Handler) bool {
 // runsBefore reports whether handler first comes before handler then in
 // the order routes run their handlers (subroutes in place).
 func runsBefore(routes caddyhttp.RouteList, first, then *Handler) bool {
-	seen := false
-	var walk func(caddyhttp.RouteList) bool
-	walk = func(routes caddyhttp.RouteList) bool {
-		for _, rt := range routes {
-			for _, mh := range rt.Handlers {
-				switch v := mh.(type) {
-				case *Handler:
-					if v == then {
-						return seen
-					}
-					seen = seen || v == first
-				case *caddyhttp.Subroute:
-					if walk(v.Routes) {
-						return true
-					}
-				}
-			}
+	seen, before := false, false
+	eachHandler(routes, func(v *Handler) bool {
+		if v == then {
+			before = seen
+			return true
 		}
+		seen = seen || v == first
 		return false
-	}
-	return walk(routes)
+	})
+	return before
 }
 
 // serveReplay is ServeHTTP for a spooled delivery replayed through the
