@@ -316,7 +316,7 @@ func (m asyncMode) serve(w http.ResponseWriter, _ caddyhttp.Handler, d *delivery
 		HoldOnExpiry: h.OnAmbiguous == "hold",
 	}
 	if h.replayRecord { // replayguard.go
-		e.Claims = append(e.Claims, queue.Key{Scope: h.bodyScope(), EventID: h.replayKey(id, d.signed)})
+		e.Claims = append(e.Claims, queue.Key{Scope: h.bodyScope(), EventID: h.replayKey(id, d.covered())})
 	}
 	if h.async.orderKey != nil {
 		k, err := h.async.orderKey.Extract(d.signed, r.Header)

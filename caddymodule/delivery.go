@@ -146,12 +146,21 @@ func (d *delivery) signedFile() *spillFile {
 	return d.decoded
 }
 
-// bodyKey is bodyKey of the verified body, in memory or spilled.
+// bodyKey is bodyKey of what the signature covers of the verified body, in
+// memory or spilled (only schemes that sign the bytes spill).
 func (d *delivery) bodyKey() string {
 	if f := d.signedFile(); f != nil {
 		return f.key()
 	}
-	return bodyKey(d.signed)
+	return bodyKey(d.covered())
+}
+
+// covered is what the signature covers of the verified body
+// (signature.Preset.Covered): replay records are keyed on it, so a
+// capture re-encoded in a way the signature cannot see (a form's
+// parameters reordered) is still the delivery it was.
+func (d *delivery) covered() []byte {
+	return d.h.preset.Covered(d.signed, d.r.Header)
 }
 
 // log counts the delivery's outcome and writes one info line per delivery:

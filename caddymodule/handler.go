@@ -199,11 +199,11 @@ type Handler struct {
 	// deduplication, and logged).
 	OnMissingID string `json:"on_missing_id,omitempty"`
 
-	// DedupeBody also keys deliveries on the SHA-256 of the body, within the
-	// scope, so a replayed body under a fresh event ID is answered at the edge
-	// instead of forwarded. Default: on for providers whose event ID is not
-	// covered by the signature and that sign no timestamp (github, shopify,
-	// ...), off for the others.
+	// DedupeBody also keys deliveries on the SHA-256 of the body (of what
+	// the signature covers: Twilio's sorted form parameters) in the scope,
+	// so a replayed body under a fresh event ID is answered at the edge.
+	// Default: on for providers whose event ID is not covered by the
+	// signature and that sign no timestamp (github, shopify, ...), else off.
 	DedupeBody *bool `json:"dedupe_body,omitempty"`
 
 	// RefuseStatus is the HTTP status of a delivery refused because it

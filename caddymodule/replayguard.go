@@ -130,6 +130,7 @@ func (h *Handler) singleUseFingerprint(body []byte) string {
 
 // replayKey is the key of the delivery's replay record in bodyScope: the
 // body's hash under dedupe_body, else the hash of the event ID and the body.
+// body is what the signature covers (delivery.covered).
 func (h *Handler) replayKey(id string, body []byte) string {
 	if h.dedupeBody {
 		return bodyKey(body)
@@ -152,7 +153,7 @@ func (h *Handler) replayKeyOf(d *delivery, id string) (string, error) {
 	f := d.signedFile()
 	switch {
 	case f == nil:
-		return h.replayKey(id, d.signed), nil
+		return h.replayKey(id, d.covered()), nil
 	case h.dedupeBody:
 		return f.key(), nil
 	}

@@ -2,8 +2,12 @@ package caddymodule
 
 import (
 	"context"
+	"encoding/base64"
+	"fmt"
 	"net/http"
+	"net/url"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -231,4 +235,104 @@ func TestIssue22_ReplayAfterRetentionBatchSplit(t *testing.T) {
 		require.Equal(t, http.StatusOK, a.status, "body %s", a.body)
 	}
 	require.Equal(t, 2, g.up.count(), "upstream calls")
+}
+
+// Schemes that sign less than the body's bytes (Preset.Covered): a captured
+// delivery re-encoded so that the same signature still verifies, sent under
+// a fresh, unsigned delivery ID, is a replay, not a new event. Keyed on the
+// raw bytes, each was forwarded a second time. The Twilio variant is the
+// input the signature fuzzer found (parameters split at other boundaries).
+func TestReplayRecordKeysOnWhatTheSignatureCovers(t *testing.T) {
+	t.Parallel()
+	const hookURL = "https://hooks.example.test/hook"
+	const form = "application/x-www-form-urlencoded"
+	twilio := "AccountSid=AC_RT&Body=Hello+caf%C3%A9&From=%2B15550000001&MessageSid=SM_RT_0001&To=%2B15550000002"
+	giteaJSON := `{"ref":"refs/heads/main","after":"c0ffee","repository":{"full_name":"o/r"}}`
+	btPayload := base64.StdEncoding.EncodeToString([]byte("<notification><kind>check</kind></notification>")) + "\n"
+	for _, tc := range []struct {
+		name, provider, secret, config string
+		idHeader                       string // the unsigned delivery ID
+		body                           string // as the provider sends it
+		contentType                    string
+		variants                       []string // the same signature verifies each
+	}{
+		{
+			name: "twilio", provider: "twilio", secret: "tw_token", config: "url " + hookURL,
+			idHeader: "I-Twilio-Idempotency-Token", body: twilio, contentType: form,
+			variants: []string{
+				"To=%2B15550000002&MessageSid=SM_RT_0001&From=%2B15550000001&Body=Hello%20caf%C3%A9&AccountSid=AC_RT",
+				"AccountSidAC_RTBodyHello+caf%C3%A9From%2B15550000001MessageSidSM_RT_0001To%2B15550000002",
+				"AccountSid=AC_RTBodyHello+caf%C3%A9From%2B15550000001&MessageSid=SM_RT_0001&To=%2B15550000002",
+			},
+		},
+		{
+			name: "mandrill", provider: "mandrill", secret: "md_key", config: "url " + hookURL + "\nevent_id header X-Delivery",
+			idHeader: "X-Delivery", body: "mandrill_events=%5B%7B%22event%22%3A%22send%22%7D%5D", contentType: form,
+			variants: []string{"mandrill_events=[{\"event\":\"send\"}]", "mandrill_e=vents[{\"event\":\"send\"}]"},
+		},
+		{
+			name: "plivo", provider: "plivo", secret: "pl_token", config: "url " + hookURL + "\nevent_id header X-Delivery",
+			idHeader: "X-Delivery", body: "CallUUID=c-1&From=15550000001&To=15550000002", contentType: form,
+			variants: []string{"To=15550000002&From=15550000001&CallUUID=c-1", "CallUUID=c-1From15550000001To15550000002"},
+		},
+		{
+			name: "gitea", provider: "gitea", secret: "gitea_s",
+			idHeader: "X-Gitea-Delivery", body: "payload=" + url.QueryEscape(giteaJSON), contentType: form,
+			variants: []string{"payload=" + strings.ReplaceAll(url.QueryEscape(giteaJSON), "%22", `"`), "z=1&payload=" + url.QueryEscape(giteaJSON)},
+		},
+		{
+			// The event ID is the hash of bt_payload, and the signature
+			// verifies it without its trailing newline: a second ID.
+			name: "braintree", provider: "braintree", secret: "pub_k:priv_k",
+			contentType: form, // the variant is built from the signed form below
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			eachBackend(t, func(t *testing.T, backend gatewayOption) {
+				scope := uniqueScope(tc.name)
+				g := newGateway(t, "webhook_idempotency {\n provider "+tc.provider+"\n secret "+tc.secret+"\n scope "+scope+"\n "+tc.config+"\n}", backend)
+				require.True(t, g.h.dedupeBody)
+				opts := signature.Options{Secrets: []string{tc.secret}, URL: hookURL}
+				h := http.Header{}
+				h.Set("Content-Type", tc.contentType)
+				signed := []byte(tc.body)
+				if tc.provider == "braintree" {
+					var err error
+					signed, err = signature.SignDelivery("braintree", opts, []byte("bt_payload="+url.QueryEscape(btPayload)), h, time.Now())
+					require.NoError(t, err)
+					vals, err := url.ParseQuery(string(signed))
+					require.NoError(t, err)
+					vals.Set("bt_payload", strings.TrimSuffix(btPayload, "\n"))
+					tc.variants = []string{vals.Encode()}
+				} else {
+					toSign := signed
+					if tc.provider == "gitea" {
+						toSign = []byte(giteaJSON)
+					}
+					require.NoError(t, signature.Sign(tc.provider, opts, toSign, h, time.Now()))
+				}
+				deliver := func(body string, id int) answer {
+					var hs []string
+					for name, vs := range h {
+						hs = append(hs, name, vs[0])
+					}
+					if tc.idHeader != "" {
+						hs = append(hs, tc.idHeader, fmt.Sprintf("delivery-%d", id))
+					}
+					return g.serve(newDelivery("http://gateway.test/hook", []byte(body), hs...))
+				}
+				first := deliver(string(signed), 0)
+				require.Equal(t, http.StatusOK, first.status, "body %s", first.body)
+				require.Empty(t, first.header.Get("Idempotent-Replayed"))
+				for i, v := range tc.variants {
+					a := deliver(v, i+1)
+					require.Equal(t, http.StatusOK, a.status, "variant %d: %s", i+1, a.body)
+					require.Equal(t, "true", a.header.Get("Idempotent-Replayed"), "variant %d", i+1)
+				}
+				require.Equal(t, 1, g.up.count(), "upstream executions")
+				require.Equal(t, float64(len(tc.variants)), g.outcomes(outcomeBodyReplay))
+			})
+		})
+	}
 }

@@ -311,6 +311,15 @@ func FormPayload(body []byte, h http.Header) ([]byte, error) {
 	return []byte(p[0]), nil
 }
 
+// formPayloadCovers is Preset.Covered of the form-wrapping senders: the
+// payload field, not the form's encoding of it.
+func formPayloadCovers(body []byte, h http.Header) []byte {
+	if signed, err := FormPayload(body, h); err == nil {
+		return signed
+	}
+	return body
+}
+
 func withFormPayload(p Preset, o Options) (signer, error) {
 	s := p.Scheme
 	if o.HMAC != (HMACOptions{}) {

@@ -41,6 +41,7 @@ func init() {
 		DedupeBody:      true,
 		NeedsURL:        true,
 		Oracle:          "plivo",
+		covers:          formCovers,
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "X-Plivo-Signature-V3"}},
 			Signed:    "{url} with sorted query, then sorted form parameters as name+value, then .<nonce>",
@@ -110,6 +111,7 @@ func init() {
 		SignatureHeader: "X-Mandrill-Signature: <base64>",
 		DedupeBody:      true,
 		NeedsURL:        true,
+		covers:          formCovers,
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "X-Mandrill-Signature"}},
 			Signed:    "{url} then each form parameter sorted by name as name+value",

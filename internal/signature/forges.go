@@ -50,6 +50,7 @@ func init() {
 		EventID:         ids(headerID("X-Gitea-Delivery")),
 		DedupeBody:      true,
 		build:           withFormPayload,
+		covers:          formPayloadCovers,
 		overridable:     true,
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "X-Gitea-Signature"}},
@@ -74,6 +75,7 @@ func init() {
 		EventID:         ids(headerID("X-Forgejo-Delivery")),
 		DedupeBody:      true,
 		build:           withFormPayload,
+		covers:          formPayloadCovers,
 		overridable:     true,
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "X-Forgejo-Signature"}},

@@ -391,7 +391,10 @@ func init() {
 	// SHA-1(private key)>" pairs joined by "&". Secrets are "<public
 	// key>:<private key>" (one per API key pair). The notification has
 	// no ID outside the payload: the default event ID is the SHA-256 of
-	// bt_payload. The bt_challenge GET verifies the destination.
+	// bt_payload. The signature verifies bt_payload with its trailing
+	// newline taken off too, a second event ID for one notification:
+	// DedupeBody, on the payload without trailing newlines (Covered). The
+	// bt_challenge GET verifies the destination.
 	register(Preset{ //nolint:gosec // G101: SecretFormat describes a secret, holds none
 		Name: "braintree",
 		Delivery: Delivery{
@@ -409,7 +412,14 @@ func init() {
 		Doc:             "https://developer.paypal.com/braintree/docs/guides/webhooks/parse/node",
 		SignatureHeader: "none: form fields bt_signature (public key|hex) and bt_payload",
 		EventID:         ids("form_sha256 bt_payload"),
+		DedupeBody:      true,
 		Oracle:          "braintree",
+		covers: func(body []byte, _ http.Header) []byte {
+			if _, payload, err := braintreeForm(body); err == nil {
+				return []byte("bt_payload:" + strings.TrimRight(payload, "\n"))
+			}
+			return body
+		},
 		Challenges: []Challenge{{
 			Name: "bt_challenge", Method: http.MethodGet, Query: "bt_challenge",
 			Auth: AuthNone, Answer: AnswerBraintree, Echo: "query bt_challenge",

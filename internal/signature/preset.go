@@ -2,6 +2,7 @@ package signature
 
 import (
 	"fmt"
+	"net/http"
 	"slices"
 	"time"
 )
@@ -86,9 +87,29 @@ type Preset struct {
 
 	// build replaces the generic engine for schemes it cannot express.
 	build func(p Preset, o Options) (signer, error)
+	// covers, for schemes that sign a canonical form of the body rather
+	// than its bytes, returns that form (see Covered).
+	covers func(body []byte, h http.Header) []byte
 	// overridable: build wraps the generic engine and applies the
 	// Options.HMAC overrides itself (linear, gitea, forgejo).
 	overridable bool
+}
+
+// Covered returns what the preset's signature covers of a delivery's body,
+// in a form that is the same for every body one signature verifies: the
+// body itself for schemes that sign its bytes. Twilio, Plivo and Mandrill
+// sign the form's parameters sorted by name as name+value, so the same
+// parameters in another order or percent-encoding, or split at other
+// boundaries ("AccountSidAC1" as one name), verify under one signature;
+// Gitea and Forgejo sign a form's payload field; Braintree signs bt_payload
+// with or without a trailing newline. A replay record keyed on the raw
+// bytes would take such a re-encoded capture for a new delivery: key it on
+// Covered. body is the verified body; h its header.
+func (p Preset) Covered(body []byte, h http.Header) []byte {
+	if p.covers == nil {
+		return body
+	}
+	return p.covers(body, h)
 }
 
 // WrongSecret is a kind of credential that is not the signing secret.

@@ -55,6 +55,12 @@ func init() {
 			Algorithm: "sha1",
 			Encoding:  "base64",
 		},
+		covers: func(body []byte, h http.Header) []byte {
+			if isJSONContent(h) { // signed by its SHA-256: the bytes
+				return body
+			}
+			return formCovers(body, h)
+		},
 		build: func(p Preset, o Options) (signer, error) {
 			keys, err := decodeSecrets("raw", o.Secrets)
 			if err != nil {
@@ -158,6 +164,18 @@ func sortedParams(form url.Values) string {
 		}
 	}
 	return b.String()
+}
+
+// formCovers is Preset.Covered of the schemes that sign a form's parameters
+// sorted by name as name+value (twilio, plivo, mandrill): that text, which
+// every body one signature verifies shares. A body that is not a form
+// fails verification; it is returned as is.
+func formCovers(body []byte, _ http.Header) []byte {
+	form, err := url.ParseQuery(string(body))
+	if err != nil {
+		return body
+	}
+	return []byte("form:" + sortedParams(form))
 }
 
 // urlVariants returns raw, then raw with the scheme's default port added
