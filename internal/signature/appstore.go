@@ -67,7 +67,8 @@ func init() {
 			Algorithm: "ecdsa-p256-sha256",
 			Encoding:  "jwt",
 		},
-		build: buildAppStore,
+		covers: appstoreCovers,
+		build:  buildAppStore,
 	})
 }
 
@@ -193,6 +194,15 @@ func verifyAppleChain(leaf, inter *x509.Certificate, at time.Time) (*ecdsa.Publi
 		return nil, errors.New("the leaf key is not ECDSA")
 	}
 	return pub, nil
+}
+
+// appstoreCovers is Preset.Covered of the App Store: the JWS signedPayload,
+// not the JSON around it.
+func appstoreCovers(body []byte, _ http.Header) []byte {
+	if sp, ok := topMember(body, "signedPayload"); ok && sp.Type == gjson.String {
+		return []byte("jws:" + sp.Str)
+	}
+	return body
 }
 
 func (v *appstore) Verify(body []byte, _ http.Header) error {

@@ -66,6 +66,7 @@ func init() {
 		IDStability:     StabilityStable,
 		Oracle:          "sns-validator",
 		Challenges:      []Challenge{subscription("SubscriptionConfirmation"), subscription("UnsubscribeConfirmation")},
+		covers:          snsCovers,
 		Scheme: Scheme{
 			Signed:    "Name\\nvalue\\n of the signed fields, certificate from SigningCertURL",
 			Algorithm: "rsa-sha1|rsa-sha256",
@@ -208,6 +209,20 @@ func (v *sns) Verify(body []byte, h http.Header) error {
 		return fmt.Errorf("the message signature does not verify: %w", ErrNoMatchingSignature)
 	}
 	return nil
+}
+
+// snsCovers is Preset.Covered of SNS: the signed fields, not the JSON
+// around them (spacing, member order, the unsigned members).
+func snsCovers(body []byte, _ http.Header) []byte {
+	f, err := snsFields(body)
+	if err != nil {
+		return body
+	}
+	fields := snsSubscriptionFields
+	if f["Type"] == "Notification" {
+		fields = snsNotificationFields
+	}
+	return []byte("sns:" + snsStringToSign(f, fields))
 }
 
 func snsStringToSign(f map[string]string, fields []string) string {

@@ -1,0 +1,122 @@
+package signature_test
+
+import (
+	"encoding/base64"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"github.com/tidwall/sjson"
+
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
+)
+
+// TestCoveredIgnoresWhatTheSignatureDoesNot: for the schemes that sign less
+// than the body's bytes, a signed body re-encoded in a way the signature
+// cannot see still verifies and has the same Covered value, while another
+// signed body has another: replay records keyed on Covered recognise the
+// capture and nothing else.
+func TestCoveredIgnoresWhatTheSignatureDoesNot(t *testing.T) {
+	t.Parallel()
+	const hookURL = "https://hooks.example.test/hook"
+	form := http.Header{"Content-Type": {"application/x-www-form-urlencoded"}}
+	jsonSet := func(path, value string) func(string) string {
+		return func(b string) string {
+			out, err := sjson.SetRaw(b, path, value)
+			if err != nil {
+				panic(err)
+			}
+			return out
+		}
+	}
+	spaced := func(b string) string { return strings.Replace(b, ":", ": ", 1) }
+	bt := func(xml string) string {
+		return "bt_payload=" + url.QueryEscape(base64.StdEncoding.EncodeToString([]byte(xml))+"\n")
+	}
+	for _, tc := range []struct {
+		provider, secret string
+		header           http.Header
+		body, other      string
+		reencode         []func(string) string
+	}{
+		{
+			provider: "twilio", secret: "tw", header: form,
+			body: "AccountSid=AC1&Body=Hi&From=%2B1555", other: "AccountSid=AC1&Body=Ho&From=%2B1555",
+			reencode: []func(string) string{
+				func(string) string { return "From=%2b1555&Body=Hi&AccountSid=AC1" },
+				func(string) string { return "AccountSidAC1BodyHiFrom%2B1555" },
+			},
+		},
+		{
+			provider: "mandrill", secret: "md", header: form,
+			body: "mandrill_events=%5B%5D", other: "mandrill_events=%5B1%5D",
+			reencode: []func(string) string{func(string) string { return "mandrill_events=[]" }},
+		},
+		{
+			provider: "plivo", secret: "pl", header: form,
+			body: "CallUUID=c1&To=2", other: "CallUUID=c2&To=2",
+			reencode: []func(string) string{func(string) string { return "To=2&CallUUID=c1" }},
+		},
+		{
+			provider: "gitea", secret: "gt", header: form,
+			body: "payload=" + url.QueryEscape(`{"after":"c0ffee"}`), other: "payload=" + url.QueryEscape(`{"after":"decaf"}`),
+			reencode: []func(string) string{func(b string) string { return "x=1&" + b }},
+		},
+		{
+			provider: "braintree", secret: "bt_public:bt_private",
+			body: bt(`<notification><kind>a</kind></notification>`), other: bt(`<notification><kind>b</kind></notification>`),
+			reencode: []func(string) string{func(b string) string {
+				vals, _ := url.ParseQuery(b)
+				vals.Set("bt_payload", strings.TrimSuffix(vals.Get("bt_payload"), "\n"))
+				return vals.Encode()
+			}},
+		},
+		{
+			provider: "sns", secret: signingSecret("sns", snsTopic), body: snsBody,
+			other:    strings.Replace(snsBody, `\"order\":1000`, `\"order\":1001`, 1),
+			reencode: []func(string) string{spaced, jsonSet("UnsubscribeURL", `"https://sns.us-east-1.amazonaws.com/?x"`)},
+		},
+		{
+			provider: "appstore", secret: signingSecret("appstore", appBundle), body: appstoreBody,
+			other:    strings.Replace(appstoreBody, "DID_RENEW", "EXPIRED", 1),
+			reencode: []func(string) string{spaced, jsonSet("extra", "1")},
+		},
+	} {
+		t.Run(tc.provider, func(t *testing.T) {
+			t.Parallel()
+			opts := signature.Options{Secrets: []string{tc.secret}, URL: hookURL, Now: clock(now)}
+			p, ok := signature.Lookup(tc.provider)
+			require.True(t, ok)
+			v, err := signature.New(tc.provider, opts)
+			require.NoError(t, err)
+			sign := func(body string) (string, http.Header) {
+				h := tc.header.Clone()
+				if h == nil {
+					h = http.Header{}
+				}
+				signed := []byte(body)
+				if tc.provider == "gitea" { // signs the payload field
+					payload, err := signature.FormPayload(signed, h)
+					require.NoError(t, err)
+					require.NoError(t, signature.Sign(tc.provider, opts, payload, h, now))
+				} else {
+					signed, err = signature.SignDelivery(tc.provider, opts, signed, h, now)
+					require.NoError(t, err)
+				}
+				require.NoError(t, v.Verify(signed, h))
+				return string(signed), h
+			}
+			body, h := sign(tc.body)
+			other, oh := sign(tc.other)
+			require.NotEqual(t, p.Covered([]byte(body), h), p.Covered([]byte(other), oh), "another event")
+			for i, re := range tc.reencode {
+				changed := re(body)
+				require.NotEqual(t, body, changed, "re-encoding %d", i)
+				require.NoError(t, v.Verify([]byte(changed), h), "re-encoding %d verifies", i)
+				require.Equal(t, string(p.Covered([]byte(body), h)), string(p.Covered([]byte(changed), h)), "re-encoding %d", i)
+			}
+		})
+	}
+}
