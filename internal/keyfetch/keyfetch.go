@@ -353,6 +353,12 @@ func (f *Fetcher) fetch(o *TestOverride, method, rawURL string, body []byte, con
 	if int64(len(b)) > f.p.MaxBytes {
 		return nil, 0, fmt.Errorf("key from %s is more than %d bytes: %w", req.URL.Host, f.p.MaxBytes, ErrUnavailable)
 	}
+	if len(b) == 0 {
+		// No key is empty: a host (or a proxy before it) that gave up
+		// answered 200 with nothing. Not cached, so the next delivery
+		// fetches again.
+		return nil, 0, fmt.Errorf("key host %s answered an empty body: %w", req.URL.Host, ErrUnavailable)
+	}
 	return b, f.ttl(resp.Header), nil
 }
 

@@ -94,12 +94,10 @@ func TestFetchFailures(t *testing.T) {
 			w.(http.Flusher).Flush() // no Content-Length: the limit applies while reading
 		}
 	}))
-	keys.Handle("https://api.paypal.com/fail/slow", http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
-		select {
-		case <-r.Context().Done():
-		case <-release:
-		}
+	keys.Handle("https://api.paypal.com/fail/slow", http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		<-release // never answers while the test runs, whatever the connection does
 	}))
+	keys.Handle("https://api.paypal.com/fail/empty", http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	keys.Handle("https://api.paypal.com/fail/status", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		http.Error(w, "down", http.StatusBadGateway)
 	}))
@@ -110,6 +108,7 @@ func TestFetchFailures(t *testing.T) {
 		{"slow server", "/fail/slow"},
 		{"error status", "/fail/status"},
 		{"not found", "/fail/nothing-here"},
+		{"empty answer", "/fail/empty"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
