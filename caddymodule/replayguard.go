@@ -165,7 +165,7 @@ func (h *Handler) replayKeyOf(d *delivery, id string) (string, error) {
 // the record's claim, or, having released the item's claim, the item's
 // outcome ("duplicate" for a replay) and Retry-After.
 func (h *Handler) claimItemRecord(ctx context.Context, it signature.BatchItem, item claim.Ref) (claim.Ref, string, time.Duration) {
-	key := h.replayKey(it.ID, it.Body)
+	key := h.replayKey(it.ID, h.preset.Covered(it.Body, nil))
 	rc, err := h.claims.Claim(ctx, h.bodyScope(), key, "")
 	if err == nil && rc.Outcome == store.Claimed {
 		return claim.RefOf(h.bodyScope(), key, rc), "", 0

@@ -91,8 +91,29 @@ func init() {
 			Algorithm: "sha256",
 			Encoding:  "base64",
 		},
-		build: buildAdyen,
+		build:  buildAdyen,
+		covers: adyenCovers,
 	})
+}
+
+// adyenCovers is Preset.Covered of Adyen: each item's signed fields, one
+// line per item, not the JSON around them (the live flag, additionalData,
+// spacing). The item's event ID is among those fields, so no two events
+// share it.
+func adyenCovers(body []byte, _ http.Header) []byte {
+	items := gjson.GetBytes(body, "notificationItems")
+	if !items.IsArray() {
+		return body
+	}
+	out := []byte("adyen:")
+	for _, it := range items.Array() {
+		signed, err := adyenSigned([]byte(it.Get("NotificationRequestItem").Raw))
+		if err != nil {
+			return body
+		}
+		out = append(append(out, signed...), '\n')
+	}
+	return out
 }
 
 // ItemVerifier is a Verifier whose provider signs each item of a batch

@@ -79,6 +79,15 @@ func TestCoveredIgnoresWhatTheSignatureDoesNot(t *testing.T) {
 			reencode: []func(string) string{spaced, jsonSet("UnsubscribeURL", `"https://sns.us-east-1.amazonaws.com/?x"`)},
 		},
 		{
+			provider: "adyen", secret: adyenKey, body: adyenBody,
+			other: strings.Replace(adyenBody, `"value":1000`, `"value":1001`, 1),
+			reencode: []func(string) string{
+				spaced,
+				jsonSet("live", `"true"`),
+				jsonSet("notificationItems.0.NotificationRequestItem.reason", `"changed"`),
+			},
+		},
+		{
 			provider: "appstore", secret: signingSecret("appstore", appBundle), body: appstoreBody,
 			other:    strings.Replace(appstoreBody, "DID_RENEW", "EXPIRED", 1),
 			reencode: []func(string) string{spaced, jsonSet("extra", "1")},
@@ -125,8 +134,8 @@ func TestCoveredIgnoresWhatTheSignatureDoesNot(t *testing.T) {
 // see. Whatever still verifies must keep its Covered value, or a replay
 // record keyed on it misses the capture. The presets that sign the body in
 // it (bodySigned) are in TestCoveredIgnoresWhatTheSignatureDoesNot; of
-// those, Adyen and Midtrans sign only some fields and Mailgun and Graph no
-// event data (docs/security.md).
+// those, Midtrans signs three fields and Mailgun and Graph no event data
+// (docs/security.md).
 func TestCoveredSweep(t *testing.T) {
 	t.Parallel()
 	mutations := []struct {
