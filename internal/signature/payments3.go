@@ -414,12 +414,7 @@ func init() {
 		EventID:         ids("form_sha256 bt_payload"),
 		DedupeBody:      true,
 		Oracle:          "braintree",
-		covers: func(body []byte, _ http.Header) []byte {
-			if _, payload, err := braintreeForm(body); err == nil {
-				return []byte("bt_payload:" + strings.TrimRight(payload, "\n"))
-			}
-			return body
-		},
+		covers:          braintreeCovers,
 		Challenges: []Challenge{{
 			Name: "bt_challenge", Method: http.MethodGet, Query: "bt_challenge",
 			Auth: AuthNone, Answer: AnswerBraintree, Echo: "query bt_challenge",
@@ -794,6 +789,15 @@ func buildBraintree(_ Preset, o Options) (signer, error) {
 		b.pairs = append(b.pairs, braintreeKey{pub, priv})
 	}
 	return b, nil
+}
+
+// braintreeCovers is Preset.Covered of Braintree: bt_payload without its
+// trailing newlines, which the signature verifies with or without one.
+func braintreeCovers(body []byte, _ http.Header) []byte {
+	if _, payload, err := braintreeForm(body); err == nil {
+		return []byte("bt_payload:" + strings.TrimRight(payload, "\n"))
+	}
+	return body
 }
 
 // braintreeForm reads bt_signature and bt_payload, each given once.

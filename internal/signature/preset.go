@@ -102,10 +102,10 @@ type Preset struct {
 // parameters in another order or percent-encoding, or split at other
 // boundaries ("AccountSidAC1" as one name), verify under one signature;
 // Gitea and Forgejo sign a form's payload field; Braintree signs bt_payload
-// with or without a trailing newline; Adyen signs some fields of each
-// item, SNS some members of its JSON and the App Store a JWS inside it. A replay record keyed on the raw
-// bytes would take such a re-encoded capture for a new delivery: key it on
-// Covered. body is the verified body; h its header.
+// with or without a trailing newline; Adyen signs some fields of each item,
+// SNS some members of its JSON and the App Store a JWS inside it. A replay
+// record keyed on the raw bytes would take such a re-encoded capture for a
+// new delivery: key it on Covered. body is the verified body; h its header.
 func (p Preset) Covered(body []byte, h http.Header) []byte {
 	if p.covers == nil {
 		return body
