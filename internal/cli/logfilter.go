@@ -24,7 +24,8 @@ import (
 
 // SecretHeaders returns the canonical names (as Caddy's logs print them) of
 // the request headers that carry a signature or a secret token for each
-// provider: every signature header of its scheme, its alias families
+// provider: every signature header of its scheme and its other
+// credential headers (Preset.CredentialHeaders), its alias families
 // (svix-* for standard), the legacy SHA-1 header of github, and the extra
 // names given (a provider hmac's configured header, a renamed header),
 // and Webhook-Claim, the claim value of complete_by upstream.
@@ -39,6 +40,9 @@ func SecretHeaders(providers []string, extra ...string) ([]string, error) {
 			if hs.Signature != "" {
 				out = append(out, http.CanonicalHeaderKey(hs.Signature))
 			}
+		}
+		for _, h := range preset.CredentialHeaders {
+			out = append(out, http.CanonicalHeaderKey(h))
 		}
 		if preset.Legacy != nil && preset.Legacy.Header != "" {
 			out = append(out, http.CanonicalHeaderKey(preset.Legacy.Header))

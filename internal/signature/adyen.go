@@ -53,11 +53,12 @@ import (
 // is forwarded (see Delivery).
 func init() {
 	register(Preset{ //nolint:gosec // G101: SecretFormat describes a secret, holds none
-		Name:            "adyen",
-		SecretFormat:    "HMAC keys in hex, plus optional `basic:<user>:<password>` Basic credentials (then required on every delivery)",
-		Doc:             "https://docs.adyen.com/development-resources/webhooks/secure-webhooks/verify-hmac-signatures",
-		SignatureHeader: "additionalData.hmacSignature in each notification item (optional Authorization: Basic)",
-		Oracle:          "@adyen/api-library",
+		Name:              "adyen",
+		SecretFormat:      "HMAC keys in hex, plus optional `basic:<user>:<password>` Basic credentials (then required on every delivery)",
+		Doc:               "https://docs.adyen.com/development-resources/webhooks/secure-webhooks/verify-hmac-signatures",
+		SignatureHeader:   "additionalData.hmacSignature in each notification item (optional Authorization: Basic)",
+		Oracle:            "@adyen/api-library",
+		CredentialHeaders: []string{"Authorization"}, // Basic credentials, when configured
 		Batch: &Batch{
 			Items:       "notificationItems",
 			ItemID:      "NotificationRequestItem.pspReference",

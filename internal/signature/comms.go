@@ -33,15 +33,16 @@ func init() {
 	// headers may list several signatures separated by commas. Plivo names
 	// no event ID and signs no time: configure an ID; DedupeBody.
 	register(Preset{ //nolint:gosec // SecretFormat describes the secret; it holds none
-		Name:            "plivo",
-		SecretFormat:    "the Auth Token of the account (or subaccount) the callback belongs to",
-		Delivery:        allUndocumented,
-		Doc:             "https://docs.plivo.com/docs/voice/xml/request/validation",
-		SignatureHeader: "X-Plivo-Signature-V3: <base64>[,<base64>] (with X-Plivo-Signature-V3-Nonce)",
-		DedupeBody:      true,
-		NeedsURL:        true,
-		Oracle:          "plivo",
-		covers:          formCovers,
+		Name:              "plivo",
+		SecretFormat:      "the Auth Token of the account (or subaccount) the callback belongs to",
+		Delivery:          allUndocumented,
+		Doc:               "https://docs.plivo.com/docs/voice/xml/request/validation",
+		SignatureHeader:   "X-Plivo-Signature-V3: <base64>[,<base64>] (with X-Plivo-Signature-V3-Nonce)",
+		DedupeBody:        true,
+		NeedsURL:          true,
+		Oracle:            "plivo",
+		CredentialHeaders: []string{plivoMaSig},
+		covers:            formCovers,
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "X-Plivo-Signature-V3"}},
 			Signed:    "{url} with sorted query, then sorted form parameters as name+value, then .<nonce>",
