@@ -246,8 +246,8 @@ type Handler struct {
 
 	dedupeBody bool
 	// replayRecord: deliveries claim a replay record next to the event ID
-	// (replayguard.go); singleUse reads the preset's single-use value.
-	replayRecord bool
+	// (replayguard.go), of the body alone under dedupe_body or recordOnBody.
+	replayRecord, recordOnBody bool
 	singleUse    *eventid.Extractor
 	// singleUseBlock is the JSON object carrying the single-use value
 	// ("signature"), left out of its fingerprint.

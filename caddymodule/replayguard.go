@@ -30,7 +30,10 @@ import (
 //     in scope "<scope>#body" next to the event ID and kept for
 //     replay_window, longer than the event's row. Under dedupe_body it is the
 //     body's hash (the same body under any event ID is a replay); otherwise
-//     the hash of the event ID and the body (the same delivery again).
+//     the hash of the event ID and the body (the same delivery again),
+//     unless the ID is read from a form signed by its parameters
+//     (idFromSignedForm). "Body" is what the signature covers of it
+//     (signature.Preset.Covered).
 
 // onceScope is the scope of single-use values: a scope of its own, so no
 // event ID a sender chooses can collide with one.
@@ -132,10 +135,31 @@ func (h *Handler) singleUseFingerprint(body []byte) string {
 // body's hash under dedupe_body, else the hash of the event ID and the body.
 // body is what the signature covers (delivery.covered).
 func (h *Handler) replayKey(id string, body []byte) string {
-	if h.dedupeBody {
+	if h.dedupeBody || h.recordOnBody {
 		return bodyKey(body)
 	}
 	return deliveryKey(id, body)
+}
+
+// idFromSignedForm reports an event ID read from the form of a scheme that
+// signs the form's parameters rather than its bytes (twilio, plivo,
+// mandrill, braintree): a capture split at other boundaries verifies under
+// the same signature with another ID, so the ID cannot tell two deliveries
+// apart, and the replay record is of the signed content alone, whatever
+// dedupe_body says (an adversarial trial forwarded a Mandrill capture 5
+// times under dedupe_body off).
+func (h *Handler) idFromSignedForm(parts [][]eventid.Source) bool {
+	if h.preset.CoversBytes() {
+		return false
+	}
+	for _, alts := range parts {
+		for _, s := range alts {
+			if s.Kind == eventid.Form || s.Kind == eventid.FormSHA256 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // deliveryKey hashes an event ID and a body, length-prefixed so that no

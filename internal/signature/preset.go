@@ -118,6 +118,9 @@ func (p Preset) Covered(body []byte, h http.Header) []byte {
 	return p.covers(body, h)
 }
 
+// CoversBytes reports a scheme whose Covered is the body itself.
+func (p Preset) CoversBytes() bool { return p.covers == nil }
+
 // WrongSecret is a kind of credential that is not the signing secret.
 type WrongSecret struct {
 	// Prefix starts every credential of the kind, e.g. "sk_".
