@@ -194,9 +194,9 @@ type Handler struct {
 	// upstream's own database, and refuses on_ambiguous hold.
 	CompleteBy string `json:"complete_by,omitempty"`
 
-	// OnMissingID is what happens to a verified delivery without a usable
-	// event ID: "reject" (default, 400) or "forward" (forwarded without
-	// deduplication, and logged).
+	// OnMissingID: a verified delivery without a usable event ID is
+	// "reject"ed (default, 400) or "forward"ed, logged, with no deduplication
+	// nor replay record (a capture stripped of its ID passes each time).
 	OnMissingID string `json:"on_missing_id,omitempty"`
 
 	// DedupeBody also keys deliveries on the SHA-256 of the body (of what
