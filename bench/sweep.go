@@ -281,7 +281,7 @@ func steady(ctx context.Context, st *postgres.Store, c config) (SteadyRun, error
 	}
 	defer up.stop()
 	route := fmt.Sprintf("webhook_idempotency {\n\tprovider stripe\n\tsecret %s\n\tstorage postgres %q\n\ttable %s\n"+
-		"\tscope steady\n\tretention %s\n}\nreverse_proxy %s", secret, c.dsn, sweepTable, c.sweepRetention, upAddr)
+		"\tscope steady\n\tretention %s\n\ttolerance 30s\n}\nreverse_proxy %s", secret, c.dsn, sweepTable, c.sweepRetention, upAddr)
 	gw, url, err := startCaddy(ctx, c, "sweep-steady", route)
 	if err != nil {
 		return run, fmt.Errorf("%w (make bench-sweep builds %s with -tags benchretention, which a one-minute retention needs)", err, c.caddyBin)

@@ -124,6 +124,13 @@ func (h *Handler) checkConfig() error {
 	if h.Retention < caddy.Duration(minRetention) {
 		return fmt.Errorf("retention: must be at least %s (providers retry for days), got %s", minRetention, time.Duration(h.Retention))
 	}
+	if tol := h.tolerance(); !h.replayRecord && h.Retention < caddy.Duration(2*tol) {
+		// Without a replay record the event's row is what refuses a capture
+		// while its timestamp is accepted: up to twice the tolerance after
+		// it arrived (a timestamp may be ahead of the clock by tolerance).
+		return fmt.Errorf("retention: %s is shorter than twice the tolerance (%s): a captured delivery replayed once its event's row is deleted, while its signed timestamp is still accepted, would be forwarded again; write retention %s or more, or a shorter tolerance",
+			time.Duration(h.Retention), tol, 2*tol)
+	}
 	if h.replayWindowSet && !h.replayRecord {
 		return fmt.Errorf("replay_window: applies only with dedupe_body on or to a provider without a signed timestamp (provider %s signs one: its tolerance stops replays)", h.Provider)
 	}
