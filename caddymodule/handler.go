@@ -248,7 +248,7 @@ type Handler struct {
 	// replayRecord: deliveries claim a replay record next to the event ID
 	// (replayguard.go), of the body alone under dedupe_body or recordOnBody.
 	replayRecord, recordOnBody bool
-	singleUse    *eventid.Extractor
+	singleUse                  *eventid.Extractor
 	// singleUseBlock is the JSON object carrying the single-use value
 	// ("signature"), left out of its fingerprint.
 	singleUseBlock string
