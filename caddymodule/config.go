@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
 )
@@ -26,7 +27,29 @@ import (
 func (h *Handler) prepareConfig() error {
 	h.preset, _ = signature.Lookup(h.Provider) // checkConfig refuses an unknown provider; idempotency_key has none
 	h.applyDefaults()
-	return h.checkConfig()
+	if err := h.checkConfig(); err != nil {
+		return err
+	}
+	h.keepRowsWhileValid()
+	return nil
+}
+
+// keepRowsWhileValid raises retention to twice the tolerance for a provider
+// that signs a timestamp: it keeps no replay record, so the event's row is
+// what refuses a capture while its timestamp is accepted, up to twice the
+// tolerance after it arrived (a timestamp may be ahead of the clock by the
+// tolerance). A shorter retention let a capture through again once its row
+// was swept (an adversarial trial: tolerance 100h, retention 72h).
+func (h *Handler) keepRowsWhileValid() {
+	tol := h.tolerance()
+	if h.replayRecord || h.Retention >= caddy.Duration(2*tol) {
+		return
+	}
+	if h.logger != nil {
+		h.logger.Warn("retention is shorter than twice the tolerance; event rows are kept for twice the tolerance, so a captured delivery is refused while its timestamp is accepted",
+			zap.String("scope", h.Scope), zap.Duration("retention", time.Duration(h.Retention)), zap.Duration("kept", 2*tol))
+	}
+	h.Retention = caddy.Duration(2 * tol)
 }
 
 // applyDefaults fills the fields left zero with their defaults, some of
@@ -123,13 +146,6 @@ func (h *Handler) checkConfig() error {
 	}
 	if h.Retention < caddy.Duration(minRetention) {
 		return fmt.Errorf("retention: must be at least %s (providers retry for days), got %s", minRetention, time.Duration(h.Retention))
-	}
-	if tol := h.tolerance(); !h.replayRecord && h.Retention < caddy.Duration(2*tol) {
-		// Without a replay record the event's row is what refuses a capture
-		// while its timestamp is accepted: up to twice the tolerance after
-		// it arrived (a timestamp may be ahead of the clock by tolerance).
-		return fmt.Errorf("retention: %s is shorter than twice the tolerance (%s): a captured delivery replayed once its event's row is deleted, while its signed timestamp is still accepted, would be forwarded again; write retention %s or more, or a shorter tolerance",
-			time.Duration(h.Retention), tol, 2*tol)
 	}
 	if h.replayWindowSet && !h.replayRecord {
 		return fmt.Errorf("replay_window: applies only with dedupe_body on or to a provider without a signed timestamp (provider %s signs one: its tolerance stops replays)", h.Provider)

@@ -96,8 +96,8 @@ type Handler struct {
 	// failover. Default: 30s.
 	Lease caddy.Duration `json:"lease,omitempty"`
 
-	// Retention is how long event rows are kept. Must be at least 72h, the
-	// retry window of the providers. Default: 30 days.
+	// Retention is how long event rows are kept: at least 72h (providers'
+	// retries) and twice a signed timestamp's tolerance. Default: 30 days.
 	Retention caddy.Duration `json:"retention,omitempty"`
 
 	// ReplayWindow is how long replay records are kept, counted from the

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/stretchr/testify/require"
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
@@ -355,4 +357,47 @@ func TestReplayRecordKeysOnWhatTheSignatureCovers(t *testing.T) {
 			})
 		})
 	}
+}
+
+// A provider that signs a timestamp keeps no replay record: the event's row
+// refuses a capture while its timestamp is accepted. With a tolerance of
+// 100h and retention 72h, an adversarial trial's capture was forwarded
+// again once its row was swept; event rows are now kept for twice the
+// tolerance (and the load warns).
+func TestRetentionCoversTheTolerance(t *testing.T) {
+	t.Parallel()
+	const secret = "whsec_keep_rows"
+	scope := uniqueScope("stripe")
+	g := newGateway(t, `webhook_idempotency {
+		provider stripe
+		secret `+secret+`
+		scope `+scope+`
+		tolerance 100h
+		retention 72h
+		cache 0
+	}`)
+	require.Equal(t, caddy.Duration(200*time.Hour), g.h.Retention)
+
+	first := stripeRequest(t, "http://gateway.test/stripe", secret, stripeBody("evt_keep_rows", "x"), g.clock.Now(), "")
+	body, err := io.ReadAll(first.Body)
+	require.NoError(t, err)
+	hdr := first.Header.Clone()
+	replay := func() *http.Request {
+		r := newDelivery("http://gateway.test/stripe", body)
+		r.Header = hdr.Clone()
+		return r
+	}
+	requireRelayed(t, g.serve(replay()))
+	g.requireRow(scope, "evt_keep_rows", store.StateCompleted) // settled after the answer
+	// 80 hours on: past the written retention, within the tolerance.
+	g.clock.Advance(80 * time.Hour) // the verifier's clock
+	_, err = g.h.sweeper.Once(context.Background(), time.Now().Add(80*time.Hour)) // rows carry the store's
+	require.NoError(t, err)
+	g.requireRow(scope, "evt_keep_rows", store.StateCompleted)
+	requireDuplicate(t, g.serve(replay()))
+	require.Equal(t, 1, g.up.count(), "upstream executions")
+
+	// A tolerance the retention already covers changes nothing.
+	g2 := newGateway(t, "webhook_idempotency {\n provider stripe\n secret s\n tolerance 30m\n retention 72h\n}")
+	require.Equal(t, caddy.Duration(72*time.Hour), g2.h.Retention)
 }
