@@ -390,7 +390,7 @@ func TestRetentionCoversTheTolerance(t *testing.T) {
 	requireRelayed(t, g.serve(replay()))
 	g.requireRow(scope, "evt_keep_rows", store.StateCompleted) // settled after the answer
 	// 80 hours on: past the written retention, within the tolerance.
-	g.clock.Advance(80 * time.Hour) // the verifier's clock
+	g.clock.Advance(80 * time.Hour)                                               // the verifier's clock
 	_, err = g.h.sweeper.Once(context.Background(), time.Now().Add(80*time.Hour)) // rows carry the store's
 	require.NoError(t, err)
 	g.requireRow(scope, "evt_keep_rows", store.StateCompleted)
