@@ -50,6 +50,7 @@ func (h *Handler) keepRowsWhileValid() {
 			zap.String("scope", h.Scope), zap.Duration("retention", time.Duration(h.Retention)), zap.Duration("kept", 2*tol))
 	}
 	h.Retention = caddy.Duration(2 * tol)
+	h.ReplayWindow = max(h.ReplayWindow, h.Retention) // no record to keep; Validate wants it
 }
 
 // applyDefaults fills the fields left zero with their defaults, some of

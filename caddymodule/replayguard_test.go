@@ -377,6 +377,7 @@ func TestRetentionCoversTheTolerance(t *testing.T) {
 		cache 0
 	}`)
 	require.Equal(t, caddy.Duration(200*time.Hour), g.h.Retention)
+	require.NoError(t, g.h.Validate(), "Caddy validates the raised config too")
 
 	first := stripeRequest(t, "http://gateway.test/stripe", secret, stripeBody("evt_keep_rows", "x"), g.clock.Now(), "")
 	body, err := io.ReadAll(first.Body)
@@ -396,6 +397,10 @@ func TestRetentionCoversTheTolerance(t *testing.T) {
 	g.requireRow(scope, "evt_keep_rows", store.StateCompleted)
 	requireDuplicate(t, g.serve(replay()))
 	require.Equal(t, 1, g.up.count(), "upstream executions")
+
+	// A year's tolerance (the acceptance suite's conformance routes) loads.
+	g3 := newGateway(t, "webhook_idempotency {\n provider stripe\n secret s\n tolerance 8760h\n}")
+	require.Equal(t, caddy.Duration(2*8760*time.Hour), g3.h.Retention)
 
 	// A tolerance the retention already covers changes nothing.
 	g2 := newGateway(t, "webhook_idempotency {\n provider stripe\n secret s\n tolerance 30m\n retention 72h\n}")
