@@ -520,10 +520,10 @@ func TestBodyBudgetLimitFollowsLiveConfigs(t *testing.T) {
 
 	// Two routes of one config giving the scope different values.
 	config, st := new(int), Storage{Backend: "sqlite", Path: "/tmp/budget.db"}
-	require.NoError(t, useScopeStorage(config, scope, st, "stripe", 4<<20))
+	require.NoError(t, useScopeStorage(config, scope, st, "stripe", 4<<20, ""))
 	t.Cleanup(func() { releaseScopeStorage(config, scope) })
-	require.EqualError(t, useScopeStorage(config, scope, st, "stripe", defaultBodyBudget), fmt.Sprintf(
+	require.EqualError(t, useScopeStorage(config, scope, st, "stripe", defaultBodyBudget, ""), fmt.Sprintf(
 		"body_budget: routes of scope %q give it 4194304 bytes (4MiB) and 1073741824 bytes (1GiB); they share one budget (a default counts as given): write the same body_budget in each", scope))
-	require.NoError(t, useScopeStorage(config, scope, st, "stripe", 4<<20), "the same value")
+	require.NoError(t, useScopeStorage(config, scope, st, "stripe", 4<<20, ""), "the same value")
 	releaseScopeStorage(config, scope)
 }

@@ -34,6 +34,13 @@ func (h *Handler) prepareConfig() error {
 	return nil
 }
 
+// keepText says how long the route keeps its scope's rows, for routes that
+// share the scope (useScopeStorage): retention, replay_window, tolerance.
+func (h *Handler) keepText() string {
+	return fmt.Sprintf("retention %s, replay_window %s, tolerance %s",
+		time.Duration(h.Retention), time.Duration(h.ReplayWindow), h.tolerance())
+}
+
 // keepRowsWhileValid raises retention to twice the tolerance for a provider
 // that signs a timestamp: it keeps no replay record, so the event's row is
 // what refuses a capture while its timestamp is accepted, up to twice the

@@ -32,7 +32,10 @@ type scopeUse struct {
 	trust string // Handler.trust of the routes using it (trust.go)
 	// budget is their body_budget: they share one (budget.go).
 	budget int64
-	n      int
+	// keep is how long they keep the scope's rows (Handler.keepText):
+	// every route's sweep deletes them after its own.
+	keep string
+	n    int
 }
 
 // httpApp returns the http app of the config ctx belongs to, or nil when
@@ -52,7 +55,7 @@ func httpApp(ctx caddy.Context) any {
 // trust (one route's requests could pre-claim the other's events:
 // trust.go) or with another body_budget (the scope's routes share one
 // budget: budget.go). A nil app (no config) checks nothing.
-func useScopeStorage(app any, scope string, st Storage, trust string, budget int64) error {
+func useScopeStorage(app any, scope string, st Storage, trust string, budget int64, keep string) error {
 	if app == nil {
 		return nil
 	}
@@ -80,10 +83,15 @@ func useScopeStorage(app any, scope string, st Storage, trust string, budget int
 			return fmt.Errorf("body_budget: routes of scope %q give it %s and %s; they share one budget (a default counts as given): write the same body_budget in each",
 				scope, sizeText(u.budget), sizeText(budget))
 		}
+		if u.keep != keep {
+			return fmt.Errorf("scope: routes of scope %q keep its rows for %s and for %s; each route's sweep deletes them after its own, "+
+				"so the shortest would apply to all (an event forwarded again while its provider still retries or its timestamp is accepted): "+
+				"write the same retention, replay_window and tolerance in each, or give each route its own scope", scope, u.keep, keep)
+		}
 		u.n++
 		return nil
 	}
-	uses[scope] = &scopeUse{key: key, desc: st.describe(), trust: trust, budget: budget, n: 1}
+	uses[scope] = &scopeUse{key: key, desc: st.describe(), trust: trust, budget: budget, keep: keep, n: 1}
 	return nil
 }
 

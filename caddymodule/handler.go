@@ -331,7 +331,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 
 	st := h.storage()
 	h.app = httpApp(ctx)
-	if err := useScopeStorage(h.app, h.Scope, st, h.trust, h.BodyBudget); err != nil {
+	if err := useScopeStorage(h.app, h.Scope, st, h.trust, h.BodyBudget, h.keepText()); err != nil {
 		h.app = nil // nothing recorded to release
 		return err
 	}

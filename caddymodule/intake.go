@@ -118,7 +118,7 @@ func (h *Handler) provisionVerifier(repl *caddy.Replacer) error {
 		}
 		parts = [][]eventid.Source{alts}
 	}
-	h.recordOnBody = h.idFromSignedForm(parts)
+	h.recordOnBody = h.recordOnSignedContent(parts)
 	if len(parts[0]) > 0 { // else a batch without a delivery ID, keyed on its items (batch.go)
 		if h.extractor, err = eventid.New(parts); err != nil {
 			return fmt.Errorf("event_id: %w", err)

@@ -31,9 +31,8 @@ import (
 //     replay_window, longer than the event's row. Under dedupe_body it is the
 //     body's hash (the same body under any event ID is a replay); otherwise
 //     the hash of the event ID and the body (the same delivery again),
-//     unless the ID is read from a form signed by its parameters
-//     (idFromSignedForm). "Body" is what the signature covers of it
-//     (signature.Preset.Covered).
+//     unless the ID cannot tell deliveries apart (recordOnSignedContent). "Body"
+//     is what the signature covers of it (signature.Preset.Covered).
 
 // onceScope is the scope of single-use values: a scope of its own, so no
 // event ID a sender chooses can collide with one.
@@ -141,16 +140,24 @@ func (h *Handler) replayKey(id string, body []byte) string {
 	return deliveryKey(id, body)
 }
 
-// idFromSignedForm reports an event ID read from the form of a scheme that
-// signs the form's parameters rather than its bytes (twilio, plivo,
-// mandrill, braintree): a capture split at other boundaries verifies under
-// the same signature with another ID, so the ID cannot tell two deliveries
-// apart, and the replay record is of the signed content alone, whatever
-// dedupe_body says (an adversarial trial forwarded a Mandrill capture 5
-// times under dedupe_body off).
-func (h *Handler) idFromSignedForm(parts [][]eventid.Source) bool {
+// recordOnSignedContent reports a route whose replay record is of the signed
+// content alone, whatever dedupe_body says: the event ID cannot tell two
+// deliveries apart where the signature covers a canonical form of the body.
+//   - An ID read from the form of a scheme that signs the form's parameters
+//     (twilio, plivo, mandrill, braintree) changes when a capture is split
+//     at other boundaries (an adversarial trial forwarded a Mandrill
+//     capture 5 times under dedupe_body off).
+//   - A preset whose default ID is among the fields it signs (adyen, sns,
+//     appstore): the signed content is at least as fine as the ID, and the
+//     ID has spellings the signature cannot see (Adyen's pspReference
+//     written 8.835511210681234e15, or fields re-split at a ':' of the
+//     signed text; a verification trial ran one Adyen item 9 times).
+func (h *Handler) recordOnSignedContent(parts [][]eventid.Source) bool {
 	if h.preset.CoversBytes() {
 		return false
+	}
+	if !h.preset.DedupeBody {
+		return true
 	}
 	for _, alts := range parts {
 		for _, s := range alts {

@@ -406,3 +406,39 @@ func TestRetentionCoversTheTolerance(t *testing.T) {
 	g2 := newGateway(t, "webhook_idempotency {\n provider stripe\n secret s\n tolerance 30m\n retention 72h\n}")
 	require.Equal(t, caddy.Duration(72*time.Hour), g2.h.Retention)
 }
+
+// Adyen's item ID is read from the JSON as written, its HMAC over the
+// fields as JavaScript prints them: a numeric pspReference spelled
+// 8.835511210681234e15, or the signed fields re-split at a ':' inside one
+// of them, verify under the same HMAC with another ID. A verification
+// trial ran one captured item 9 times; the item's replay record is now of
+// the signed fields alone.
+func TestAdyenItemSpellingsAreOneEvent(t *testing.T) {
+	t.Parallel()
+	secret := randomHex(32)
+	g := newGateway(t, "webhook_idempotency {\n provider adyen\n secret "+secret+"\n scope "+uniqueScope("adyen")+"\n}")
+	unsigned := []byte(`{"live":"false","notificationItems":[{"NotificationRequestItem":{"pspReference":"8835511210681234","originalReference":"","merchantAccountCode":"MerchAcc","merchantReference":"shop:42","amount":{"value":1000,"currency":"EUR"},"eventCode":"AUTHORISATION","success":"true","additionalData":{}}}]}`)
+	body, err := signature.SignDelivery("adyen", signature.Options{Secrets: []string{secret}}, unsigned, http.Header{}, time.Now())
+	require.NoError(t, err)
+	deliver := func(b string) answer {
+		return g.serve(newDelivery("http://gateway.test/adyen", []byte(b), "Content-Type", "application/json"))
+	}
+	a := deliver(string(body))
+	require.Equal(t, http.StatusOK, a.status, "body %s", a.body)
+	require.Equal(t, 1, g.up.count())
+	for _, respelled := range []string{"8.835511210681234e15", "8835511210681234.0", "8835511210681234E0"} {
+		a = deliver(strings.Replace(string(body), `"8835511210681234"`, respelled, 1))
+		require.Equal(t, http.StatusOK, a.status, "%s: %s", respelled, a.body)
+	}
+	// The 8 signed fields joined by ':', one field's ':' moved: the same
+	// signed text, another pspReference, eventCode and success.
+	shifted := strings.NewReplacer(
+		`"pspReference":"8835511210681234"`, `"pspReference":"8835511210681234:"`,
+		`"originalReference":""`, `"originalReference":"MerchAcc"`,
+		`"merchantAccountCode":"MerchAcc"`, `"merchantAccountCode":"shop"`,
+		`"merchantReference":"shop:42"`, `"merchantReference":"42"`,
+	).Replace(string(body))
+	a = deliver(shifted)
+	require.Equal(t, http.StatusOK, a.status, "shifted: %s", a.body)
+	require.Equal(t, 1, g.up.count(), "upstream executions")
+}

@@ -416,6 +416,17 @@ func TestScopeSharedOnlyBySameTrust(t *testing.T) {
 		_, err := validateCaddyfile(t, ":18083 {\n"+route("/a", stripe)+route("/b", stripe)+"}\n")
 		require.NoError(t, err)
 	})
+	// Each route's sweep deletes the scope's rows after its own retention:
+	// a verification trial's capture, 2 minutes old against a tolerance of
+	// 5, was forwarded again once the other route's 1-minute retention
+	// swept its row.
+	t.Run("other retention or tolerance", func(t *testing.T) {
+		for _, other := range []string{stripe + "\t\t\tretention 40d\n", stripe + "\t\t\ttolerance 20m\n"} {
+			_, err := validateCaddyfile(t, ":18083 {\n"+route("/a", stripe)+route("/b", other)+"}\n")
+			require.ErrorContains(t, err, `scope: routes of scope "stripe" keep its rows for retention 720h0m0s, replay_window 9600h0m0s, tolerance 5m0s and for `)
+			require.ErrorContains(t, err, "write the same retention, replay_window and tolerance in each")
+		}
+	})
 	t.Run("admin API shows the verifier", func(t *testing.T) {
 		g := newGateway(t, "webhook_idempotency {\n\tprovider stripe\n\tsecret whsec_CCCC\n\tscope trust_"+randomHex(4)+"\n}")
 		rec := httptest.NewRecorder()
