@@ -4,7 +4,7 @@ GO    ?= go
 BIN   := bin/caddy
 export STRIPE_WEBHOOK_SECRET ?= whsec_demo_not_a_real_secret
 
-.PHONY: run demo test test-short failover pgbouncer build fuzz soak bench bench-growth bench-sweep bench-memory bench-micro vet lint xcaddy-check clean
+.PHONY: run demo test test-short failover pgbouncer build fuzz soak bench bench-growth bench-sweep bench-floor bench-memory bench-micro vet lint xcaddy-check clean
 
 ## build: the custom Caddy binary (what xcaddy builds) into bin/caddy
 build:
@@ -52,6 +52,10 @@ bench-growth:
 bench-sweep:
 	$(GO) build -tags benchretention -o bin/caddy-benchretention ./xcaddy
 	@DSN=$$(bash scripts/postgres.sh) && BENCH_DATABASE_URL="$$DSN" $(GO) run ./bench -mode sweep -caddy bin/caddy-benchretention $(BENCHFLAGS)
+
+## bench-floor: PostgreSQL CPU per new event of the gateway's claim and completion beside plain INSERT + UPDATE with cached plans (flags: -rounds, -duration)
+bench-floor:
+	@DSN=$$(bash scripts/postgres.sh) && BENCH_DATABASE_URL="$$DSN" $(GO) run ./bench -mode floor $(BENCHFLAGS)
 
 ## bench-memory: the gateway's peak RSS under 200 concurrent 1 MiB deliveries and 50 concurrent 25 MB GitHub deliveries (spilled to disk), and RSS over a soak of small ones
 bench-memory: build

@@ -5,6 +5,7 @@
 //	go run ./bench -mode growth                                 # make bench-growth
 //	go run ./bench -mode memory                                 # make bench-memory
 //	go run ./bench -mode sweep -caddy bin/caddy-benchretention  # make bench-sweep
+//	go run ./bench -mode floor                                  # make bench-floor
 //
 // Mode load starts a fast upstream (this program, re-executed) and, for each
 // scenario, a Caddy process of bin/caddy with one site, then drives it with
@@ -83,7 +84,7 @@ func main() {
 	}
 	var c config
 	var only string
-	flag.StringVar(&c.mode, "mode", "load", "load | growth | memory | sweep")
+	flag.StringVar(&c.mode, "mode", "load", "load | growth | memory | sweep | floor")
 	flag.StringVar(&c.caddyBin, "caddy", "bin/caddy", "the custom Caddy binary (go build -o bin/caddy ./xcaddy)")
 	flag.StringVar(&c.caddyBefore, "caddy-before", "", "a second binary (say, of the commit before a change): its gateways run as <scenario>@before, interleaved with the others")
 	flag.StringVar(&c.dsn, "dsn", envOr("BENCH_DATABASE_URL", envOr("TEST_DATABASE_URL",
@@ -166,8 +167,10 @@ func main() {
 		report, err = runMemory(ctx, c)
 	case "sweep":
 		report, err = runSweep(ctx, c)
+	case "floor":
+		report, err = runFloor(ctx, c)
 	default:
-		err = fmt.Errorf("unknown -mode %q (load, growth, memory, sweep)", c.mode)
+		err = fmt.Errorf("unknown -mode %q (load, growth, memory, sweep, floor)", c.mode)
 	}
 	if report != nil {
 		if werr := writeJSON(c.out, report); werr != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/pgschema"
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store"
 )
 
@@ -53,6 +54,21 @@ func buildBatchQueries(ident pgx.Identifier) batchQueries {
 			WHERE e.scope = i.scope AND e.event_id = i.event_id AND e.token = i.token AND e.state || '' = 'processing'
 			RETURNING i.ord`,
 	}
+}
+
+// BatchStatements are the statements a batch of claims and a batch of
+// completions run on table ("schema.name" or "name"): claim takes $1
+// scopes, $2 event IDs, $3 tokens, $4 leases in microseconds and $5 hold,
+// complete takes $1 scopes, $2 event IDs, $3 tokens and $4 statuses. For
+// the benchmark's floor run, which sets them beside the plainest
+// statements that write the same rows.
+func BatchStatements(table string) (claim, complete string, err error) {
+	t, err := store.ParseTable(table)
+	if err != nil {
+		return "", "", err
+	}
+	q := buildBatchQueries(pgschema.Ident(t))
+	return q.claim, q.complete, nil
 }
 
 var _ store.BatchDriver = driver{}
