@@ -402,7 +402,37 @@ func (c *TempCluster) Close() {
 	if c.Link != nil {
 		c.Link.Close()
 	}
+	killLeftovers(c.Dir)
 	_ = os.RemoveAll(c.Dir)
+}
+
+// killLeftovers ends every process still working in dir (its current
+// directory is there, as every PostgreSQL process's is its data
+// directory). The monitor's background workers outlived a postmaster
+// killed while it shut down and ran on, orphaned, after make test ended.
+func killLeftovers(dir string) {
+	for range 3 {
+		ents, err := os.ReadDir("/proc")
+		if err != nil {
+			return
+		}
+		found := false
+		for _, e := range ents {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			cwd, err := os.Readlink(filepath.Join("/proc", e.Name(), "cwd"))
+			if err == nil && (cwd == dir || strings.HasPrefix(cwd, dir+"/")) {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+				found = true
+			}
+		}
+		if !found {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // Formation is a pg_auto_failover formation in a temporary directory: a
@@ -633,5 +663,17 @@ func (f *Formation) Close() {
 			_ = n.Stop(ctx, "immediate")
 		}
 	}
+	killLeftovers(f.Dir)
 	_ = os.RemoveAll(f.Dir)
+	// pg_autoctl keeps its pid files under $TMPDIR/pg_autoctl/<data
+	// directory>, outside the formation's directory.
+	for _, base := range []string{os.TempDir(), "/tmp"} {
+		run := filepath.Join(base, "pg_autoctl")
+		_ = os.RemoveAll(filepath.Join(run, f.Dir))
+		for d := filepath.Dir(filepath.Join(run, f.Dir)); strings.HasPrefix(d, run); d = filepath.Dir(d) {
+			if os.Remove(d) != nil { // not empty: another formation's
+				break
+			}
+		}
+	}
 }
