@@ -196,10 +196,16 @@ func verifyAppleChain(leaf, inter *x509.Certificate, at time.Time) (*ecdsa.Publi
 	return pub, nil
 }
 
-// appstoreCovers is Preset.Covered of the App Store: the JWS signedPayload,
-// not the JSON around it.
+// appstoreCovers is Preset.Covered of the App Store: the signing input of
+// the JWS signedPayload (header.payload), not the JSON around it nor the
+// signature, which anyone can spell again without the key: ECDSA's
+// (r, N−s) verifies as (r, s) does, and the last base64url character of
+// a 64-byte signature has four bits no decoder reads.
 func appstoreCovers(body []byte, _ http.Header) []byte {
 	if sp, ok := topMember(body, "signedPayload"); ok && sp.Type == gjson.String {
+		if i := strings.LastIndexByte(sp.Str, '.'); i >= 0 {
+			return []byte("jws:" + sp.Str[:i])
+		}
 		return []byte("jws:" + sp.Str)
 	}
 	return body

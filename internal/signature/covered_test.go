@@ -1,13 +1,17 @@
 package signature_test
 
 import (
+	"bytes"
+	"crypto/elliptic"
 	"encoding/base64"
+	"math/big"
 	"net/http"
 	"net/url"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/signature"
@@ -90,7 +94,7 @@ func TestCoveredIgnoresWhatTheSignatureDoesNot(t *testing.T) {
 		{
 			provider: "appstore", secret: signingSecret("appstore", appBundle), body: appstoreBody,
 			other:    strings.Replace(appstoreBody, "DID_RENEW", "EXPIRED", 1),
-			reencode: []func(string) string{spaced, jsonSet("extra", "1")},
+			reencode: []func(string) string{spaced, jsonSet("extra", "1"), jwsSignature(highS), jwsSignature(unreadBits)},
 		},
 	} {
 		t.Run(tc.provider, func(t *testing.T) {
@@ -128,6 +132,43 @@ func TestCoveredIgnoresWhatTheSignatureDoesNot(t *testing.T) {
 			}
 		})
 	}
+}
+
+// jwsSignature re-spells the signature of a body's signedPayload with f.
+func jwsSignature(f func([]byte) []byte) func(string) string {
+	return func(b string) string {
+		sp := gjson.Get(b, "signedPayload").Str
+		i := strings.LastIndexByte(sp, '.')
+		sig, err := base64.RawURLEncoding.DecodeString(sp[i+1:])
+		if err != nil {
+			panic(err)
+		}
+		out, err := sjson.Set(b, "signedPayload", sp[:i+1]+string(f(sig)))
+		if err != nil {
+			panic(err)
+		}
+		return out
+	}
+}
+
+// highS is ES256's (r, N−s): a second signature of the same input, which
+// crypto/ecdsa accepts.
+func highS(sig []byte) []byte {
+	s := new(big.Int).SetBytes(sig[32:])
+	s.Sub(elliptic.P256().Params().N, s)
+	out := bytes.Clone(sig)
+	s.FillBytes(out[32:])
+	return []byte(base64.RawURLEncoding.EncodeToString(out))
+}
+
+// unreadBits sets a bit of the last base64url character that encodes no
+// bit of the 64 bytes (86 characters carry 516 bits).
+func unreadBits(sig []byte) []byte {
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+	enc := []byte(base64.RawURLEncoding.EncodeToString(sig))
+	last := strings.IndexByte(alphabet, enc[len(enc)-1])
+	enc[len(enc)-1] = alphabet[last^1]
+	return enc
 }
 
 // TestCoveredSweep tries every preset with re-encodings a signature may not
