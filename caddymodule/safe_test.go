@@ -308,6 +308,14 @@ func TestLogFilterCommand(t *testing.T) {
 		require.Contains(t, out, "\t\t\t\trequest>headers>"+h+" delete\n")
 	}
 	require.True(t, strings.HasPrefix(out, "{\n\tlog default {\n\t\tformat filter {\n\t\t\twrap json\n"), out)
+	// Gitea and Forgejo send the one HMAC under every name the forges used.
+	for _, p := range []string{"gitea", "forgejo"} {
+		out, err := runCLI(t, "log-filter", "--provider", p)
+		require.NoError(t, err)
+		for _, h := range []string{"X-Gitea-Signature", "X-Gogs-Signature", "X-Hub-Signature-256", "X-Hub-Signature"} {
+			require.Contains(t, out, "\t\t\t\trequest>headers>"+h+" delete\n", p)
+		}
+	}
 	out, err = runCLI(t, "log-filter", "--provider", "hmac", "--header", "x-acme-signature", "--site", "--wrap", "console")
 	require.NoError(t, err)
 	require.Equal(t, "log {\n\tformat filter {\n\t\twrap console\n\t\tfields {\n\t\t\trequest>headers>Webhook-Claim delete\n"+

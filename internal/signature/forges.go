@@ -49,9 +49,11 @@ func init() {
 		SignatureHeader: "X-Gitea-Signature: <hex>",
 		EventID:         ids(headerID("X-Gitea-Delivery")),
 		DedupeBody:      true,
-		build:           withFormPayload,
-		covers:          formPayloadCovers,
-		overridable:     true,
+		// Gitea sends the same HMAC under its older names too (deliver.go).
+		CredentialHeaders: []string{"X-Gogs-Signature", "X-Hub-Signature-256", "X-Hub-Signature"},
+		build:             withFormPayload,
+		covers:            formPayloadCovers,
+		overridable:       true,
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "X-Gitea-Signature"}},
 			Signed:    "{body}",
@@ -74,9 +76,11 @@ func init() {
 		SignatureHeader: "X-Forgejo-Signature: <hex>",
 		EventID:         ids(headerID("X-Forgejo-Delivery")),
 		DedupeBody:      true,
-		build:           withFormPayload,
-		covers:          formPayloadCovers,
-		overridable:     true,
+		// Forgejo sends the same HMAC under Gitea's names too (deliver.go).
+		CredentialHeaders: []string{"X-Gitea-Signature", "X-Gogs-Signature", "X-Hub-Signature-256", "X-Hub-Signature"},
+		build:             withFormPayload,
+		covers:            formPayloadCovers,
+		overridable:       true,
 		Scheme: Scheme{
 			Headers:   []HeaderSet{{Signature: "X-Forgejo-Signature"}},
 			Signed:    "{body}",

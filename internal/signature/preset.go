@@ -32,10 +32,12 @@ type Preset struct {
 	DedupeBody bool
 	// NeedsURL: the scheme signs the public URL, so Options.URL is required.
 	NeedsURL bool
-	// CredentialHeaders are request headers the verifier reads that carry
-	// a signature or a credential, besides the signature headers of
-	// Scheme.Headers (Plivo's main-account signature, Box's secondary one,
-	// Adyen's Basic credentials): the log filter deletes them too.
+	// CredentialHeaders are request headers that carry a signature or a
+	// credential besides the signature headers of Scheme.Headers: read by
+	// the verifier (Plivo's main-account signature, Box's secondary one,
+	// Adyen's Basic credentials) or sent with the same signature under
+	// another name (Gitea's and Forgejo's older headers). The log filter
+	// deletes them too.
 	CredentialHeaders []string
 	// ReplayResponse is the default of replay: true when the provider reads
 	// the answer (Twilio's TwiML, Discord's interaction response), so a
