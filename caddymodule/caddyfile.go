@@ -78,7 +78,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		verify_token <token>             # repeatable; the verify token of a handshake (meta)
 //		learned_secret keep | replace    # a handshake bringing a different secret (asana, notion); default keep
 //		enroll_window <duration> | off   # asana, notion: how long after the first load a handshake may teach the secret; default 10m
-//		batch     set | split            # batching providers (sendgrid, gocardless, okta, hubspot); default per provider
+//		batch     set | split            # batching providers (adyen, fastspring, gocardless, hubspot, okta, sendgrid); default per provider
 //		replay    short | response       # how duplicates are answered; default per provider
 //		replay_max <size>                # largest body stored for replay; default 64KiB
 //		replay_headers <name>...         # headers stored for replay; default Content-Type Content-Language Location

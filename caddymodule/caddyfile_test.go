@@ -202,6 +202,11 @@ func TestProtocolConfigChecked(t *testing.T) {
 		{"handshake", Handler{Provider: "slack", Secrets: []string{"s"}, ProtocolConfig: ProtocolConfig{Handshake: "maybe"}}, `handshake: want edge or forward, got "maybe"`},
 		{"learned_secret", Handler{Provider: "asana", EventID: []eventid.Source{{Kind: eventid.JSON, Name: "id"}}, ProtocolConfig: ProtocolConfig{LearnedSecret: "always"}}, `learned_secret: want keep or replace, got "always"`},
 		{"batch", Handler{Provider: "sendgrid", Secrets: []string{"s"}, ProtocolConfig: ProtocolConfig{Batch: "each"}}, `batch: want set or split, got "each"`},
+		// Adyen signs each item: items of captured deliveries put together
+		// verify as a new set (a verification trial ran two items twice).
+		{"adyen batch set", Handler{Provider: "adyen", Secrets: []string{"00ff"}, ProtocolConfig: ProtocolConfig{Batch: "set"}}, `batch: set is not available for adyen`},
+		{"adyen async", Handler{Provider: "adyen", Secrets: []string{"00ff"}, AsyncConfig: AsyncConfig{Mode: "async", DeliverTo: "http://127.0.0.1:1"},
+			Storage: &Storage{Backend: "postgres", DSN: "postgres://127.0.0.1:1/x"}}, `batch: mode async is not available for adyen`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

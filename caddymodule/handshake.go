@@ -69,12 +69,13 @@ type ProtocolConfig struct {
 	EnrollWindow *caddy.Duration `json:"enroll_window,omitempty"`
 
 	// Batch is how deliveries carrying several events are deduplicated,
-	// for providers that batch (sendgrid, gocardless, okta, hubspot):
+	// for providers that batch (adyen, fastspring, gocardless, hubspot, okta, sendgrid):
 	// "set" keys the delivery on the set of its items' IDs and forwards it
 	// whole; "split" forwards each item not yet seen as its own request
 	// under its own claim (the forwarded bodies are no longer the signed
 	// bytes: only for upstreams that do not verify signatures). Default: the
-	// provider's policy (set for all of them).
+	// provider's policy (split for adyen, which signs each item and refuses
+	// set; set for the others).
 	Batch string `json:"batch,omitempty"`
 
 	verifyTokens []string

@@ -64,6 +64,7 @@ func init() {
 			ItemID:      "NotificationRequestItem.pspReference",
 			ItemIDParts: []string{"NotificationRequestItem.eventCode", "NotificationRequestItem.success"},
 			Policy:      BatchSplit,
+			ItemsSigned: true,
 		},
 		Delivery: Delivery{
 			Retry: Retry{

@@ -47,6 +47,11 @@ type Batch struct {
 	ItemIDParts []string
 	// Policy is the preset's default policy.
 	Policy BatchPolicy
+	// ItemsSigned: each item carries its own signature (Adyen's HMAC per
+	// notification item), so items of captured deliveries combine into a
+	// new delivery that verifies. Only BatchSplit, which claims each item,
+	// keeps such a combination from running an item twice.
+	ItemsSigned bool
 
 	// items and itemID are the parsed paths (validate; built on use for a
 	// Batch that was not registered).
