@@ -160,7 +160,7 @@ func (d *delivery) bodyKey() string {
 // capture re-encoded in a way the signature cannot see (a form's
 // parameters reordered) is still the delivery it was.
 func (d *delivery) covered() []byte {
-	return d.h.preset.Covered(d.signed, d.r.Header)
+	return d.h.coveredOf(d.signed, d.r.Header)
 }
 
 // log counts the delivery's outcome and writes one info line per delivery:

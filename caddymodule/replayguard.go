@@ -169,6 +169,19 @@ func (h *Handler) recordOnSignedContent(parts [][]eventid.Source) bool {
 	return false
 }
 
+// coveredOf is what the signature covers of a verified body: the
+// preset's Covered, and the configured url of a scheme that signs it
+// (Twilio's, Plivo's, ...), so that one set of parameters posted to two
+// URLs of one scope, two signed requests (a caller pressing 1 at two
+// menus), are two deliveries.
+func (h *Handler) coveredOf(body []byte, hdr http.Header) []byte {
+	c := h.preset.Covered(body, hdr)
+	if !h.preset.NeedsURL || h.signedURL == "" {
+		return c
+	}
+	return append([]byte("url:"+h.signedURL+"\n"), c...)
+}
+
 // deliveryKey hashes an event ID and a body, length-prefixed so that no
 // other pair hashes the same bytes.
 func deliveryKey(id string, body []byte) string {
@@ -196,7 +209,7 @@ func (h *Handler) replayKeyOf(d *delivery, id string) (string, error) {
 // the record's claim, or, having released the item's claim, the item's
 // outcome ("duplicate" for a replay) and Retry-After.
 func (h *Handler) claimItemRecord(ctx context.Context, it signature.BatchItem, item claim.Ref) (claim.Ref, string, time.Duration) {
-	key := h.replayKey(it.ID, h.preset.Covered(it.Body, nil))
+	key := h.replayKey(it.ID, h.coveredOf(it.Body, nil))
 	rc, err := h.claims.Claim(ctx, h.bodyScope(), key, "")
 	if err == nil && rc.Outcome == store.Claimed {
 		return claim.RefOf(h.bodyScope(), key, rc), "", 0

@@ -442,3 +442,22 @@ func TestAdyenItemSpellingsAreOneEvent(t *testing.T) {
 	require.Equal(t, http.StatusOK, a.status, "shifted: %s", a.body)
 	require.Equal(t, 1, g.up.count(), "upstream executions")
 }
+
+// One set of parameters posted to two URLs is two signed requests (Twilio
+// signs the URL): a caller pressing 1 at two menus of one number, two
+// routes of the scope twilio. Keyed on the parameters alone, the second
+// was answered as a duplicate (a verification trial: 1 run of 3), and the
+// caller heard an application error.
+func TestRecordsOfURLSignedSchemesNameTheURL(t *testing.T) {
+	t.Parallel()
+	route := func(u string) *gateway {
+		return newGateway(t, "webhook_idempotency {\n provider twilio\n secret tw_token\n url "+u+"\n}")
+	}
+	menuA, menuB, again := route("https://hooks.example.test/menu-a"), route("https://hooks.example.test/menu-b"),
+		route("https://hooks.example.test/menu-a")
+	params := []byte("CallSid=CA77&Digits=1&msg=Gather+End")
+	require.NotEqual(t, bodyKey(menuA.h.coveredOf(params, nil)), bodyKey(menuB.h.coveredOf(params, nil)), "two URLs")
+	require.Equal(t, bodyKey(menuA.h.coveredOf(params, nil)), bodyKey(again.h.coveredOf(params, nil)), "one URL")
+	reordered := []byte("msg=Gather%20End&Digits=1&CallSid=CA77")
+	require.Equal(t, bodyKey(menuA.h.coveredOf(params, nil)), bodyKey(menuA.h.coveredOf(reordered, nil)), "the capture re-encoded")
+}
