@@ -29,6 +29,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"syscall"
 	"time"
@@ -172,7 +173,9 @@ func main() {
 	default:
 		err = fmt.Errorf("unknown -mode %q (load, growth, memory, sweep, floor)", c.mode)
 	}
-	if report != nil {
+	// A mode that failed before its report began returns a nil pointer,
+	// which is not a nil interface: no results file for it.
+	if report != nil && !reflect.ValueOf(report).IsNil() {
 		if werr := writeJSON(c.out, report); werr != nil {
 			err = errors.Join(err, werr)
 		} else {
