@@ -57,9 +57,7 @@ type FloorRound struct {
 }
 
 func runFloor(ctx context.Context, c config) (*FloorReport, error) {
-	octx, cancel := context.WithTimeout(ctx, time.Minute)
-	st, err := postgres.New(octx, postgres.Options{DSN: c.dsn, Table: floorTable})
-	cancel()
+	st, err := openStore(ctx, c.dsn, floorTable)
 	if err != nil {
 		return nil, err
 	}

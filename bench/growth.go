@@ -89,17 +89,12 @@ type RetentionRun struct {
 }
 
 func runGrowth(ctx context.Context, c config) (*GrowthReport, error) {
-	open := func(table string) (*postgres.Store, error) {
-		octx, cancel := context.WithTimeout(ctx, time.Minute)
-		defer cancel()
-		return postgres.New(octx, postgres.Options{DSN: c.dsn, Table: table})
-	}
-	empty, err := open(emptyTable)
+	empty, err := openStore(ctx, c.dsn, emptyTable)
 	if err != nil {
 		return nil, err
 	}
 	defer dropStore(empty, emptyTable)
-	big, err := open(bigTable)
+	big, err := openStore(ctx, c.dsn, bigTable)
 	if err != nil {
 		return nil, err
 	}
@@ -192,6 +187,14 @@ func medianF(v []float64) float64 {
 	s := slices.Clone(v)
 	slices.Sort(s)
 	return s[(len(s)-1)/2]
+}
+
+// openStore opens (and migrates) the events table of a run, bounded by a
+// minute; dropStore drops it.
+func openStore(ctx context.Context, dsn, table string) (*postgres.Store, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	return postgres.New(ctx, postgres.Options{DSN: dsn, Table: table})
 }
 
 func dropStore(st *postgres.Store, table string) {

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/e2e"
-	"github.com/webhook-idempotency/caddy-webhook-idempotency/internal/store/postgres"
 )
 
 // MemoryReport is the JSON of a memory run: the gateway process's resident
@@ -84,9 +83,7 @@ func runMemory(ctx context.Context, c config) (*MemoryReport, error) {
 	if _, err := os.Stat(c.caddyBin); err != nil {
 		return nil, fmt.Errorf("%s: %w (build it: go build -o bin/caddy ./xcaddy)", c.caddyBin, err)
 	}
-	octx, cancel := context.WithTimeout(ctx, time.Minute)
-	st, err := postgres.New(octx, postgres.Options{DSN: c.dsn, Table: benchTable})
-	cancel()
+	st, err := openStore(ctx, c.dsn, benchTable)
 	if err != nil {
 		return nil, err
 	}

@@ -86,9 +86,7 @@ type SteadyRun struct {
 const sweepTable = "bench_sweep"
 
 func runSweep(ctx context.Context, c config) (*SweepReport, error) {
-	octx, cancel := context.WithTimeout(ctx, time.Minute)
-	st, err := postgres.New(octx, postgres.Options{DSN: c.dsn, Table: sweepTable})
-	cancel()
+	st, err := openStore(ctx, c.dsn, sweepTable)
 	if err != nil {
 		return nil, err
 	}
