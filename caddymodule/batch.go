@@ -46,15 +46,15 @@ func (h *Handler) checkBatch(preset signature.Preset) error {
 	if h.Batch != "" {
 		policy = signature.BatchPolicy(h.Batch)
 	}
-	if b.ItemsSigned && h.Mode == "async" && len(h.EventID) == 0 {
-		return fmt.Errorf("batch: mode async is not available for %s, which signs each item: its items are claimed one by one "+
-			"(batch split), in mode sync only; remove mode async", h.Provider)
-	}
 	if policy == signature.BatchSet && b.ItemsSigned {
 		return fmt.Errorf("batch: set is not available for %s, which signs each item: items of captured deliveries "+
 			"combine into a new set that verifies and would be forwarded again; remove batch set (split claims each item)", h.Provider)
 	}
 	if policy == signature.BatchSplit && h.Mode == "async" && len(h.EventID) == 0 {
+		if b.ItemsSigned {
+			return fmt.Errorf("batch: mode async is not available for %s, which signs each item: its items are claimed one by one "+
+				"(batch split), in mode sync only; remove mode async", h.Provider)
+		}
 		return errors.New("batch: split is not available in mode async; use batch set")
 	}
 	return nil
